@@ -1,0 +1,38 @@
+# Two entry points: `make lab` (install, then JupyterLab on the notebooks) and `make test`.
+# TORCH is the torch requirement installed into the local environment. The pin keeps the install on
+# the CPU wheel; elsewhere pass your own, e.g.
+#   make test TORCH="torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu"
+PYTHON ?= python3
+VENV ?= .venv
+TORCH ?= torch==2.13.0
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.rankscope-installed
+
+.PHONY: install lab test lint format bench clean
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q $(TORCH)
+	$(PY) -m pip install -q -e ".[dev,lab]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+lab: install
+	$(VENV)/bin/jupyter lab notebooks/
+
+test: install
+	$(PY) -m ruff check src tests bench
+	$(PY) -m ruff format --check src tests bench
+	$(PY) -m pytest
+
+lint: install
+	$(PY) -m ruff check --fix src tests bench
+	$(PY) -m ruff format src tests bench
+
+bench: install
+	$(PY) bench/probe_overhead.py
+	$(PY) bench/stall_capture.py
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

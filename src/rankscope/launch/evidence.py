@@ -1,0 +1,190 @@
+"""Capturing evidence from every rank of a live job, before anything is killed.
+
+One capture: write ``control/capture.json`` (each rank's probe thread polls it and answers with
+stacks, flight-recorder dumps and a ``capture`` event); run ``py-spy dump`` on every rank where the
+OS permits; for a rank whose probe does not answer quickly (its thread cannot get the GIL), append
+a marker to its stacks file and send SIGUSR1, which faulthandler answers without the GIL. Then
+copy what arrived into ``evidence/capture-<id>/`` with a manifest saying what came, how and when.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from rankscope.launch.procs import pid_alive
+from rankscope.rundir import EventTail, RunDir, atomic_write_json
+
+PROBE_GRACE_S = 1.0
+"""How long a rank's probe thread gets to answer before the signal fallback is used."""
+PYSPY_TIMEOUT_S = 3.0
+
+
+def pyspy_path() -> str | None:
+    """py-spy next to this Python (a virtual environment's bin/) or on PATH."""
+    local = Path(sys.executable).with_name("py-spy")
+    if local.is_file() and os.access(local, os.X_OK):
+        return str(local)
+    return shutil.which("py-spy")
+
+
+def next_capture_id(run: RunDir) -> int:
+    holder: list[int] = []
+
+    def bump(d: dict[str, Any]) -> None:
+        d["captures"] = int(d.get("captures", 0)) + 1
+        holder.append(d["captures"])
+
+    run.update_run(bump)
+    return holder[0]
+
+
+def capture_evidence(
+    run: RunDir,
+    pids: dict[int, int],
+    *,
+    reason: str,
+    timeout_s: float = 4.0,
+    pyspy: bool = True,
+) -> dict[str, Any]:
+    """Ask every rank in ``pids`` (rank -> pid) for evidence; return the manifest.
+
+    Bounded by ``timeout_s``; ranks that did not answer are listed under ``missing``.
+    """
+    cid = next_capture_id(run)
+    out = run.capture_dir(cid)
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.time()
+    start = time.monotonic()
+    tails = {}
+    stack_offsets = {}
+    for rank in pids:
+        tail = EventTail(run.events(rank))
+        tail.skip_to_end()
+        tails[rank] = tail
+        stack_offsets[rank] = _size(run.stacks(rank))
+    atomic_write_json(run.capture_request, {"id": cid, "t": t0, "reason": reason})
+
+    spy_results: dict[int, str] = {}
+    spy_threads = []
+    spy = pyspy_path() if pyspy else None
+    for rank, pid in pids.items():
+        if spy is None:
+            spy_results[rank] = "skipped: py-spy is not installed"
+            continue
+        th = threading.Thread(
+            target=_pyspy, args=(spy, pid, out / f"rank{rank}.pyspy.txt", spy_results, rank)
+        )
+        th.start()
+        spy_threads.append(th)
+
+    ranks: dict[int, dict[str, Any]] = {
+        r: {"pid": pid, "alive": pid_alive(pid), "via": None, "answered_at": None, "files": []}
+        for r, pid in pids.items()
+    }
+    signalled: dict[int, float] = {}
+    while time.monotonic() - start < timeout_s:
+        waiting = [r for r, info in ranks.items() if info["via"] is None and info["alive"]]
+        for rank in waiting:
+            for ev in tails[rank].read():
+                if ev.get("ev") == "capture" and ev.get("id") == cid:
+                    ranks[rank].update(
+                        via="probe", answered_at=ev.get("t"), files=list(ev.get("files") or [])
+                    )
+            if ranks[rank]["via"] is None:
+                ranks[rank]["alive"] = pid_alive(pids[rank])
+        waiting = [r for r, info in ranks.items() if info["via"] is None and info["alive"]]
+        if not waiting:
+            break
+        elapsed = time.monotonic() - start
+        for rank in waiting:
+            if rank not in signalled and elapsed > PROBE_GRACE_S:
+                signalled[rank] = _signal_stacks(run, rank, pids[rank], cid, reason)
+            elif rank in signalled and time.monotonic() - signalled[rank] > 0.3:
+                ranks[rank].update(via="signal", answered_at=time.time(), files=["stacks.txt"])
+        time.sleep(0.02)
+
+    for th in spy_threads:
+        th.join(max(0.0, timeout_s - (time.monotonic() - start)) + 0.5)
+
+    for rank, info in ranks.items():
+        copied = []
+        for name in info["files"]:
+            src = run.rank_dir(rank) / name
+            if name == "stacks.txt":
+                dst = out / f"rank{rank}.stacks.txt"
+                _copy_from(src, dst, stack_offsets[rank])
+            else:
+                dst = out / f"rank{rank}.{name}"
+                with contextlib.suppress(OSError):
+                    shutil.copyfile(src, dst)
+            if dst.exists():
+                copied.append(dst.name)
+        info["copied"] = copied
+        info["pyspy"] = spy_results.get(rank, "skipped: no result in time")
+    manifest = {
+        "id": cid,
+        "reason": reason,
+        "requested_at": t0,
+        "completed_at": time.time(),
+        "duration_s": time.monotonic() - start,
+        "ranks": {str(r): info for r, info in sorted(ranks.items())},
+        "missing": sorted(r for r, info in ranks.items() if info["via"] is None),
+    }
+    atomic_write_json(out / "manifest.json", manifest)
+    return manifest
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def _copy_from(src: Path, dst: Path, offset: int) -> None:
+    with contextlib.suppress(OSError), open(src, "rb") as f:
+        f.seek(offset)
+        dst.write_bytes(f.read())
+
+
+def _signal_stacks(run: RunDir, rank: int, pid: int, cid: int, reason: str) -> float:
+    """Fallback: a marker line, then SIGUSR1 (faulthandler writes all stacks without the GIL)."""
+    with contextlib.suppress(OSError), open(run.stacks(rank), "a") as f:
+        f.write(
+            f"# rankscope capture id={cid} t={time.time():.6f} reason={reason} "
+            f"pid={pid} via=signal\n"
+        )
+    with contextlib.suppress(OSError):
+        os.kill(pid, signal.SIGUSR1)
+    return time.monotonic()
+
+
+def _pyspy(spy: str, pid: int, dst: Path, results: dict[int, str], rank: int) -> None:
+    try:
+        proc = subprocess.run(
+            [spy, "dump", "--pid", str(pid), "--nonblocking"],
+            capture_output=True,
+            timeout=PYSPY_TIMEOUT_S,
+            text=True,
+        )
+    except subprocess.TimeoutExpired:
+        results[rank] = f"skipped: py-spy did not answer within {PYSPY_TIMEOUT_S:.0f} s"
+        return
+    except OSError as exc:
+        results[rank] = f"skipped: {exc}"
+        return
+    if proc.returncode == 0 and proc.stdout.strip():
+        dst.write_text(proc.stdout)
+        results[rank] = "ok"
+    else:
+        why = (proc.stderr or proc.stdout).strip().splitlines()
+        results[rank] = "skipped: " + (why[0] if why else f"py-spy exited {proc.returncode}")

@@ -1,0 +1,494 @@
+"""The probe that runs inside every rank.
+
+It imports only the standard library and torch, writes one JSON line per event with a single
+``os.write`` on an ``O_APPEND`` descriptor (so a killed rank loses nothing it already wrote, and
+threads never interleave partial lines), and keeps everything else off the collective's path:
+call sites and process-group descriptions are cached, and the heartbeat, evidence requests and
+dumps live on a daemon thread.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import datetime
+import faulthandler
+import functools
+import inspect
+import json
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed import distributed_c10d as c10d
+
+from rankscope.rundir import ENV_RUN_DIR, RunDir, atomic_write_bytes
+
+HEARTBEAT_S = 0.5
+POLL_S = 0.05
+DEFAULT_FR_BUFFER = "2000"
+
+#: Public torch.distributed calls that the probe records. ``peer`` names the argument that holds
+#: the other side of a point-to-point call or the root of a rooted collective.
+COLLECTIVES: dict[str, str | None] = {
+    "all_reduce": None,
+    "all_reduce_coalesced": None,
+    "all_gather": None,
+    "all_gather_coalesced": None,
+    "all_gather_into_tensor": None,
+    "all_gather_object": None,
+    "all_to_all": None,
+    "all_to_all_single": None,
+    "barrier": None,
+    "monitored_barrier": None,
+    "broadcast": "src",
+    "broadcast_object_list": "src",
+    "reduce": "dst",
+    "reduce_scatter": None,
+    "reduce_scatter_tensor": None,
+    "gather": "dst",
+    "gather_object": "dst",
+    "scatter": "src",
+    "scatter_object_list": "src",
+    "send": "dst",
+    "recv": "src",
+    "isend": "dst",
+    "irecv": "src",
+    "send_object_list": "dst",
+    "recv_object_list": "src",
+    "batch_isend_irecv": None,
+    "new_group": None,
+    "new_subgroups": None,
+    "new_subgroups_by_enumeration": None,
+    "init_process_group": None,
+    "destroy_process_group": None,
+}
+
+#: Environment variables recorded in the start event (plus every TORCH*/NCCL_*/RANKSCOPE_* one).
+ENV_CONTRACT = (
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "GROUP_WORLD_SIZE",
+    "ROLE_RANK",
+    "ROLE_NAME",
+    "ROLE_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "OMP_NUM_THREADS",
+    "CUDA_VISIBLE_DEVICES",
+)
+ENV_PREFIXES = ("TORCH", "NCCL_", "RANKSCOPE_", "GLOO_")
+
+_INTERNAL_DIRS = (
+    str(Path(torch.__file__).parent),
+    str(Path(__file__).resolve().parent.parent),
+    str(Path(functools.__file__).parent / "contextlib.py"),
+)
+
+_probe: Probe | None = None
+
+#: (is the NCCL recorder, dump function) for the recorders this torch build has.
+_DUMPS = [
+    (nccl, fn)
+    for nccl, name in ((False, "_dump_fr_trace"), (True, "_dump_nccl_trace"))
+    if (fn := getattr(torch._C._distributed_c10d, name, None)) is not None
+]
+
+
+class Probe:
+    """Records one rank's collectives, heartbeats and evidence into ``<run>/ranks/<rank>/``."""
+
+    def __init__(self, run: RunDir, rank: int):
+        self.run = run
+        self.rank = rank
+        self.dir = run.rank_dir(rank)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self._fd = os.open(run.events(rank), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        self._stacks = open(run.stacks(rank), "a")  # noqa: SIM115  (faulthandler keeps the fd)
+        self._local = threading.local()
+        self._lock = threading.Lock()  # guards _next_id / _seq across threads that call collectives
+        self._capture_lock = threading.Lock()
+        self._stop = threading.Event()
+        self._next_id = 0
+        self._done = 0
+        self._step: int | None = None
+        self._current: tuple[int, str] | None = None
+        self._seq: dict[str, int] = {}
+        self._pg_cache: dict[Any, tuple[str, str, list[int]]] = {}
+        self._site_cache: dict[Any, bool] = {}
+        self._served_capture = _pending_capture_id(run)  # requests older than this rank
+        self._request_stamp: tuple[int, int] | None = None
+        self._originals: list[tuple[Any, str, Any]] = []
+        self._ended = False
+        self._thread = threading.Thread(target=self._loop, name="rankscope-probe", daemon=True)
+
+    # --- writing ----------------------------------------------------------------------------
+    def emit(self, ev: str, **fields: Any) -> None:
+        fields["ev"] = ev
+        fields["t"] = time.time()
+        fields["rank"] = self.rank
+        line = json.dumps(fields, separators=(",", ":"), default=str) + "\n"
+        with contextlib.suppress(OSError):
+            os.write(self._fd, line.encode())
+
+    # --- lifecycle --------------------------------------------------------------------------
+    def start(self) -> None:
+        env = {
+            k: v for k, v in os.environ.items() if k in ENV_CONTRACT or k.startswith(ENV_PREFIXES)
+        }
+        self.emit(
+            "start",
+            pid=os.getpid(),
+            host=socket.gethostname(),
+            argv=sys.argv,
+            python=sys.version.split()[0],
+            torch=torch.__version__,
+            env=env,
+        )
+        faulthandler.enable(file=sys.__stderr__ or self._stacks, all_threads=True)
+        if signal.getsignal(signal.SIGUSR1) in (signal.SIG_DFL, None):
+            # Fallback for a rank whose probe thread cannot run (the GIL held by a stuck C call):
+            # the watchdog writes a marker line and sends SIGUSR1; faulthandler needs no GIL.
+            faulthandler.register(signal.SIGUSR1, file=self._stacks, all_threads=True)
+        self._patch()
+        self._thread.start()
+        atexit.register(self.end, None, reason="exit")
+
+    def end(self, code: int | None, *, reason: str = "exit") -> None:
+        """Final dump and end event; runs once (bootstrap, atexit or ``os._exit``)."""
+        if self._ended:
+            return
+        self._ended = True
+        self.capture(reason=reason)
+        self.emit("end", code=code)
+        self._stop.set()
+
+    def on_exception(self, exc: BaseException) -> None:
+        self.emit(
+            "exception",
+            type=type(exc).__name__,
+            message=str(exc),
+            traceback="".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
+        )
+
+    # --- the daemon thread ------------------------------------------------------------------
+    def _loop(self) -> None:
+        next_beat = 0.0
+        warm = False
+        while not self._stop.is_set():
+            if not warm and c10d.is_initialized():
+                # torch's first flight-recorder dump imports torch._dynamo (about a second);
+                # pay that here, once, rather than when a stalled job needs the dump quickly.
+                warm = True
+                for _, fn in _DUMPS[:1]:
+                    with contextlib.suppress(Exception):
+                        fn()
+            now = time.monotonic()
+            if now >= next_beat:
+                cur = self._current
+                self.emit(
+                    "heartbeat",
+                    done=self._done,
+                    step=self._step,
+                    coll=cur[0] if cur else None,
+                    op=cur[1] if cur else None,
+                )
+                next_beat = now + HEARTBEAT_S
+            with contextlib.suppress(Exception):
+                self._poll_request()
+            self._stop.wait(POLL_S)
+
+    def _poll_request(self) -> None:
+        path = self.run.capture_request
+        try:
+            st = path.stat()
+        except FileNotFoundError:
+            return
+        stamp = (st.st_mtime_ns, st.st_size)
+        if stamp == self._request_stamp:
+            return
+        self._request_stamp = stamp
+        req = json.loads(path.read_text())
+        if int(req.get("id", 0)) > self._served_capture:
+            self.capture(reason=str(req.get("reason", "request")), capture_id=int(req["id"]))
+
+    # --- evidence ---------------------------------------------------------------------------
+    def capture(self, *, reason: str, capture_id: int | None = None) -> list[str]:
+        """Write every thread's Python stack and the flight-recorder dump(s); return the files."""
+        files: list[str] = []
+        with self._capture_lock:
+            if capture_id is not None:
+                self._served_capture = max(self._served_capture, capture_id)
+            try:
+                self._stacks.write(
+                    f"# rankscope capture id={capture_id} t={time.time():.6f} "
+                    f"reason={reason} pid={os.getpid()}\n"
+                )
+                self._stacks.flush()
+                faulthandler.dump_traceback(file=self._stacks, all_threads=True)
+                self._stacks.flush()
+                files.append(self.run.stacks(self.rank).name)
+            except (OSError, ValueError):
+                pass
+            for nccl, fn in _DUMPS:
+                try:
+                    data = fn()
+                except Exception:
+                    continue
+                if data:
+                    path = self.run.fr_dump(self.rank, nccl=nccl)
+                    atomic_write_bytes(path, data)
+                    files.append(path.name)
+            self.emit("capture", id=capture_id, reason=reason, files=files)
+        return files
+
+    # --- collectives ------------------------------------------------------------------------
+    def _patch(self) -> None:
+        for name, peer in COLLECTIVES.items():
+            fn = getattr(c10d, name, None)
+            if fn is None or getattr(fn, "__rankscope__", False):
+                continue
+            wrapper = self._wrap(name, fn, peer)
+            for module in (c10d, dist):
+                if getattr(module, name, None) is fn:
+                    self._originals.append((module, name, fn))
+                    setattr(module, name, wrapper)
+        real_exit = os._exit
+
+        def _exit(code: int) -> None:
+            with contextlib.suppress(Exception):
+                self.end(code, reason="os._exit")
+            real_exit(code)
+
+        os._exit = _exit
+
+    def _wrap(self, name: str, fn: Any, peer: str | None) -> Any:
+        params = list(inspect.signature(fn).parameters)
+        group_at = params.index("group") if "group" in params else None
+        peer_at = params.index(peer) if peer in params else None
+        async_at = params.index("async_op") if "async_op" in params else None
+        local = self._local
+        inject_timeout = name == "init_process_group"
+
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            if getattr(local, "busy", False):  # a call made by another recorded call
+                return fn(*args, **kwargs)
+            local.busy = True
+            try:
+                if inject_timeout:
+                    _default_timeout(kwargs, args, params)
+                try:
+                    call = self._enter(name, args, kwargs, group_at, peer, peer_at, async_at)
+                except Exception:  # the probe must never break the user's collective
+                    call = None
+                try:
+                    result = fn(*args, **kwargs)
+                except BaseException as exc:
+                    if call is not None:
+                        self._exit(call, False, f"{type(exc).__name__}: {exc}")
+                    raise
+                if call is not None:
+                    self._exit(call, True, None)
+                return result
+            finally:
+                local.busy = False
+
+        wrapper.__rankscope__ = True  # type: ignore[attr-defined]
+        return wrapper
+
+    def _enter(
+        self,
+        name: str,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        group_at: int | None,
+        peer: str | None,
+        peer_at: int | None,
+        async_at: int | None,
+    ) -> tuple[int, str, str | None, int, float]:
+        group = kwargs.get("group")
+        if group is None and group_at is not None and len(args) > group_at:
+            group = args[group_at]
+        tensors: list[Any] = []
+        peer_val = kwargs.get(peer) if peer else None
+        if peer_val is None and peer_at is not None and len(args) > peer_at:
+            peer_val = args[peer_at]
+        if name == "batch_isend_irecv" and args:
+            ops = list(args[0])
+            tensors = [op.tensor for op in ops]
+            peer_val = [f"{op.op.__name__}:{op.peer}" for op in ops]
+            if ops and group is None:
+                group = ops[0].group
+        else:
+            _collect_tensors(args, tensors)
+            _collect_tensors(kwargs.values(), tensors)
+        pg, pg_desc, pg_ranks = self._describe_group(group)
+        with self._lock:
+            self._next_id += 1
+            cid = self._next_id
+            seq = self._seq.get(pg, 0) + 1
+            self._seq[pg] = seq
+        file, line, func = self._call_site()
+        self._current = (cid, name)
+        async_op = kwargs.get("async_op")
+        if async_op is None and async_at is not None and len(args) > async_at:
+            async_op = args[async_at]
+        self.emit(
+            "enter",
+            id=cid,
+            op=name,
+            pg=pg,
+            pg_desc=pg_desc,
+            pg_ranks=pg_ranks,
+            seq=seq,
+            peer=peer_val,
+            shapes=[list(t.shape) for t in tensors[:8]],
+            dtypes=[str(t.dtype).removeprefix("torch.") for t in tensors[:8]],
+            async_op=bool(async_op) or name in ("isend", "irecv", "batch_isend_irecv"),
+            file=file,
+            line=line,
+            func=func,
+        )
+        return cid, name, pg, seq, time.perf_counter()
+
+    def _exit(
+        self, call: tuple[int, str, str | None, int, float], ok: bool, error: str | None
+    ) -> None:
+        cid, name, pg, seq, t0 = call
+        dur = time.perf_counter() - t0
+        self._done += 1
+        self._current = None
+        self.emit("exit", id=cid, op=name, pg=pg, seq=seq, dur_s=dur, ok=ok, error=error)
+
+    def _describe_group(self, group: Any) -> tuple[str | None, str | None, list[int] | None]:
+        if group is None:
+            if not c10d.is_initialized():
+                return None, None, None
+            group = c10d._get_default_group()
+        try:
+            return self._pg_cache[group]
+        except (KeyError, TypeError):
+            pass
+        try:
+            info = (
+                c10d._get_process_group_name(group),
+                getattr(group, "group_desc", None),
+                c10d.get_process_group_ranks(group),
+            )
+        except Exception:
+            info = (str(group), None, None)
+        with contextlib.suppress(TypeError):
+            self._pg_cache[group] = info
+        return info
+
+    def _call_site(self) -> tuple[str | None, int | None, str | None]:
+        frame = sys._getframe(3)
+        cache = self._site_cache
+        while frame is not None:
+            code = frame.f_code
+            internal = cache.get(code)
+            if internal is None:
+                internal = code.co_filename.startswith(_INTERNAL_DIRS)
+                cache[code] = internal
+            if not internal:
+                return code.co_filename, frame.f_lineno, code.co_name
+            frame = frame.f_back
+        return None, None, None
+
+    def step(self, n: int | None = None) -> None:
+        self._step = (self._step or 0) + 1 if n is None else int(n)
+        self.emit("step", step=self._step)
+
+
+def _pending_capture_id(run: RunDir) -> int:
+    try:
+        return int(json.loads(run.capture_request.read_text()).get("id", 0))
+    except (OSError, ValueError, TypeError, AttributeError):
+        return 0
+
+
+def _collect_tensors(values: Any, out: list[Any]) -> None:
+    for v in values:
+        if isinstance(v, torch.Tensor):
+            out.append(v)
+        elif isinstance(v, (list, tuple)) and v and isinstance(v[0], torch.Tensor):
+            out.extend(x for x in v if isinstance(x, torch.Tensor))
+
+
+def _default_timeout(kwargs: dict[str, Any], args: tuple[Any, ...], params: list[str]) -> None:
+    """Apply the job's collective timeout when the script does not pass one itself."""
+    seconds = os.environ.get("RANKSCOPE_COLLECTIVE_TIMEOUT")
+    if not seconds or "timeout" in kwargs or len(args) > params.index("timeout"):
+        return
+    kwargs["timeout"] = datetime.timedelta(seconds=float(seconds))
+
+
+def install(run_dir: str | os.PathLike[str] | None = None, *, rank: int | None = None) -> Probe:
+    """Install the probe in this process; safe to call more than once.
+
+    Call it at the top of a training script launched without rankscope (torchrun by hand, SLURM):
+    the events and dumps go to ``run_dir`` (default ``$RANKSCOPE_RUN_DIR``, else
+    ``./runs/probe-<TORCHELASTIC_RUN_ID or pid of the launcher>``), under ``ranks/<RANK>/``.
+    The flight recorder is switched on unless the environment already sets a buffer size; it has
+    to be on before the first process group is created, so install before ``init_process_group``.
+    """
+    global _probe
+    if _probe is not None:
+        return _probe
+    if run_dir is None:
+        run_dir = os.environ.get(ENV_RUN_DIR) or os.path.join(
+            "runs", f"probe-{os.environ.get('TORCHELASTIC_RUN_ID', os.getppid())}"
+        )
+    os.environ[ENV_RUN_DIR] = str(run_dir)
+    if rank is None:
+        rank = int(os.environ.get("RANK", "0"))
+    run = RunDir(run_dir)
+    if (
+        "TORCH_FR_BUFFER_SIZE" not in os.environ
+        and "TORCH_NCCL_TRACE_BUFFER_SIZE" not in os.environ
+    ):
+        os.environ["TORCH_FR_BUFFER_SIZE"] = DEFAULT_FR_BUFFER
+    if os.environ.get("NCCL_DEBUG") and "NCCL_DEBUG_FILE" not in os.environ:
+        run.rank_dir(rank).mkdir(parents=True, exist_ok=True)
+        os.environ["NCCL_DEBUG_FILE"] = str(run.nccl_log(rank))
+    os.environ.setdefault("TORCH_FR_DUMP_TEMP_FILE", str(run.rank_dir(rank) / "torch_fr_rank_"))
+    _probe = Probe(run, rank)
+    _probe.start()
+    if not hasattr(sys, "_rankscope_bootstrap"):
+        previous = sys.excepthook
+
+        def hook(tp: type[BaseException], exc: BaseException, tb: Any) -> None:
+            if _probe is not None:
+                _probe.on_exception(exc)
+                _probe.end(1, reason="exception")
+            previous(tp, exc, tb)
+
+        sys.excepthook = hook
+    return _probe
+
+
+def step(n: int | None = None) -> None:
+    """Mark a training step (progress for the stall watchdog); a no-op without a probe."""
+    if _probe is not None:
+        _probe.step(n)
+
+
+def capture(reason: str = "user") -> list[str]:
+    """Write stacks and flight-recorder dumps now; returns the files written (none without probe)."""
+    return _probe.capture(reason=reason) if _probe is not None else []
+
+
+def current() -> Probe | None:
+    return _probe

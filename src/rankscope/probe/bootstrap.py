@@ -1,0 +1,114 @@
+"""Entry point that torchrun starts in every rank: install the probe, then run the user's code.
+
+``python -m rankscope.probe.bootstrap SCRIPT [ARGS...]`` or ``... -m MODULE [ARGS...]`` runs the
+script as ``__main__`` with the same ``sys.argv``, the same traceback (the bootstrap's own frames
+are left out) and the same exit code as ``python SCRIPT ARGS``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import runpy
+import sys
+import time
+import traceback
+from types import TracebackType
+
+from rankscope.probe import _core
+from rankscope.probe._core import install
+
+# Frames of the bootstrap, runpy and the probe's collective wrappers are not the user's: a
+# traceback printed by the bootstrap leaves them out, as if the script had run under plain python.
+_SKIP = {os.path.abspath(__file__), runpy.__file__, "<frozen runpy>", _core.__file__}
+
+
+def _exit_code(code: object) -> int:
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    return 1  # sys.exit("message") prints the message and exits 1
+
+
+def _user_frames(tb: TracebackType | None) -> TracebackType | None:
+    """The same traceback chain without the frames in ``_SKIP``."""
+    kept = []
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename not in _SKIP:
+            kept.append(tb)
+        tb = tb.tb_next
+    out = None
+    for t in reversed(kept):
+        out = TracebackType(out, t.tb_frame, t.tb_lasti, t.tb_lineno)
+    return out
+
+
+def _strip(exc: BaseException | None, seen: set[int]) -> None:
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        exc.__traceback__ = _user_frames(exc.__traceback__)
+        _strip(exc.__cause__, seen)
+        exc = exc.__context__
+
+
+def _record_error_file(exc: BaseException, text: str) -> None:
+    """Write torchrun's error.json (as its ``@record`` decorator does), so the failure summary
+    that torchrun prints names the exception and carries the traceback."""
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path or os.path.exists(path):
+        return
+    data = {
+        "message": {
+            "message": f"{type(exc).__name__}: {exc}",
+            "extraInfo": {"py_callstack": text, "timestamp": str(int(time.time()))},
+        }
+    }
+    try:
+        with open(path, "w") as f:
+            json.dump(data, f)
+    except OSError:
+        pass
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or (argv[:1] == ["-m"] and len(argv) < 2):
+        sys.stderr.write(
+            "usage: python -m rankscope.probe.bootstrap (SCRIPT | -m MODULE) [ARGS...]\n"
+        )
+        raise SystemExit(2)
+    module = argv[1] if argv[0] == "-m" else None
+    target = module or argv[0]
+    args = argv[2:] if module else argv[1:]
+    sys._rankscope_bootstrap = True  # type: ignore[attr-defined]
+    probe = install()
+    if module:
+        sys.argv = [target, *args]
+    else:
+        script = os.path.abspath(target)
+        sys.argv = [target, *args]
+        sys.path[0] = os.path.dirname(script)
+    try:
+        if module:
+            runpy.run_module(module, run_name="__main__", alter_sys=True)
+        else:
+            runpy.run_path(script, run_name="__main__")
+    except SystemExit as exc:
+        probe.end(_exit_code(exc.code))
+        raise
+    except BaseException as exc:
+        _strip(exc, set())
+        text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        sys.stderr.write(text)
+        sys.stderr.flush()
+        probe.on_exception(exc)
+        _record_error_file(exc, text)
+        code = 130 if isinstance(exc, KeyboardInterrupt) else 1
+        probe.end(code, reason="exception")
+        raise SystemExit(code) from None
+    probe.end(0)
+
+
+if __name__ == "__main__":
+    main()

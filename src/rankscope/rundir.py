@@ -1,0 +1,320 @@
+"""The run directory: the one contract between rankscope's layers.
+
+Every writer (the launcher, the probe inside each rank, the stall watchdog) and every reader (the
+collectors, the CLI, the widgets) finds files through :class:`RunDir`, so the layout below is the
+only place it is spelled out::
+
+    <run>/
+      run.json                 spec, commands, pids, times, state, exit codes per rank (atomic)
+      launcher.log             torchrun agent output for node 0 (ChildFailedError summary lands here)
+      launcher.node<k>.log     the same for simulated node k > 0
+      logs/node<k>/            torchrun --log-dir: <rdzv_id>_<random>/attempt_<n>/<local_rank>/...
+      control/capture.json     the latest evidence request {"id", "t", "reason"} (the probe polls it)
+      ranks/<rank>/
+        events.jsonl           probe events, one JSON object per line (see EVENT_KINDS)
+        stacks.txt             faulthandler dumps of every thread, each after a "# rankscope" marker
+        fr.pkl                 the latest dump of torch's flight recorder (pickle, as torch writes it)
+        fr_nccl.pkl            the latest dump of the NCCL flight recorder, when the backend is nccl
+        nccl.log               NCCL_DEBUG output, when the nccl_debug preset is on
+      evidence/capture-<id>/   what one capture gathered: manifest.json, copies of the dumps, py-spy
+      diagnosis.json           the last verdict
+
+This module imports only the standard library: the probe loads it inside every rank.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import fcntl
+import json
+import os
+import re
+import secrets
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+#: Event kinds the probe writes to ``events.jsonl``. Every event has ``ev`` (the kind), ``t``
+#: (wall-clock seconds since the epoch) and ``rank``.
+EVENT_KINDS = {
+    "start": "pid, host, argv, python, torch and the torchrun env contract (env: dict)",
+    "heartbeat": "done (collectives completed), step, coll (id of the collective in flight or null)",
+    "enter": "id, op, pg, pg_desc, pg_ranks, seq, peer, shapes, dtypes, async_op, file, line, func",
+    "exit": "id, op, pg, seq, dur_s, ok, error",
+    "step": "step (the user's step marker)",
+    "exception": "type, message, traceback",
+    "capture": "id, reason, files (what the probe wrote for an evidence request)",
+    "end": "code (the process exit code, when the probe saw it)",
+}
+
+#: Job states recorded in run.json.
+STATES = ("starting", "running", "stalled", "exited", "stopped", "failed_to_start")
+FINAL_STATES = frozenset({"exited", "stopped", "failed_to_start"})
+
+RUN_JSON = "run.json"
+ENV_RUN_DIR = "RANKSCOPE_RUN_DIR"
+
+
+class RunDirError(ValueError):
+    """A path is not a usable run directory; the message says why and what to do."""
+
+
+class RunDir:
+    """Paths of one run directory. Cheap to create; touches the filesystem only when asked."""
+
+    def __init__(self, path: str | os.PathLike[str]):
+        self.path = Path(path).resolve()
+
+    def __repr__(self) -> str:
+        return f"RunDir({str(self.path)!r})"
+
+    def __fspath__(self) -> str:
+        return str(self.path)
+
+    # --- layout -----------------------------------------------------------------------------
+    @property
+    def run_json(self) -> Path:
+        return self.path / RUN_JSON
+
+    def launcher_log(self, node: int = 0) -> Path:
+        return self.path / ("launcher.log" if node == 0 else f"launcher.node{node}.log")
+
+    @property
+    def logs(self) -> Path:
+        return self.path / "logs"
+
+    def node_logs(self, node: int) -> Path:
+        return self.logs / f"node{node}"
+
+    @property
+    def control(self) -> Path:
+        return self.path / "control"
+
+    @property
+    def capture_request(self) -> Path:
+        return self.control / "capture.json"
+
+    @property
+    def ranks(self) -> Path:
+        return self.path / "ranks"
+
+    def rank_dir(self, rank: int) -> Path:
+        return self.ranks / str(rank)
+
+    def events(self, rank: int) -> Path:
+        return self.rank_dir(rank) / "events.jsonl"
+
+    def stacks(self, rank: int) -> Path:
+        return self.rank_dir(rank) / "stacks.txt"
+
+    def fr_dump(self, rank: int, *, nccl: bool = False) -> Path:
+        return self.rank_dir(rank) / ("fr_nccl.pkl" if nccl else "fr.pkl")
+
+    def nccl_log(self, rank: int) -> Path:
+        return self.rank_dir(rank) / "nccl.log"
+
+    @property
+    def evidence(self) -> Path:
+        return self.path / "evidence"
+
+    def capture_dir(self, capture_id: int) -> Path:
+        return self.evidence / f"capture-{capture_id}"
+
+    @property
+    def diagnosis_json(self) -> Path:
+        return self.path / "diagnosis.json"
+
+    # --- discovery --------------------------------------------------------------------------
+    def rank_ids(self) -> list[int]:
+        """Ranks that have a directory under ``ranks/``, sorted."""
+        if not self.ranks.is_dir():
+            return []
+        return sorted(int(p.name) for p in self.ranks.iterdir() if p.name.isdigit())
+
+    def is_run(self) -> bool:
+        return self.run_json.is_file()
+
+    # --- run.json ---------------------------------------------------------------------------
+    def read_run(self) -> dict[str, Any]:
+        """Return run.json; raise :class:`RunDirError` if it is missing or unreadable."""
+        try:
+            return json.loads(self.run_json.read_text())
+        except FileNotFoundError:
+            raise RunDirError(
+                f"{self.path} has no run.json: it is not a rankscope run directory "
+                "(use rankscope.collect.load_run for a folder of foreign artifacts)"
+            ) from None
+        except (OSError, ValueError) as exc:
+            raise RunDirError(f"{self.run_json} could not be read: {exc}") from exc
+
+    def write_run(self, data: dict[str, Any]) -> None:
+        atomic_write_json(self.run_json, data)
+
+    def update_run(self, change: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+        """Read, change and write run.json under an exclusive lock; return the new content.
+
+        Several processes write run.json (the supervisor, the owner's watchdog, ``stop()`` from an
+        attached process), so every update goes through this lock.
+        """
+        with self._lock():
+            data = self.read_run()
+            change(data)
+            self.write_run(data)
+            return data
+
+    @contextlib.contextmanager
+    def _lock(self) -> Iterator[None]:
+        fd = os.open(self.path / ".run.lock", os.O_CREAT | os.O_RDWR, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # closing releases the lock
+
+    # --- events -----------------------------------------------------------------------------
+    def iter_events(self, rank: int) -> Iterator[dict[str, Any]]:
+        """Yield the rank's events; a torn or garbled line is skipped (the collectors report it)."""
+        tail = EventTail(self.events(rank))
+        yield from tail.read()
+
+
+class EventTail:
+    """Incremental reader of one ``events.jsonl``: each :meth:`read` returns only new events.
+
+    A line still being written (no newline yet) is kept back until it is complete.
+    """
+
+    def __init__(self, path: Path):
+        self.path = path
+        self._offset = 0
+        self._partial = b""
+
+    def skip_to_end(self) -> None:
+        """Start after what the file holds now: only events written later are read."""
+        try:
+            self._offset = self.path.stat().st_size
+        except OSError:
+            self._offset = 0
+        self._partial = b""
+
+    def read(self) -> list[dict[str, Any]]:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self._offset)
+                chunk = f.read()
+        except FileNotFoundError:
+            return []
+        if not chunk:
+            return []
+        self._offset += len(chunk)
+        data = self._partial + chunk
+        lines = data.split(b"\n")
+        self._partial = lines.pop()
+        out = []
+        for line in lines:
+            try:
+                ev = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(ev, dict):
+                out.append(ev)
+        return out
+
+
+def atomic_write_json(path: Path, data: Any) -> None:
+    """Write JSON so that readers see either the old file or the new one, never a torn one."""
+    atomic_write_bytes(path, (json.dumps(data, indent=1, default=str) + "\n").encode())
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+_NAME_OK = re.compile(r"[^A-Za-z0-9_.-]+")
+
+
+def new_run_dir(base: str | os.PathLike[str] = "runs", *, name: str = "job") -> RunDir:
+    """Create a fresh, uniquely named run directory ``<base>/<date>-<time>-<name>-<random>``."""
+    stem = _NAME_OK.sub("-", name).strip("-")[:40] or "job"
+    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    base_path = Path(base)
+    base_path.mkdir(parents=True, exist_ok=True)
+    for _ in range(100):
+        path = base_path / f"{stamp}-{stem}-{secrets.token_hex(3)}"
+        try:
+            path.mkdir()
+        except FileExistsError:
+            continue
+        return RunDir(path)
+    raise RunDirError(f"could not create a fresh run directory under {base_path}")
+
+
+def claim_run_dir(path: str | os.PathLike[str]) -> RunDir:
+    """Use ``path`` as a new run directory: create it if absent, refuse one that holds a run."""
+    run = RunDir(path)
+    if run.run_json.exists():
+        raise RunDirError(
+            f"{run.path} already holds a run (run.json exists); choose another --run-dir, "
+            "or omit it to get a fresh directory under ./runs/"
+        )
+    if run.path.exists() and not run.path.is_dir():
+        raise RunDirError(f"{run.path} exists and is not a directory")
+    run.path.mkdir(parents=True, exist_ok=True)
+    return run
+
+
+_FAILURE_BLOCK = re.compile(
+    r"rank\s*:\s*(?P<rank>\d+)\s*\(local_rank:\s*(?P<local>\d+)\)\s*\n\s*"
+    r"exitcode\s*:\s*(?P<code>-?\d+)",
+)
+
+
+def torchrun_failures(text: str) -> dict[int, int]:
+    """Exit codes by global rank from torchrun's ``ChildFailedError`` summary in a launcher log.
+
+    torchrun lists every failed worker as ``rank : R (local_rank: L)`` followed by
+    ``exitcode : C`` (negative for a signal). Ranks that are not listed did not fail.
+    """
+    return {int(m["rank"]): int(m["code"]) for m in _FAILURE_BLOCK.finditer(text)}
+
+
+def rank_table(run: RunDir) -> dict[int, dict[str, Any]]:
+    """Per-rank facts from the probe's events: pid, host, local/group rank, exit code if seen."""
+    table: dict[int, dict[str, Any]] = {}
+    for rank in run.rank_ids():
+        info: dict[str, Any] = {}
+        for ev in run.iter_events(rank):
+            kind = ev.get("ev")
+            if kind == "start":
+                env = ev.get("env") or {}
+                info.update(
+                    pid=ev.get("pid"),
+                    host=ev.get("host"),
+                    local_rank=as_int(env.get("LOCAL_RANK")),
+                    group_rank=as_int(env.get("GROUP_RANK")),
+                    started_at=ev.get("t"),
+                )
+            elif kind == "end":
+                info["exit_code"] = ev.get("code")
+                info["ended_at"] = ev.get("t")
+        if info:
+            table[rank] = info
+    return table
+
+
+def as_int(value: Any) -> int | None:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None

@@ -1,0 +1,298 @@
+"""Column names and dtypes of every table rankscope produces, declared once.
+
+Readers build a frame, then call :func:`conform` (cast and order the columns) at the end; tests and
+consumers call :func:`validate`. Conventions: snake_case, units as suffixes (``_s`` seconds since
+the epoch or durations, ``_ns``, ``_ms``), nullable ``Int64``/``boolean``/``string`` instead of
+sentinels, ``category`` for repeated strings, upstream names kept where they exist (the flight
+recorder's ``collective_seq_id``, ``profiling_name``, ``state``, ...).
+
+This module imports nothing from rankscope.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import pandas as pd
+
+Columns = Mapping[str, str]
+
+#: Per-rank facts: identity, process, exit. One row per rank seen anywhere in the evidence.
+RANKS: Columns = {
+    "rank": "Int64",
+    "pid": "Int64",
+    "host": "string",
+    "local_rank": "Int64",
+    "group_rank": "Int64",
+    "world_size": "Int64",
+    "started_s": "Float64",
+    "ended_s": "Float64",
+    "exit_code": "Int64",
+    "last_event_s": "Float64",
+}
+
+#: The probe's events, one row per line of ranks/<rank>/events.jsonl.
+EVENTS: Columns = {
+    "rank": "Int64",
+    "ev": "category",  # start heartbeat enter exit step exception capture end
+    "t_s": "Float64",
+    "coll_id": "Int64",  # enter/exit: the rank's call counter
+    "op": "category",
+    "pg": "category",
+    "seq": "Int64",
+    "step": "Int64",
+    "done": "Int64",  # heartbeat: collectives completed so far
+    "ok": "boolean",  # exit: the call returned normally
+    "code": "Int64",  # end: exit code
+    "message": "string",  # exception: "Type: message"; exit: error text; capture: reason
+}
+
+#: One row per collective or point-to-point call per rank (probe enter and exit paired).
+COLLECTIVES: Columns = {
+    "rank": "Int64",
+    "coll_id": "Int64",
+    "pg": "category",  # process-group name as torch names it ("0" is the world group)
+    "pg_desc": "category",
+    "pg_ranks": "string",  # "0,1,2,3" (global ranks of the group)
+    "pg_size": "Int64",
+    "seq": "Int64",  # the rank's own count of recorded calls on this group, from 1
+    "op": "category",  # torch.distributed function name: all_reduce, barrier, send, ...
+    "peer": "string",  # src/dst/root as passed, or "isend:1,irecv:0" for batch_isend_irecv
+    "shapes": "string",  # JSON: [[4], [2, 3]]
+    "dtypes": "string",  # JSON: ["float32"]
+    "async_op": "boolean",
+    "file": "string",
+    "line": "Int64",
+    "func": "string",
+    "site": "string",  # "train.py:12"
+    "t_start_s": "Float64",
+    "t_end_s": "Float64",  # null while in flight
+    "duration_s": "Float64",
+    "completed": "boolean",
+    "ok": "boolean",  # null while in flight
+    "error": "string",
+}
+
+#: Every line of every rank's stdout/stderr (torchrun --log-dir) and of the launcher logs.
+LOGS: Columns = {
+    "rank": "Int64",  # null for launcher lines that carry no rank prefix
+    "local_rank": "Int64",
+    "node": "Int64",
+    "attempt": "Int64",
+    "stream": "category",  # stdout stderr launcher
+    "line_no": "Int64",  # 1-based within the source file
+    "text": "string",  # the line with torchrun's [rankN]: / [defaultN]: prefix removed
+    "source": "string",  # path relative to the run directory
+}
+
+#: NCCL_DEBUG output lines.
+NCCL: Columns = {
+    "rank": "Int64",
+    "host": "string",
+    "pid": "Int64",
+    "tid": "Int64",
+    "device": "Int64",
+    "level": "category",  # VERSION INFO WARN TRACE
+    "t_s": "Float64",  # from the WARN timestamp prefix, when present
+    "file": "string",
+    "line": "Int64",
+    "message": "string",
+    "source": "string",
+    "line_no": "Int64",
+}
+
+#: Communicators NCCL reported (``... commId 0x... - Init START|COMPLETE``) and its version.
+NCCL_COMMS: Columns = {
+    "rank": "Int64",  # the job rank of the process that logged it, when known
+    "host": "string",
+    "pid": "Int64",
+    "comm": "string",  # communicator pointer, "0x557fe785f7a0"
+    "comm_id": "string",
+    "nccl_rank": "Int64",
+    "nranks": "Int64",
+    "cuda_dev": "Int64",
+    "bus_id": "string",
+    "state": "category",  # START COMPLETE
+    "nccl_version": "string",
+    "source": "string",
+    "line_no": "Int64",
+}
+
+#: Entries of torch's flight-recorder dumps (pickle or JSON, format 2.3-2.10, gloo or nccl).
+FLIGHT_RECORDER: Columns = {
+    "rank": "Int64",
+    "source": "string",
+    "version": "string",
+    "pg_name": "category",
+    "pg_desc": "category",
+    "pg_ranks": "string",  # "0,1" from pg_config, when the dump has it
+    "record_id": "Int64",
+    "pg_id": "Int64",
+    "collective_seq_id": "Int64",
+    "p2p_seq_id": "Int64",
+    "op_id": "Int64",
+    "profiling_name": "category",  # "nccl:all_reduce", "gloo:broadcast", "nccl:send 0->1"
+    "backend": "category",  # nccl gloo ...
+    "op": "category",  # all_reduce, send, ...
+    "is_p2p": "boolean",
+    "input_sizes": "string",  # JSON
+    "input_dtypes": "string",
+    "output_sizes": "string",
+    "output_dtypes": "string",
+    "state": "category",  # scheduled started completed
+    "time_created_ns": "Int64",
+    "time_discovered_started_ns": "Int64",
+    "time_discovered_completed_ns": "Int64",
+    "duration_ms": "Float64",
+    "retired": "boolean",
+    "timeout_ms": "Int64",
+    "thread_id": "string",
+    "thread_name": "string",
+}
+
+#: Stack frames of flight-recorder entries (depth 0 = innermost).
+FR_FRAMES: Columns = {
+    "rank": "Int64",
+    "record_id": "Int64",
+    "depth": "Int64",
+    "name": "string",
+    "filename": "string",
+    "line": "Int64",
+}
+
+#: Per-rank, per-group status from the dumps' ``pg_status``.
+PG_STATUS: Columns = {
+    "rank": "Int64",
+    "pg_id": "string",
+    "last_enqueued_collective": "Int64",
+    "last_started_collective": "Int64",
+    "last_completed_collective": "Int64",
+}
+
+#: Python stack frames from faulthandler dumps and py-spy dumps (depth 0 = innermost).
+STACKS: Columns = {
+    "rank": "Int64",
+    "capture_id": "Int64",  # rankscope capture id, when the dump carries one
+    "capture": "Int64",  # 0-based index of the dump within its source
+    "t_s": "Float64",
+    "tool": "category",  # faulthandler py-spy
+    "thread": "string",  # thread id as printed
+    "thread_name": "string",
+    "is_current": "boolean",
+    "depth": "Int64",
+    "func": "string",
+    "file": "string",
+    "line": "Int64",
+    "is_user": "boolean",  # outside torch, the standard library and rankscope
+    "source": "string",
+}
+
+#: One row per (rank, capture): the innermost user frame of the thread that matters.
+STACK_SUMMARY: Columns = {
+    "rank": "Int64",
+    "capture_id": "Int64",
+    "capture": "Int64",
+    "t_s": "Float64",
+    "tool": "category",
+    "thread": "string",
+    "func": "string",
+    "file": "string",
+    "line": "Int64",
+    "site": "string",  # "train.py:12"
+    "waiting_in": "string",  # innermost torch.distributed function on that stack, if any
+}
+
+#: Known error signatures found in logs.
+ERRORS: Columns = {
+    "rank": "Int64",
+    "t_s": "Float64",
+    "kind": "category",  # catalogue key: gloo_timeout, nccl_watchdog_timeout, ...
+    "recipe": "category",  # D1..D23 the signature points to, or null
+    "message": "string",  # the matching text
+    "fields": "object",  # dict of parsed fields (seq, op_type, timeout_ms, ranks, ...)
+    "source": "string",
+    "line_no": "Int64",
+}
+
+#: Files that could not be read, one row each, with the reason.
+PROBLEMS: Columns = {
+    "source": "string",
+    "reader": "category",
+    "reason": "string",
+}
+
+TABLES: dict[str, Columns] = {
+    "ranks": RANKS,
+    "events": EVENTS,
+    "collectives": COLLECTIVES,
+    "logs": LOGS,
+    "nccl": NCCL,
+    "nccl_comms": NCCL_COMMS,
+    "flight_recorder": FLIGHT_RECORDER,
+    "fr_frames": FR_FRAMES,
+    "pg_status": PG_STATUS,
+    "stacks": STACKS,
+    "stack_summary": STACK_SUMMARY,
+    "errors": ERRORS,
+    "problems": PROBLEMS,
+}
+
+
+class SchemaError(ValueError):
+    """A table does not match its declared schema."""
+
+
+def empty(name: str) -> pd.DataFrame:
+    """An empty frame with the table's columns and dtypes."""
+    cols = _columns(name)
+    return pd.DataFrame({c: pd.Series([], dtype=t) for c, t in cols.items()})
+
+
+def conform(name: str, df: pd.DataFrame) -> pd.DataFrame:
+    """Return ``df`` with exactly the table's columns, in order, cast to their dtypes.
+
+    Missing columns are added as nulls; extra columns are an error (a reader bug).
+    """
+    cols = _columns(name)
+    extra = [c for c in df.columns if c not in cols]
+    if extra:
+        raise SchemaError(f"table {name!r}: unexpected columns {extra}")
+    out = {}
+    n = len(df)
+    for col, dtype in cols.items():
+        if col in df.columns:
+            s = df[col]
+            if str(s.dtype) != dtype:
+                s = _cast(s, dtype)
+        else:
+            s = pd.Series([None] * n, dtype=dtype if dtype != "object" else object)
+        out[col] = s.reset_index(drop=True)
+    return pd.DataFrame(out)
+
+
+def _cast(s: pd.Series, dtype: str) -> pd.Series:
+    if dtype == "object":
+        return s.astype(object)
+    if dtype in ("Int64", "Float64"):
+        return pd.to_numeric(s, errors="coerce").astype(dtype)
+    if dtype == "string":
+        return s.astype("string")
+    return s.astype(dtype)
+
+
+def validate(name: str, df: pd.DataFrame) -> pd.DataFrame:
+    """Raise :class:`SchemaError` unless ``df`` has exactly the table's columns and dtypes."""
+    cols = _columns(name)
+    if list(df.columns) != list(cols):
+        raise SchemaError(f"table {name!r}: columns {list(df.columns)} != {list(cols)}")
+    wrong = {c: str(df[c].dtype) for c, t in cols.items() if str(df[c].dtype) != t}
+    if wrong:
+        raise SchemaError(f"table {name!r}: wrong dtypes {wrong}; expected {dict(cols)}")
+    return df
+
+
+def _columns(name: str) -> Columns:
+    try:
+        return TABLES[name]
+    except KeyError:
+        raise SchemaError(f"unknown table {name!r}; known: {sorted(TABLES)}") from None
