@@ -410,9 +410,10 @@ class Job:
             idle = now - last_progress
             stall = None
             if not stalled and data["state"] in ("running", "stalled"):
-                if not tracker.states and now - started > spec.startup_timeout_s:
+                all_up = len(tracker.states) >= spec.world_size
+                if not all_up and now - started > spec.startup_timeout_s:
                     stall = "startup"
-                elif tracker.waiting_in_collective() and idle > spec.stall_timeout_s:
+                elif all_up and tracker.waiting_in_collective() and idle > spec.stall_timeout_s:
                     stall = "no_progress"
             if stall is not None:
                 stalled = True

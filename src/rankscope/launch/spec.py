@@ -78,10 +78,12 @@ class JobSpec:
     presets: Sequence[str] = DEFAULT_PRESETS
     collective_timeout_s: float | None = None
     """Default timeout for init_process_group when the script passes none (torch's otherwise)."""
-    stall_timeout_s: float = 5.0
-    """No progress for this long, with a rank waiting in a collective, is a stall."""
+    stall_timeout_s: float = 3.0
+    """No progress for this long, with a rank waiting in a collective, is a stall. Counted once
+    every rank has started; raise it for jobs that pause longer between collectives (a
+    checkpoint written by one rank, evaluation on rank 0)."""
     startup_timeout_s: float = 60.0
-    """No rank started for this long is a stall too (a launch or rendezvous hang)."""
+    """Some rank not started after this long is a stall too (a launch or rendezvous hang)."""
     on_stall: OnStall = "keep"
     timeout_s: float | None = None
     """Hard limit for the whole job; it is stopped after this many seconds."""

@@ -31,6 +31,7 @@ class Supervisor:
         self.owner = int(self.data.get("owner_pid") or 0)
         self.agents: list[subprocess.Popen[bytes]] = []
         self.stop_reason: str | None = None
+        self.killed: set[int] = set()
         self._stop = threading.Event()
 
     def request_stop(self, reason: str) -> None:
@@ -107,7 +108,8 @@ class Supervisor:
             if self._stop.wait(0.1):
                 break
         self._record_stop()
-        terminate(self.run, roots=[p.pid for p in self.agents], grace_s=self.grace_s)
+        roots = [p.pid for p in self.agents]
+        self.killed = set(terminate(self.run, roots=roots, grace_s=self.grace_s))
         for p in self.agents:
             p.wait()
 
@@ -148,8 +150,11 @@ class Supervisor:
                 code = info.get("exit_code")
                 if code is None:
                     code = failures.get(r)
-                if code is None and not stopped and all(c == 0 for c in codes) and info:
-                    code = 0
+                if code is None and info.get("pid") is not None:
+                    if stopped:  # ended by our SIGTERM, or by the SIGKILL after the grace period
+                        code = -signal.SIGKILL if info["pid"] in self.killed else -signal.SIGTERM
+                    elif all(c == 0 for c in codes):
+                        code = 0
                 info["exit_code"] = code
                 table[str(r)] = info
             d["ranks"] = table

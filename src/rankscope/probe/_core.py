@@ -1,10 +1,13 @@
 """The probe that runs inside every rank.
 
-It imports only the standard library and torch, writes one JSON line per event with a single
-``os.write`` on an ``O_APPEND`` descriptor (so a killed rank loses nothing it already wrote, and
-threads never interleave partial lines), and keeps everything else off the collective's path:
-call sites and process-group descriptions are cached, and the heartbeat, evidence requests and
-dumps live on a daemon thread.
+It imports only the standard library and torch. A recorded call costs the rank a few
+microseconds: the wrapper takes the call's facts (group, sequence number, tensor shapes, call
+site, both cached where possible) into a tuple and queues it; the probe's daemon thread turns the
+queue into JSON lines and appends them with one ``os.write`` on an ``O_APPEND`` descriptor every
+``POLL_S``, mostly while the rank's main thread waits inside the collective with the GIL released.
+A collective still in flight after one poll gets its ``enter`` line at once, so a blocked rank is
+always visible. Capture, exception and exit flush the queue first; only a SIGKILL can lose the
+last ``POLL_S`` of completed calls.
 """
 
 from __future__ import annotations
@@ -23,8 +26,9 @@ import sys
 import threading
 import time
 import traceback
+from collections import deque
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -118,14 +122,18 @@ class Probe:
         self._stacks = open(run.stacks(rank), "a")  # noqa: SIM115  (faulthandler keeps the fd)
         self._local = threading.local()
         self._lock = threading.Lock()  # guards _next_id / _seq across threads that call collectives
+        self._write_lock = threading.Lock()
         self._capture_lock = threading.Lock()
+        self._queue: deque[tuple[Any, ...]] = deque()
+        self._entered: set[int] = set()  # calls whose enter line is written, exit not yet
+        self._static: dict[Any, str] = {}  # JSON fragments by (op, pg, site) and by dtypes
         self._stop = threading.Event()
         self._next_id = 0
         self._done = 0
         self._step: int | None = None
-        self._current: tuple[int, str] | None = None
-        self._seq: dict[str, int] = {}
-        self._pg_cache: dict[Any, tuple[str, str, list[int]]] = {}
+        self._current: _Call | None = None
+        self._seq: dict[str | None, int] = {}
+        self._pg_cache: dict[Any, tuple[str | None, str | None, list[int] | None]] = {}
         self._site_cache: dict[Any, bool] = {}
         self._served_capture = _pending_capture_id(run)  # requests older than this rank
         self._request_stamp: tuple[int, int] | None = None
@@ -135,12 +143,70 @@ class Probe:
 
     # --- writing ----------------------------------------------------------------------------
     def emit(self, ev: str, **fields: Any) -> None:
+        """Queue an event; it is written at the next flush (at most ``POLL_S`` later)."""
         fields["ev"] = ev
         fields["t"] = time.time()
         fields["rank"] = self.rank
-        line = json.dumps(fields, separators=(",", ":"), default=str) + "\n"
-        with contextlib.suppress(OSError):
-            os.write(self._fd, line.encode())
+        self._queue.append((fields,))
+
+    def flush(self) -> None:
+        """Write everything queued, and the enter line of a call that is still in flight."""
+        with self._write_lock:
+            lines = []
+            queue = self._queue
+            while queue:
+                item = queue.popleft()
+                if len(item) == 1:
+                    lines.append(_line(item[0]))
+                    continue
+                call, t_end, ok, error = item
+                if call.cid in self._entered:
+                    self._entered.discard(call.cid)
+                else:
+                    lines.append(self._enter_line(call))
+                lines.append(
+                    f'{{"id":{call.cid},"op":"{call.op}","pg":{_js(call.pg)},"seq":{call.seq},'
+                    f'"dur_s":{t_end - call.t!r},"ok":{"true" if ok else "false"},'
+                    f'"error":{_js(error)},"ev":"exit","t":{t_end!r},"rank":{self.rank}}}\n'
+                )
+            cur = self._current
+            if cur is not None and cur.cid not in self._entered:
+                self._entered.add(cur.cid)
+                lines.append(self._enter_line(cur))
+            if lines:
+                with contextlib.suppress(OSError):
+                    os.write(self._fd, "".join(lines).encode())
+
+    def _enter_line(self, call: _Call) -> str:
+        # The parts that repeat (op, group, call site) are encoded once per distinct value.
+        key = (call.op, call.pg, call.file, call.line, call.func)
+        static = self._static.get(key)
+        if static is None:
+            static = json.dumps(
+                {
+                    "op": call.op,
+                    "pg": call.pg,
+                    "pg_desc": call.pg_desc,
+                    "pg_ranks": call.pg_ranks,
+                    "file": call.file,
+                    "line": call.line,
+                    "func": call.func,
+                },
+                separators=(",", ":"),
+            )[1:-1]
+            self._static[key] = static
+        dtypes = tuple(call.dtypes)
+        dt = self._static.get(dtypes)
+        if dt is None:
+            dt = json.dumps([str(d).removeprefix("torch.") for d in dtypes])
+            self._static[dtypes] = dt
+        shapes = str([list(s) for s in call.shapes])
+        peer = _js(call.peer)
+        return (
+            f'{{"id":{call.cid},"seq":{call.seq},"peer":{peer},"shapes":{shapes},'
+            f'"dtypes":{dt},"async_op":{"true" if call.async_op else "false"},{static},'
+            f'"ev":"enter","t":{call.t!r},"rank":{self.rank}}}\n'
+        )
 
     # --- lifecycle --------------------------------------------------------------------------
     def start(self) -> None:
@@ -156,6 +222,7 @@ class Probe:
             torch=torch.__version__,
             env=env,
         )
+        self.flush()
         faulthandler.enable(file=sys.__stderr__ or self._stacks, all_threads=True)
         if signal.getsignal(signal.SIGUSR1) in (signal.SIG_DFL, None):
             # Fallback for a rank whose probe thread cannot run (the GIL held by a stuck C call):
@@ -173,6 +240,7 @@ class Probe:
         self.capture(reason=reason)
         self.emit("end", code=code)
         self._stop.set()
+        self.flush()
 
     def on_exception(self, exc: BaseException) -> None:
         self.emit(
@@ -181,6 +249,7 @@ class Probe:
             message=str(exc),
             traceback="".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
         )
+        self.flush()
 
     # --- the daemon thread ------------------------------------------------------------------
     def _loop(self) -> None:
@@ -201,12 +270,13 @@ class Probe:
                     "heartbeat",
                     done=self._done,
                     step=self._step,
-                    coll=cur[0] if cur else None,
-                    op=cur[1] if cur else None,
+                    coll=cur.cid if cur else None,
+                    op=cur.op if cur else None,
                 )
                 next_beat = now + HEARTBEAT_S
             with contextlib.suppress(Exception):
                 self._poll_request()
+            self.flush()
             self._stop.wait(POLL_S)
 
     def _poll_request(self) -> None:
@@ -227,6 +297,7 @@ class Probe:
     def capture(self, *, reason: str, capture_id: int | None = None) -> list[str]:
         """Write every thread's Python stack and the flight-recorder dump(s); return the files."""
         files: list[str] = []
+        self.flush()
         with self._capture_lock:
             if capture_id is not None:
                 self._served_capture = max(self._served_capture, capture_id)
@@ -251,6 +322,7 @@ class Probe:
                     atomic_write_bytes(path, data)
                     files.append(path.name)
             self.emit("capture", id=capture_id, reason=reason, files=files)
+            self.flush()
         return files
 
     # --- collectives ------------------------------------------------------------------------
@@ -280,6 +352,8 @@ class Probe:
         async_at = params.index("async_op") if "async_op" in params else None
         local = self._local
         inject_timeout = name == "init_process_group"
+        changes_groups = name in ("init_process_group", "destroy_process_group")
+        always_async = name in ("isend", "irecv", "batch_isend_irecv")
 
         @functools.wraps(fn)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -290,7 +364,9 @@ class Probe:
                 if inject_timeout:
                     _default_timeout(kwargs, args, params)
                 try:
-                    call = self._enter(name, args, kwargs, group_at, peer, peer_at, async_at)
+                    call = self._enter(
+                        name, args, kwargs, group_at, peer, peer_at, async_at, always_async
+                    )
                 except Exception:  # the probe must never break the user's collective
                     call = None
                 try:
@@ -299,6 +375,9 @@ class Probe:
                     if call is not None:
                         self._exit(call, False, f"{type(exc).__name__}: {exc}")
                     raise
+                finally:
+                    if changes_groups:
+                        self._pg_cache.clear()
                 if call is not None:
                     self._exit(call, True, None)
                 return result
@@ -317,7 +396,8 @@ class Probe:
         peer: str | None,
         peer_at: int | None,
         async_at: int | None,
-    ) -> tuple[int, str, str | None, int, float]:
+        always_async: bool,
+    ) -> _Call:
         group = kwargs.get("group")
         if group is None and group_at is not None and len(args) > group_at:
             group = args[group_at]
@@ -333,54 +413,50 @@ class Probe:
                 group = ops[0].group
         else:
             _collect_tensors(args, tensors)
-            _collect_tensors(kwargs.values(), tensors)
+            if kwargs:
+                _collect_tensors(kwargs.values(), tensors)
         pg, pg_desc, pg_ranks = self._describe_group(group)
         with self._lock:
             self._next_id += 1
             cid = self._next_id
             seq = self._seq.get(pg, 0) + 1
             self._seq[pg] = seq
-        file, line, func = self._call_site()
-        self._current = (cid, name)
         async_op = kwargs.get("async_op")
         if async_op is None and async_at is not None and len(args) > async_at:
             async_op = args[async_at]
-        self.emit(
-            "enter",
-            id=cid,
-            op=name,
-            pg=pg,
-            pg_desc=pg_desc,
-            pg_ranks=pg_ranks,
-            seq=seq,
-            peer=peer_val,
-            shapes=[list(t.shape) for t in tensors[:8]],
-            dtypes=[str(t.dtype).removeprefix("torch.") for t in tensors[:8]],
-            async_op=bool(async_op) or name in ("isend", "irecv", "batch_isend_irecv"),
-            file=file,
-            line=line,
-            func=func,
+        call = _Call(
+            cid,
+            name,
+            pg,
+            pg_desc,
+            pg_ranks,
+            seq,
+            peer_val,
+            [t.shape for t in tensors[:8]],
+            [t.dtype for t in tensors[:8]],
+            always_async or bool(async_op),
+            *self._call_site(),
+            time.time(),
         )
-        return cid, name, pg, seq, time.perf_counter()
+        self._current = call
+        return call
 
-    def _exit(
-        self, call: tuple[int, str, str | None, int, float], ok: bool, error: str | None
-    ) -> None:
-        cid, name, pg, seq, t0 = call
-        dur = time.perf_counter() - t0
+    def _exit(self, call: _Call, ok: bool, error: str | None) -> None:
+        self._queue.append((call, time.time(), ok, error))
         self._done += 1
         self._current = None
-        self.emit("exit", id=cid, op=name, pg=pg, seq=seq, dur_s=dur, ok=ok, error=error)
 
     def _describe_group(self, group: Any) -> tuple[str | None, str | None, list[int] | None]:
-        if group is None:
-            if not c10d.is_initialized():
-                return None, None, None
-            group = c10d._get_default_group()
+        # The default group is cached under None; init/destroy_process_group clear the cache.
         try:
             return self._pg_cache[group]
         except (KeyError, TypeError):
             pass
+        key = group
+        if group is None:
+            if not c10d.is_initialized():
+                return None, None, None
+            group = c10d._get_default_group()
         try:
             info = (
                 c10d._get_process_group_name(group),
@@ -390,7 +466,7 @@ class Probe:
         except Exception:
             info = (str(group), None, None)
         with contextlib.suppress(TypeError):
-            self._pg_cache[group] = info
+            self._pg_cache[key] = info
         return info
 
     def _call_site(self) -> tuple[str | None, int | None, str | None]:
@@ -410,6 +486,37 @@ class Probe:
     def step(self, n: int | None = None) -> None:
         self._step = (self._step or 0) + 1 if n is None else int(n)
         self.emit("step", step=self._step)
+
+
+class _Call(NamedTuple):
+    """One recorded call, as taken on the rank's hot path (formatted later, off it)."""
+
+    cid: int
+    op: str
+    pg: str | None
+    pg_desc: str | None
+    pg_ranks: list[int] | None
+    seq: int
+    peer: Any
+    shapes: list[Any]  # torch.Size objects
+    dtypes: list[Any]  # torch.dtype objects
+    async_op: bool
+    file: str | None
+    line: int | None
+    func: str | None
+    t: float
+
+
+def _js(value: Any) -> str:
+    if value is None:
+        return "null"
+    if type(value) is int:
+        return str(value)
+    return json.dumps(value, default=str)
+
+
+def _line(fields: dict[str, Any]) -> str:
+    return json.dumps(fields, separators=(",", ":"), default=str) + "\n"
 
 
 def _pending_capture_id(run: RunDir) -> int:

@@ -1,0 +1,397 @@
+"""``rankscope``: the command line over the same pipeline the notebooks use.
+
+    rankscope run [options] SCRIPT [ARGS...]   start a job, watch every rank, capture a stall
+    rankscope diagnose PATH [--json]           explain a run directory or a folder of artifacts
+    rankscope status RUN_DIR                   state and per-rank progress of a job
+    rankscope capture RUN_DIR                  capture evidence from a running job now
+    rankscope stop RUN_DIR                     stop a running job
+    rankscope presets                          the debug presets and what each one sets
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+from rankscope.launch import PRESETS, Job, JobSpec
+from rankscope.launch.spec import DEFAULT_PRESETS
+from rankscope.rundir import FINAL_STATES, RunDirError
+
+
+def _positive(text: str) -> float:
+    value = float(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {text}")
+    return value
+
+
+def _env_pair(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    return key, value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="rankscope",
+        description="Find which rank of a distributed PyTorch job diverged, where and why.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    run = sub.add_parser(
+        "run",
+        help="start a torchrun job, watch every rank, capture evidence on a stall",
+        description="Start SCRIPT under torchrun with the rankscope probe in every rank, show "
+        "live per-rank progress, capture evidence from every rank when the job stalls, stop "
+        "it according to --on-stall, and print where the run directory is. Exits 0 only if "
+        "every rank exited 0.",
+    )
+    run.add_argument("script", metavar="SCRIPT", help="training script (or module with -m)")
+    run.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS", help="script arguments")
+    run.add_argument("-m", "--module", action="store_true", help="SCRIPT is a module name")
+    run.add_argument("--nproc-per-node", type=int, default=2, metavar="N", help="ranks per node (2)")
+    run.add_argument(
+        "--nnodes",
+        type=int,
+        default=1,
+        metavar="N",
+        help="nodes, simulated on this host by one torchrun agent each (1)",
+    )
+    run.add_argument(
+        "--backend",
+        choices=["auto", "gloo", "nccl"],
+        default="auto",
+        help="passed to the script as RANKSCOPE_BACKEND; auto = nccl if a GPU per rank (auto)",
+    )
+    run.add_argument(
+        "--preset",
+        action="append",
+        default=[],
+        choices=sorted(PRESETS),
+        metavar="NAME",
+        help=f"switch a debug preset on (repeatable): {', '.join(sorted(PRESETS))}; "
+        "see 'rankscope presets'",
+    )
+    run.add_argument(
+        "--no-preset",
+        action="append",
+        default=[],
+        choices=sorted(PRESETS),
+        metavar="NAME",
+        help=f"switch a preset off (on by default: {', '.join(DEFAULT_PRESETS)})",
+    )
+    run.add_argument(
+        "--stall-timeout",
+        type=_positive,
+        default=3.0,
+        metavar="SECONDS",
+        help="no progress for this long while a rank waits in a collective is a stall (3); "
+        "raise it for jobs that pause longer between collectives",
+    )
+    run.add_argument(
+        "--on-stall",
+        choices=["keep", "stop"],
+        default="stop",
+        help="after capturing evidence, stop the job or keep it running for inspection (stop)",
+    )
+    run.add_argument(
+        "--timeout",
+        type=_positive,
+        default=None,
+        metavar="SECONDS",
+        help="hard limit for the whole job",
+    )
+    run.add_argument(
+        "--collective-timeout",
+        type=_positive,
+        default=None,
+        metavar="SECONDS",
+        help="timeout for init_process_group when the script passes none (torch's default)",
+    )
+    run.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        type=_env_pair,
+        metavar="KEY=VALUE",
+        help="extra environment for every rank (repeatable)",
+    )
+    run.add_argument(
+        "--run-dir",
+        default=None,
+        metavar="DIR",
+        help="the run directory itself: created if absent, refused if it holds a run "
+        "(default: a fresh, named directory under ./runs/)",
+    )
+    run.add_argument("--quiet", action="store_true", help="no live progress, only the outcome")
+
+    diag = sub.add_parser(
+        "diagnose", help="explain a run directory or a folder of foreign artifacts"
+    )
+    diag.add_argument("path", metavar="PATH")
+    diag.add_argument("--json", action="store_true", help="print the diagnosis as JSON")
+
+    for name, text in (
+        ("status", "state and per-rank progress of a job"),
+        ("capture", "capture evidence from every rank of a running job now"),
+        ("stop", "stop a running job (SIGTERM, then SIGKILL after a grace period)"),
+    ):
+        p = sub.add_parser(name, help=text, description=text)
+        p.add_argument("run_dir", metavar="RUN_DIR")
+        if name == "status":
+            p.add_argument("--json", action="store_true", help="print run.json and rank states")
+
+    sub.add_parser("presets", help="the debug presets and what each one sets")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return COMMANDS[args.command](args)
+    except (RunDirError, ValueError, FileNotFoundError) as exc:
+        print(f"rankscope {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+# --- run ------------------------------------------------------------------------------------
+def cmd_run(args: argparse.Namespace) -> int:
+    presets = [p for p in dict.fromkeys([*DEFAULT_PRESETS, *args.preset]) if p not in args.no_preset]
+    spec = JobSpec(
+        script=None if args.module else args.script,
+        module=args.script if args.module else None,
+        args=args.args,
+        nproc_per_node=args.nproc_per_node,
+        nnodes=args.nnodes,
+        backend=args.backend,
+        presets=presets,
+        env=dict(args.env),
+        stall_timeout_s=args.stall_timeout,
+        on_stall=args.on_stall,
+        timeout_s=args.timeout,
+        collective_timeout_s=args.collective_timeout,
+    )
+    job = Job(spec, run_dir=args.run_dir).start()
+    out = sys.stdout
+    print(f"rankscope: run directory {_rel(job.run.path)}", file=out, flush=True)
+    live = None if args.quiet else LiveView(out)
+    interrupted = False
+
+    def on_sigterm(*_: Any) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, on_sigterm)
+    reported_stalls = 0
+    try:
+        while job.poll() is None:
+            if live is not None:
+                live.update(job)
+            if len(job.stalls) > reported_stalls:
+                for stall in job.stalls[reported_stalls:]:
+                    _print_stall(job, stall, out)
+                reported_stalls = len(job.stalls)
+            time.sleep(0.25)
+    except KeyboardInterrupt:
+        interrupted = True
+        print("\nrankscope: interrupted; stopping the job", file=out, flush=True)
+        job.stop(reason="interrupted")
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    for stall in job.stalls[reported_stalls:]:
+        _print_stall(job, stall, out)
+    if live is not None:
+        live.update(job, final=True)
+    info = job.info()
+    code = job.poll() or 0
+    _print_outcome(info, out)
+    _print_diagnosis(job.run.path, out)
+    print(f"rankscope: run directory {_rel(job.run.path)}", file=out, flush=True)
+    if interrupted:
+        return 130
+    return 0 if code == 0 else 1
+
+
+def _rel(path: Path) -> str:
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
+def _print_stall(job: Job, stall: dict[str, Any], out: TextIO) -> None:
+    where = ", ".join(
+        f"rank {r['rank']} in {r['op']} ({r['site']})"
+        if r.get("in_collective_since")
+        else f"rank {r['rank']} {r['status']}"
+        for r in stall.get("ranks", [])
+    )
+    took = stall["evidence_complete_at"] - stall["detected_at"]
+    print(
+        f"rankscope: STALL: no progress for {stall['idle_s']:.1f} s ({where}); evidence "
+        f"capture-{stall['capture_id']} complete in {took:.2f} s"
+        + (f", missing ranks {stall['missing']}" if stall.get("missing") else ""),
+        file=out,
+        flush=True,
+    )
+
+
+def _print_outcome(info: dict[str, Any], out: TextIO) -> None:
+    state = info.get("state")
+    reason = info.get("stop_reason")
+    codes = {int(r): v.get("exit_code") for r, v in (info.get("ranks") or {}).items()}
+    shown = ", ".join(f"{r}: {'?' if c is None else c}" for r, c in sorted(codes.items()))
+    line = f"rankscope: job {state}" + (f" ({reason})" if reason else "")
+    line += f"; exit codes by rank: {shown or 'none recorded'}"
+    if info.get("error"):
+        line += f"\nrankscope: {info['error']}"
+    print(line, file=out, flush=True)
+
+
+def _print_diagnosis(path: Path, out: TextIO) -> None:
+    try:
+        from rankscope.analyze import diagnose, write_diagnosis
+    except ImportError:
+        return
+    try:
+        diagnosis = diagnose(path)
+        write_diagnosis(path, diagnosis)
+    except Exception as exc:  # the job's outcome is already printed; say why there is no verdict
+        print(f"rankscope: could not diagnose the run: {type(exc).__name__}: {exc}", file=out)
+        return
+    print(diagnosis.render(), file=out, flush=True)
+
+
+class LiveView:
+    """Per-rank progress: redrawn in place on a terminal, a line on change otherwise."""
+
+    def __init__(self, out: TextIO):
+        self.out = out
+        self.tty = out.isatty()
+        self._drawn = 0
+        self._last_text = ""
+        self._last_print = 0.0
+
+    def update(self, job: Job, *, final: bool = False) -> None:
+        ranks = job.ranks()
+        state = job.status()
+        lines = [f"job {state}  ({len(ranks)}/{job.spec.world_size} ranks up)"]
+        lines += [format_rank(r) for r in ranks]
+        text = "\n".join(lines)
+        if self.tty:
+            if self._drawn:
+                self.out.write(f"\x1b[{self._drawn}F\x1b[J")
+            self.out.write(text + "\n")
+            self.out.flush()
+            self._drawn = len(lines)
+            return
+        now = time.monotonic()
+        summary = _without_ages(text)
+        if final or (summary != self._last_text and now - self._last_print > 2.0):
+            self.out.write(text + "\n")
+            self.out.flush()
+            self._last_text, self._last_print = summary, now
+
+
+def _without_ages(text: str) -> str:
+    return "\n".join(line.split("  hb ")[0] for line in text.splitlines())
+
+
+def format_rank(r: dict[str, Any]) -> str:
+    where = ""
+    if r.get("op"):
+        where = f"{r['op']} pg{r['pg']} #{r['seq']} @ {r['site']}"
+        if r.get("in_collective_s") is not None:
+            where += f" for {r['in_collective_s']:.1f}s"
+    step = "-" if r.get("step") is None else r["step"]
+    hb = r.get("heartbeat_age_s")
+    return (
+        f"  rank {r['rank']:>3}  pid {r['pid'] or '-':>7}  {r['status']:<8} "
+        f"done {r['done']:>5}  step {step:>5}  {where}"
+        + ("" if hb is None else f"  hb {hb:.1f}s")
+    )
+
+
+# --- other commands -------------------------------------------------------------------------
+def cmd_diagnose(args: argparse.Namespace) -> int:
+    path = Path(args.path)
+    if not path.exists():
+        raise FileNotFoundError(f"{path} does not exist")
+    try:
+        from rankscope.analyze import diagnose, write_diagnosis
+    except ImportError as exc:
+        raise ValueError(f"the analyzer is not available in this installation: {exc}") from exc
+    diagnosis = diagnose(path)
+    if (path / "run.json").is_file():
+        write_diagnosis(path, diagnosis)
+    if args.json:
+        print(json.dumps(diagnosis.to_dict(), indent=2, default=str))
+    else:
+        print(diagnosis.render())
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    job = Job.attach(args.run_dir)
+    info = job.info()
+    ranks = job.ranks()
+    if args.json:
+        print(json.dumps({"run": info, "ranks": ranks}, indent=1, default=str))
+        return 0
+    print(f"{_rel(job.run.path)}: {info['state']}")
+    for r in ranks:
+        print(format_rank(r))
+    return 0
+
+
+def cmd_capture(args: argparse.Namespace) -> int:
+    job = Job.attach(args.run_dir)
+    if job.status() in FINAL_STATES:
+        raise ValueError(f"{args.run_dir} is not running ({job.status()}): nothing to capture")
+    manifest = job.capture(reason="cli")
+    got = [r for r, v in manifest["ranks"].items() if v["via"]]
+    print(
+        f"capture-{manifest['id']}: {len(got)}/{len(manifest['ranks'])} ranks answered in "
+        f"{manifest['duration_s']:.2f} s -> {_rel(job.run.capture_dir(manifest['id']))}"
+    )
+    return 0 if not manifest["missing"] else 1
+
+
+def cmd_stop(args: argparse.Namespace) -> int:
+    job = Job.attach(args.run_dir)
+    code = job.stop()
+    print(f"{_rel(job.run.path)}: {job.status()} (exit code {code})")
+    return 0
+
+
+def cmd_presets(args: argparse.Namespace) -> int:
+    for name, preset in PRESETS.items():
+        default = " (on by default)" if name in DEFAULT_PRESETS else ""
+        print(f"{name}{default}")
+        print(f"  on:  {' '.join(f'{k}={v}' for k, v in preset.env.items())}")
+        if preset.off:
+            print(f"  off: {' '.join(f'{k}={v}' for k, v in preset.off.items())}")
+        print(f"  {preset.doc}\n")
+    return 0
+
+
+COMMANDS = {
+    "run": cmd_run,
+    "diagnose": cmd_diagnose,
+    "status": cmd_status,
+    "capture": cmd_capture,
+    "stop": cmd_stop,
+    "presets": cmd_presets,
+}
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    raise SystemExit(main())

@@ -1,0 +1,61 @@
+"""Shared fixtures: real jobs in a temporary runs folder, and a check that none outlives its test."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from rankscope.launch import Job, JobSpec
+
+SCRIPTS = Path(__file__).parent / "scripts"
+
+
+def leftover_processes(root: Path) -> list[psutil.Process]:
+    """Processes whose RANKSCOPE_RUN_DIR lies under ``root``."""
+    root_s = str(root.resolve())
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.environ().get("RANKSCOPE_RUN_DIR", "").startswith(root_s):
+                found.append(proc)
+        except psutil.Error:
+            continue
+    return found
+
+
+class JobFactory:
+    def __init__(self, root: Path):
+        self.root = root
+        self.jobs: list[Job] = []
+
+    def __call__(self, script: str, *, detached: bool = False, **spec: object) -> Job:
+        path = SCRIPTS / script
+        job = Job(JobSpec(script=str(path), **spec), runs_root=self.root, detached=detached)
+        self.jobs.append(job.start())
+        return job
+
+
+@pytest.fixture
+def start_job(tmp_path: Path) -> Iterator[JobFactory]:
+    """``start_job("launch/clean.py", nproc_per_node=2, ...)`` starts a real job; every job is
+    stopped at teardown and the test fails if any of its processes survive."""
+    factory = JobFactory(tmp_path / "runs")
+    try:
+        yield factory
+    finally:
+        for job in factory.jobs:
+            if job.run is not None and job.poll() is None:
+                job.stop(grace_s=1.0)
+        left = leftover_processes(tmp_path)
+        for proc in left:
+            proc.kill()
+        assert not left, f"processes outlived the test: {[p.pid for p in left]}"
+
+
+@pytest.fixture
+def python() -> str:
+    return sys.executable
