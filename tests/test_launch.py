@@ -189,8 +189,14 @@ OWNER = textwrap.dedent(
 
 def _owner(tmp_path: Path, *, detached: bool) -> tuple[subprocess.Popen, RunDir]:
     owner = subprocess.Popen(
-        [sys.executable, "-c", OWNER, str(SCRIPTS / "launch/sleeper.py"), str(tmp_path / "runs"),
-         "1" if detached else "0"],
+        [
+            sys.executable,
+            "-c",
+            OWNER,
+            str(SCRIPTS / "launch/sleeper.py"),
+            str(tmp_path / "runs"),
+            "1" if detached else "0",
+        ],
         stdout=subprocess.PIPE,
         text=True,
     )

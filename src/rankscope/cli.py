@@ -1,11 +1,11 @@
 """``rankscope``: the command line over the same pipeline the notebooks use.
 
-    rankscope run [options] SCRIPT [ARGS...]   start a job, watch every rank, capture a stall
-    rankscope diagnose PATH [--json]           explain a run directory or a folder of artifacts
-    rankscope status RUN_DIR                   state and per-rank progress of a job
-    rankscope capture RUN_DIR                  capture evidence from a running job now
-    rankscope stop RUN_DIR                     stop a running job
-    rankscope presets                          the debug presets and what each one sets
+rankscope run [options] SCRIPT [ARGS...]   start a job, watch every rank, capture a stall
+rankscope diagnose PATH [--json]           explain a run directory or a folder of artifacts
+rankscope status RUN_DIR                   state and per-rank progress of a job
+rankscope capture RUN_DIR                  capture evidence from a running job now
+rankscope stop RUN_DIR                     stop a running job
+rankscope presets                          the debug presets and what each one sets
 """
 
 from __future__ import annotations
@@ -57,7 +57,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("script", metavar="SCRIPT", help="training script (or module with -m)")
     run.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS", help="script arguments")
     run.add_argument("-m", "--module", action="store_true", help="SCRIPT is a module name")
-    run.add_argument("--nproc-per-node", type=int, default=2, metavar="N", help="ranks per node (2)")
+    run.add_argument(
+        "--nproc-per-node", type=int, default=2, metavar="N", help="ranks per node (2)"
+    )
     run.add_argument(
         "--nnodes",
         type=int,
@@ -164,7 +166,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 # --- run ------------------------------------------------------------------------------------
 def cmd_run(args: argparse.Namespace) -> int:
-    presets = [p for p in dict.fromkeys([*DEFAULT_PRESETS, *args.preset]) if p not in args.no_preset]
+    presets = [
+        p for p in dict.fromkeys([*DEFAULT_PRESETS, *args.preset]) if p not in args.no_preset
+    ]
     spec = JobSpec(
         script=None if args.module else args.script,
         module=args.script if args.module else None,
@@ -314,8 +318,7 @@ def format_rank(r: dict[str, Any]) -> str:
     hb = r.get("heartbeat_age_s")
     return (
         f"  rank {r['rank']:>3}  pid {r['pid'] or '-':>7}  {r['status']:<8} "
-        f"done {r['done']:>5}  step {step:>5}  {where}"
-        + ("" if hb is None else f"  hb {hb:.1f}s")
+        f"done {r['done']:>5}  step {step:>5}  {where}" + ("" if hb is None else f"  hb {hb:.1f}s")
     )
 
 

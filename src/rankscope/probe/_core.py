@@ -254,15 +254,14 @@ class Probe:
     # --- the daemon thread ------------------------------------------------------------------
     def _loop(self) -> None:
         next_beat = 0.0
-        warm = False
+        warm = not _fr_enabled()
         while not self._stop.is_set():
             if not warm and c10d.is_initialized():
-                # torch's first flight-recorder dump imports torch._dynamo (about a second);
-                # pay that here, once, rather than when a stalled job needs the dump quickly.
+                # torch's first dump with stack traces imports torch._inductor (about a second
+                # of CPU); pay that once, early, on a thread of its own so events keep flowing,
+                # rather than when a stalled job needs its dump quickly.
                 warm = True
-                for _, fn in _DUMPS[:1]:
-                    with contextlib.suppress(Exception):
-                        fn()
+                threading.Thread(target=_warm_up, name="rankscope-warmup", daemon=True).start()
             now = time.monotonic()
             if now >= next_beat:
                 cur = self._current
@@ -517,6 +516,17 @@ def _js(value: Any) -> str:
 
 def _line(fields: dict[str, Any]) -> str:
     return json.dumps(fields, separators=(",", ":"), default=str) + "\n"
+
+
+def _fr_enabled() -> bool:
+    size = os.environ.get("TORCH_FR_BUFFER_SIZE") or os.environ.get("TORCH_NCCL_TRACE_BUFFER_SIZE")
+    return size not in (None, "", "0")
+
+
+def _warm_up() -> None:
+    for _, fn in _DUMPS:
+        with contextlib.suppress(Exception):
+            fn()
 
 
 def _pending_capture_id(run: RunDir) -> int:
