@@ -327,3 +327,49 @@ def test_presets_reach_the_ranks(start_job):
     assert env["NCCL_DEBUG"] == "INFO" and env["NCCL_DEBUG_FILE"].endswith("ranks/0/nccl.log")
     assert env["RANKSCOPE_BACKEND"] == "gloo"
     assert job.info()["env"]["MY_FLAG"] == "1"
+
+
+def test_probe_installed_by_hand_under_plain_torchrun(tmp_path):
+    run_dir = tmp_path / "by-hand"
+    from rankscope.launch.spec import free_port
+
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node=2",
+            f"--master-port={free_port()}",
+            str(SCRIPTS / "launch/install_by_hand.py"),
+        ],
+        env={**os.environ, "RANKSCOPE_RUN_DIR": str(run_dir)},
+        check=True,
+        timeout=60,
+        capture_output=True,
+    )
+    run = RunDir(run_dir)
+    assert run.rank_ids() == [0, 1]
+    for rank in (0, 1):
+        evs = events(run, rank)
+        assert [e["op"] for e in evs if e["ev"] == "enter"][:2] == [
+            "init_process_group",
+            "all_reduce",
+        ]
+        assert evs[-1]["ev"] == "end" and run.fr_dump(rank).exists()
+
+
+def test_collective_timeout_applies_when_the_script_sets_none(start_job):
+    job = start_job(
+        "launch/conditional_barrier.py",
+        nproc_per_node=2,
+        collective_timeout_s=3,
+        stall_timeout_s=30,
+    )
+    start = time.monotonic()
+    deadline = start + 60
+    while not any(e["ev"] == "exception" for e in events(job.run, 0)):
+        assert time.monotonic() < deadline, "the barrier did not time out"
+        time.sleep(0.1)
+    assert time.monotonic() - start < 30
+    (exc,) = [e for e in events(job.run, 0) if e["ev"] == "exception"]
+    assert "Timed out waiting 3000ms" in exc["message"]
