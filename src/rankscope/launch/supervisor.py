@@ -147,9 +147,9 @@ class Supervisor:
             table = {}
             for r in range(world):
                 info = dict(ranks.get(r, {}))
-                code = info.get("exit_code")
-                if code is None:
-                    code = failures.get(r)
+                # torchrun saw the process end; the probe's end event comes a little earlier
+                # (a crash during interpreter shutdown happens after it).
+                code = failures.get(r, info.get("exit_code"))
                 if code is None and info.get("pid") is not None:
                     if stopped:  # ended by our SIGTERM, or by the SIGKILL after the grace period
                         code = -signal.SIGKILL if info["pid"] in self.killed else -signal.SIGTERM

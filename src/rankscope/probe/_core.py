@@ -94,10 +94,12 @@ ENV_CONTRACT = (
 )
 ENV_PREFIXES = ("TORCH", "NCCL_", "RANKSCOPE_", "GLOO_")
 
+# Frames in these files are not a call site: torch itself, the probe's wrappers, runpy.
 _INTERNAL_DIRS = (
     str(Path(torch.__file__).parent),
-    str(Path(__file__).resolve().parent.parent),
+    str(Path(__file__).resolve().parent),
     str(Path(functools.__file__).parent / "contextlib.py"),
+    "<frozen ",
 )
 
 _probe: Probe | None = None
@@ -140,6 +142,7 @@ class Probe:
         self._originals: list[tuple[Any, str, Any]] = []
         self._ended = False
         self._thread = threading.Thread(target=self._loop, name="rankscope-probe", daemon=True)
+        self._warmup: threading.Thread | None = None
 
     # --- writing ----------------------------------------------------------------------------
     def emit(self, ev: str, **fields: Any) -> None:
@@ -237,9 +240,14 @@ class Probe:
         if self._ended:
             return
         self._ended = True
+        if self._warmup is not None:
+            # A thread still inside torch's dump when the interpreter finalizes aborts the process.
+            self._warmup.join(timeout=30)
         self.capture(reason=reason)
         self.emit("end", code=code)
         self._stop.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout=2)
         self.flush()
 
     def on_exception(self, exc: BaseException) -> None:
@@ -261,7 +269,10 @@ class Probe:
                 # of CPU); pay that once, early, on a thread of its own so events keep flowing,
                 # rather than when a stalled job needs its dump quickly.
                 warm = True
-                threading.Thread(target=_warm_up, name="rankscope-warmup", daemon=True).start()
+                self._warmup = threading.Thread(
+                    target=_warm_up, name="rankscope-warmup", daemon=True
+                )
+                self._warmup.start()
             now = time.monotonic()
             if now >= next_beat:
                 cur = self._current
