@@ -269,10 +269,9 @@ class Probe:
                 # of CPU); pay that once, early, on a thread of its own so events keep flowing,
                 # rather than when a stalled job needs its dump quickly.
                 warm = True
-                self._warmup = threading.Thread(
-                    target=_warm_up, name="rankscope-warmup", daemon=True
-                )
-                self._warmup.start()
+                warmup = threading.Thread(target=_warm_up, name="rankscope-warmup", daemon=True)
+                warmup.start()
+                self._warmup = warmup  # published only once started: end() joins it
             now = time.monotonic()
             if now >= next_beat:
                 cur = self._current
