@@ -373,3 +373,16 @@ def test_collective_timeout_applies_when_the_script_sets_none(start_job):
     assert time.monotonic() - start < 30
     (exc,) = [e for e in events(job.run, 0) if e["ev"] == "exception"]
     assert "Timed out waiting 3000ms" in exc["message"]
+
+
+def test_stall_in_a_collective_issued_from_cpp_is_detected(start_job):
+    job = start_job(
+        "launch/ddp_extra_step.py", nproc_per_node=2, stall_timeout_s=2, on_stall="stop"
+    )
+    job.wait(timeout=60)
+    (stall,) = job.info()["stalls"]
+    assert stall["kind"] == "no_progress"
+    ranks = {r["rank"]: r for r in stall["ranks"]}
+    enqueued, completed = ranks[0]["fr"]["0"]
+    assert enqueued == completed + 1  # rank 0's third gradient bucket never completes
+    assert ranks[1]["fr"]["0"][0] == ranks[1]["fr"]["0"][1]

@@ -53,6 +53,8 @@ class RankState:
     exception: str | None = None
     exit_code: int | None = None
     ended: bool = False
+    fr: dict[str, list[int]] | None = None
+    """Flight recorder per group: [last enqueued, last completed], from the heartbeat."""
 
     def status(self, now: float | None = None) -> str:
         if self.ended:
@@ -91,7 +93,10 @@ class RankTracker:
                 self.states[rank] = RankState(rank=rank)
             state = self.states[rank]
             for ev in self.tails[rank].read():
-                progress |= _apply(state, ev)
+                try:
+                    progress |= _apply(state, ev)
+                except (TypeError, ValueError, AttributeError):
+                    continue  # a malformed event must not stop the watchdog
         return progress
 
     def pids(self, *, alive_only: bool = True) -> dict[int, int]:
@@ -102,7 +107,13 @@ class RankTracker:
         }
 
     def waiting_in_collective(self) -> bool:
-        return any(s.in_collective_since is not None and not s.ended for s in self.states.values())
+        """A live rank is inside a collective: one the probe saw it enter, or one the flight
+        recorder has enqueued but not completed (issued from C++: DDP, FSDP)."""
+        return any(
+            not s.ended
+            and (s.in_collective_since is not None or any(e > c for e, c in (s.fr or {}).values()))
+            for s in self.states.values()
+        )
 
 
 def _apply(state: RankState, ev: dict[str, Any]) -> bool:
@@ -110,7 +121,12 @@ def _apply(state: RankState, ev: dict[str, Any]) -> bool:
     t = ev.get("t")
     state.last_event_at = t
     if kind == "heartbeat":
-        return False
+        fr = ev.get("fr")
+        if not isinstance(fr, dict):
+            return False
+        before = state.fr or {}
+        state.fr = fr
+        return any(c > before.get(pg, [0, -1])[1] for pg, (_, c) in fr.items())
     if kind == "enter":
         state.op, state.pg, state.seq = ev.get("op"), ev.get("pg"), ev.get("seq")
         file, line = ev.get("file"), ev.get("line")

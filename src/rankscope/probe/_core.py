@@ -20,6 +20,7 @@ import functools
 import inspect
 import json
 import os
+import pickle
 import signal
 import socket
 import sys
@@ -262,7 +263,8 @@ class Probe:
     # --- the daemon thread ------------------------------------------------------------------
     def _loop(self) -> None:
         next_beat = 0.0
-        warm = not _fr_enabled()
+        fr_on = _fr_enabled()
+        warm = not fr_on
         while not self._stop.is_set():
             if not warm and c10d.is_initialized():
                 # torch's first dump with stack traces imports torch._inductor (about a second
@@ -281,6 +283,7 @@ class Probe:
                     step=self._step,
                     coll=cur.cid if cur else None,
                     op=cur.op if cur else None,
+                    fr=_fr_progress() if fr_on and c10d.is_initialized() else None,
                 )
                 next_beat = now + HEARTBEAT_S
             with contextlib.suppress(Exception):
@@ -531,6 +534,26 @@ def _line(fields: dict[str, Any]) -> str:
 def _fr_enabled() -> bool:
     size = os.environ.get("TORCH_FR_BUFFER_SIZE") or os.environ.get("TORCH_NCCL_TRACE_BUFFER_SIZE")
     return size not in (None, "", "0")
+
+
+def _fr_progress() -> dict[str, list[int]] | None:
+    """Per process group, [last enqueued, last completed] collective from the flight recorder.
+
+    This sees collectives that torch issues from C++ (DDP's gradient buckets, FSDP), which the
+    Python wrappers do not; it asks for no entries and no stacks, so it costs microseconds.
+    """
+    out: dict[str, list[int]] = {}
+    for _, fn in _DUMPS:
+        try:
+            status = pickle.loads(fn(includeCollectives=False, includeStackTraces=False))
+        except Exception:
+            continue
+        for pg, st in (status.get("pg_status") or {}).items():
+            out[str(pg)] = [
+                int(st.get("last_enqueued_collective", -1)),
+                int(st.get("last_completed_collective", -1)),
+            ]
+    return out or None
 
 
 def _warm_up() -> None:
