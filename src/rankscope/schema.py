@@ -45,6 +45,7 @@ EVENTS: Columns = {
     "ok": "boolean",  # exit: the call returned normally
     "code": "Int64",  # end: exit code
     "message": "string",  # exception: "Type: message"; exit: error text; capture: reason
+    "capture_id": "Int64",  # capture: the evidence request it answered (null at exit/exception)
 }
 
 #: One row per collective or point-to-point call per rank (probe enter and exit paired).
@@ -83,21 +84,22 @@ LOGS: Columns = {
     "line_no": "Int64",  # 1-based within the source file
     "text": "string",  # the line with torchrun's [rankN]: / [defaultN]: prefix removed
     "source": "string",  # path relative to the run directory
+    "t_s": "Float64",  # the line's own time (glog header, error.json timestamp), when it has one
 }
 
 #: NCCL_DEBUG output lines.
 NCCL: Columns = {
     "rank": "Int64",
-    "host": "string",
+    "host": "category",
     "pid": "Int64",
     "tid": "Int64",
     "device": "Int64",
     "level": "category",  # VERSION INFO WARN TRACE
     "t_s": "Float64",  # from the WARN timestamp prefix, when present
-    "file": "string",
+    "file": "category",
     "line": "Int64",
     "message": "string",
-    "source": "string",
+    "source": "category",
     "line_no": "Int64",
 }
 
@@ -121,11 +123,11 @@ NCCL_COMMS: Columns = {
 #: Entries of torch's flight-recorder dumps (pickle or JSON, format 2.3-2.10, gloo or nccl).
 FLIGHT_RECORDER: Columns = {
     "rank": "Int64",
-    "source": "string",
-    "version": "string",
+    "source": "category",
+    "version": "category",
     "pg_name": "category",
     "pg_desc": "category",
-    "pg_ranks": "string",  # "0,1" from pg_config, when the dump has it
+    "pg_ranks": "category",  # "0,1" from pg_config, when the dump has it (one copy per group)
     "record_id": "Int64",
     "pg_id": "Int64",
     "collective_seq_id": "Int64",
@@ -135,10 +137,10 @@ FLIGHT_RECORDER: Columns = {
     "backend": "category",  # nccl gloo ...
     "op": "category",  # all_reduce, send, ...
     "is_p2p": "boolean",
-    "input_sizes": "string",  # JSON
-    "input_dtypes": "string",
-    "output_sizes": "string",
-    "output_dtypes": "string",
+    "input_sizes": "category",  # JSON
+    "input_dtypes": "category",
+    "output_sizes": "category",
+    "output_dtypes": "category",
     "state": "category",  # scheduled started completed
     "time_created_ns": "Int64",
     "time_discovered_started_ns": "Int64",
@@ -146,8 +148,8 @@ FLIGHT_RECORDER: Columns = {
     "duration_ms": "Float64",
     "retired": "boolean",
     "timeout_ms": "Int64",
-    "thread_id": "string",
-    "thread_name": "string",
+    "thread_id": "category",
+    "thread_name": "category",
 }
 
 #: Stack frames of flight-recorder entries (depth 0 = innermost).
@@ -155,8 +157,8 @@ FR_FRAMES: Columns = {
     "rank": "Int64",
     "record_id": "Int64",
     "depth": "Int64",
-    "name": "string",
-    "filename": "string",
+    "name": "category",
+    "filename": "category",
     "line": "Int64",
 }
 
@@ -167,6 +169,7 @@ PG_STATUS: Columns = {
     "last_enqueued_collective": "Int64",
     "last_started_collective": "Int64",
     "last_completed_collective": "Int64",
+    "source": "string",  # the dump it comes from
 }
 
 #: Python stack frames from faulthandler dumps and py-spy dumps (depth 0 = innermost).
@@ -267,7 +270,8 @@ def conform(name: str, df: pd.DataFrame) -> pd.DataFrame:
         else:
             s = pd.Series([None] * n, dtype=dtype if dtype != "object" else object)
         out[col] = s.reset_index(drop=True)
-    return pd.DataFrame(out)
+    # No copy: with copy-on-write, changing either frame later copies then, not now.
+    return pd.DataFrame(out, copy=False)
 
 
 def _cast(s: pd.Series, dtype: str) -> pd.Series:

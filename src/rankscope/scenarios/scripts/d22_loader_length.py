@@ -1,8 +1,8 @@
 """D22: ranks get different numbers of batches, so the short rank stops calling collectives.
 
-Broken: the dataset is split by hand with ``samples[rank::world]``; with 9 samples and batch size 2
-on 2 ranks, rank 0 gets 3 batches and rank 1 only 2. Rank 1 leaves the loop and waits in the final
-barrier while rank 0 waits in the gradient all_reduce of its extra batch.
+Broken: the dataset is split by hand with ``samples[rank::world]``; with 8 samples and batch size 2
+on 3 ranks, ranks 0 and 1 get 2 batches and rank 2 only 1. Rank 2 leaves the loop and waits in the
+final barrier while the others wait in the gradient all_reduce of their second batch.
 Fixed (--fix): DistributedSampler pads the split so every rank sees the same number of batches.
 """
 
@@ -16,7 +16,7 @@ from torch.utils.data.distributed import DistributedSampler
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--fix", action="store_true")
-parser.add_argument("--samples", type=int, default=9)
+parser.add_argument("--samples", type=int, default=8)
 args = parser.parse_args()
 
 dist.init_process_group(os.environ.get("RANKSCOPE_BACKEND", "gloo"))

@@ -1,0 +1,440 @@
+"""The worker side of flight-recorder loading: dumps in, compact columns out.
+
+This module imports only the standard library, NumPy and the restricted unpickler, so that
+``python -m rankscope.collect._fr_parse`` starts fast in a worker process. A worker reads a JSON
+task on stdin (``{"what": "entries" | "frames", "items": [[index, path], ...]}``) and writes one
+``.npz`` archive on stdout: NumPy arrays plus a ``meta`` JSON document (category lists,
+``pg_status`` rows, problems). Nothing is pickled on the way back, so the parent unpickles nothing.
+"""
+
+from __future__ import annotations
+
+import gc
+import io
+import json
+import pickle
+import re
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from operator import itemgetter
+from typing import Any
+
+import numpy as np
+
+from rankscope.collect import safe_pickle
+from rankscope.collect._values import as_int, as_str
+
+INT_FIELDS = (
+    "record_id",
+    "pg_id",
+    "collective_seq_id",
+    "p2p_seq_id",
+    "op_id",
+    "time_created_ns",
+    "time_discovered_started_ns",
+    "time_discovered_completed_ns",
+    "timeout_ms",
+)
+#: Timestamps where 0 means unknown (the JSON dumps write 0 where the pickles write None).
+TIME_FIELDS = ("time_discovered_started_ns", "time_discovered_completed_ns")
+BOOL_FIELDS = ("retired", "is_p2p")
+TEXT_FIELDS = ("profiling_name", "state", "thread_id", "thread_name")
+#: Nested lists kept as JSON text.
+JSON_FIELDS = ("input_sizes", "input_dtypes", "output_sizes", "output_dtypes")
+#: The categories a worker builds: the text fields, JSON fields and the group's name/desc/ranks.
+CODED = (*TEXT_FIELDS, *JSON_FIELDS, "pg_name", "pg_desc", "pg_ranks", "version")
+PG_STATUS_FIELDS = ("last_enqueued_collective", "last_started_collective")
+PG_STATUS_FIELDS += ("last_completed_collective",)
+_RANKS_TEXT = re.compile(r"\s*\[\s*(?:-?\d+\s*(?:,\s*-?\d+\s*)*)?,?\s*\]\s*")
+#: The str() of nested lists of ints and of plain words ('Float'), which map to JSON one to one.
+_REPR_SAFE = re.compile(r"\[[\w\[\], '\-]*\]")
+#: Frames beyond this depth are not kept (a real stack is far shorter; a hostile one is not).
+MAX_FRAMES = 512
+
+
+# --- one worker's share -------------------------------------------------------------------------
+@dataclass
+class _Chunk:
+    """Columns for the entries of some files, as built in one worker."""
+
+    file_index: list[np.ndarray] = field(default_factory=list)
+    ints: dict[str, list[tuple[np.ndarray, np.ndarray]]] = field(default_factory=dict)
+    duration_ms: list[np.ndarray] = field(default_factory=list)
+    bools: dict[str, list[np.ndarray]] = field(default_factory=dict)
+    codes: dict[str, list[np.ndarray]] = field(default_factory=dict)
+    categories: dict[str, dict[Any, int]] = field(default_factory=dict)
+    pg_status: list[tuple[int, str, int | None, int | None, int | None]] = field(
+        default_factory=list
+    )
+    problems: list[tuple[int, str]] = field(default_factory=list)
+
+    def code(self, name: str, values: Sequence[Any]) -> np.ndarray:
+        """Codes of ``values`` in this chunk's table for ``name`` (None: -1)."""
+        table = self.categories.setdefault(name, {})
+        try:
+            if values and values.count(values[0]) == len(values):  # one value: most columns
+                first = values[0]
+                code = -1 if first is None else table.setdefault(first, len(table))
+                return np.full(len(values), code, dtype=np.int32)
+            codes = [-1 if v is None else table.setdefault(v, len(table)) for v in values]
+        except TypeError:  # an unhashable value where a string belongs
+            codes = [
+                -1 if (s := as_str(v)) is None else table.setdefault(s, len(table)) for v in values
+            ]
+        return np.array(codes, dtype=np.int32)
+
+    def packed(self) -> dict[str, Any]:
+        """The part sent back: concatenated arrays, categories as strings, rows, problems."""
+        arrays = {
+            "file_index": _cat(self.file_index, np.int32),
+            "duration_ms": _cat(self.duration_ms, np.float64),
+        }
+        for k, v in self.ints.items():
+            arrays[f"int:{k}"] = _cat([a for a, _ in v], np.int64)
+            arrays[f"mask:{k}"] = _cat([m for _, m in v], bool)
+        for k, v in self.bools.items():
+            arrays[f"bool:{k}"] = _cat(v, np.int8)
+        categories = {}
+        for key, table in self.categories.items():
+            fix = _json_category if key in JSON_FIELDS else as_str
+            lookup, uniques = normalise(list(table), fix)
+            arrays[f"code:{key}"] = lookup[_cat(self.codes.get(key, []), np.int32)]
+            categories[key] = uniques
+        meta = {"categories": categories, "pg_status": self.pg_status, "problems": self.problems}
+        return {"arrays": arrays, "meta": meta}
+
+
+def normalise(values: list[Any], fix: Callable[[Any], str | None]) -> tuple[np.ndarray, list[str]]:
+    """Codes of ``values`` (plus a trailing -1 for code -1) into the distinct fixed strings."""
+    fixed = [fix(v) for v in values]
+    table: dict[str, int] = {}
+    codes = [-1 if v is None else table.setdefault(v, len(table)) for v in fixed]
+    return np.array([*codes, -1], dtype=np.int32), list(table)
+
+
+def _cat(arrays: list[np.ndarray], dtype: Any) -> np.ndarray:
+    return np.concatenate(arrays) if arrays else np.zeros(0, dtype=dtype)
+
+
+def load_dump(data: bytes) -> Any:
+    """A dump's content: JSON when the bytes start with ``{``, else a restricted unpickle."""
+    if data[:64].lstrip().startswith(b"{"):
+        return json.loads(data)
+    return safe_pickle.loads(data)
+
+
+def _read_dump(index: int, path: str, problems: list[tuple[int, str]]) -> dict[str, Any] | None:
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+        if not data:
+            raise ValueError("the file is empty")
+        dump = load_dump(data)
+    except safe_pickle.UnsafePickleError as exc:
+        problems.append((index, str(exc)))
+        return None
+    except (
+        EOFError,
+        ValueError,
+        OverflowError,
+        MemoryError,
+        RecursionError,
+        pickle.UnpicklingError,
+    ) as exc:
+        problems.append((index, f"truncated or corrupted dump: {type(exc).__name__}: {exc}"))
+        return None
+    except Exception as exc:
+        problems.append((index, f"not a readable dump: {type(exc).__name__}: {exc}"))
+        return None
+    if not isinstance(dump, dict):
+        problems.append((index, f"the dump is a {type(dump).__name__}, not a dict"))
+        return None
+    return dump
+
+
+def _entries(index: int, dump: dict[str, Any], problems: list[tuple[int, str]]) -> list[dict]:
+    entries = dump.get("entries", [])  # JSON dumps leave the key out when there are none
+    if not isinstance(entries, list):
+        problems.append((index, f"'entries' is a {type(entries).__name__}, not a list"))
+        return []
+    kept = [e for e in entries if type(e) is dict]
+    if len(kept) < len(entries):
+        problems.append((index, f"{len(entries) - len(kept)} entries are not dicts (skipped)"))
+    return kept
+
+
+def parse_entries(items: Sequence[tuple[int, str]]) -> dict[str, Any]:
+    """Worker: unpickle the files and build entry columns (frames are not touched)."""
+    chunk = _Chunk()
+    with _gc_paused():
+        for index, path in items:
+            dump = _read_dump(index, path, chunk.problems)
+            if dump is None:
+                continue
+            try:
+                _add_dump(chunk, index, dump)
+            except Exception as exc:
+                chunk.problems.append((index, f"malformed dump: {type(exc).__name__}: {exc}"))
+    return chunk.packed()
+
+
+def _add_dump(chunk: _Chunk, index: int, dump: dict[str, Any]) -> None:
+    status = dump.get("pg_status")
+    if isinstance(status, dict):
+        for pg_id, st in status.items():
+            if isinstance(st, dict):
+                values = (_no_sentinel(as_int(st.get(k))) for k in PG_STATUS_FIELDS)
+                chunk.pg_status.append((index, str(pg_id), *values))  # type: ignore[arg-type]
+    entries = _entries(index, dump, chunk.problems)
+    n = len(entries)
+    if not n:
+        return
+    cols = _fields(entries)
+    # All columns below are built before any is added: a file adds all of its rows or none.
+    ints = {k: _int_column(cols[k]) for k in INT_FIELDS}
+    for k in TIME_FIELDS:
+        values, mask = ints[k]
+        ints[k] = (values, mask | (values == 0))
+    duration = _float_column([e.get("duration_ms") for e in entries])
+    bools = {k: _bool_column(cols[k]) for k in BOOL_FIELDS}
+    codes = {k: chunk.code(k, cols[k]) for k in TEXT_FIELDS}
+    for k in JSON_FIELDS:
+        codes[k] = chunk.code(k, _hashable(cols[k], flat=k.endswith("dtypes")))
+    groups = list(cols["process_group"])
+    if groups.count(groups[0]) == n:  # the usual dump: every entry on one group
+        distinct, name_at = [_pair(groups[0])], np.zeros(n, dtype=np.int64)
+    else:
+        table: dict[Any, int] = {}
+        name_at = np.array([table.setdefault(_hashable_pair(g), len(table)) for g in groups])
+        distinct = list(table)
+    # Each distinct (name, desc) is looked up once; entries take theirs by index.
+    names = [name for name, _ in distinct]
+    codes["pg_name"] = chunk.code("pg_name", names)[name_at]
+    codes["pg_desc"] = chunk.code("pg_desc", [desc for _, desc in distinct])[name_at]
+    codes["pg_ranks"] = chunk.code("pg_ranks", _group_ranks(dump.get("pg_config"), names))[name_at]
+    codes["version"] = np.repeat(chunk.code("version", [as_str(dump.get("version"))]), n)
+    chunk.file_index.append(np.full(n, index, dtype=np.int32))
+    for k, v in ints.items():
+        chunk.ints.setdefault(k, []).append(v)
+    chunk.duration_ms.append(duration)
+    for k, b in bools.items():
+        chunk.bools.setdefault(k, []).append(b)
+    for k, c in codes.items():
+        chunk.codes.setdefault(k, []).append(c)
+
+
+def _pair(group: Any) -> tuple[Any, Any]:
+    """(name, desc) of an entry's ``process_group``, a 2-tuple (a 2-list in JSON dumps)."""
+    return tuple(group) if type(group) in (tuple, list) and len(group) == 2 else (None, None)
+
+
+def _hashable_pair(group: Any) -> tuple[str | None, str | None]:
+    name, desc = _pair(group)
+    return as_str(name), as_str(desc)
+
+
+_ENTRY_KEYS = (*INT_FIELDS, *BOOL_FIELDS, *TEXT_FIELDS, *JSON_FIELDS, "process_group")
+
+
+def _fields(entries: list[dict[str, Any]]) -> dict[str, Sequence[Any]]:
+    """Each field as a column. Entries of one dump share their keys, so one ``itemgetter`` call
+    per entry and a transpose do it in C; a dump whose entries differ takes ``dict.get``."""
+    present = [k for k in _ENTRY_KEYS if k in entries[0]]
+    cols: dict[str, Sequence[Any]] = {}
+    if len(present) > 1:
+        try:
+            cols = dict(
+                zip(present, zip(*map(itemgetter(*present), entries), strict=True), strict=True)
+            )
+        except KeyError:
+            cols = {}
+    if not cols:
+        cols = {k: [e.get(k) for e in entries] for k in present}
+    none = [None] * len(entries)
+    return {k: cols.get(k, none) for k in _ENTRY_KEYS}
+
+
+def _int_column(values: list[Any]) -> tuple[np.ndarray, np.ndarray]:
+    try:
+        arr = np.array(values, dtype=np.int64)
+        if arr.ndim == 1:
+            return arr, np.zeros(len(arr), dtype=bool)
+    except (TypeError, ValueError, OverflowError):
+        pass
+    clean = [as_int(v) for v in values]
+    clean = [v if v is not None and -(2**63) < v < 2**63 else None for v in clean]
+    mask = np.array([v is None for v in clean], dtype=bool)
+    return np.array([0 if v is None else v for v in clean], dtype=np.int64), mask
+
+
+def _float_column(values: list[Any]) -> np.ndarray:
+    try:
+        arr = np.array(values, dtype=np.float64)  # None becomes NaN
+        if arr.ndim == 1:
+            return arr
+    except (TypeError, ValueError):
+        pass
+    return np.array(
+        [float(v) if type(v) in (int, float) else np.nan for v in values], dtype=np.float64
+    )
+
+
+def _bool_column(values: list[Any]) -> np.ndarray:
+    return np.array([1 if v is True else 0 if v is False else -1 for v in values], dtype=np.int8)
+
+
+def _hashable(values: Sequence[Any], *, flat: bool) -> list[Any]:
+    """Keys for coding nested lists: a tuple for a flat list of names (dtypes: cheap), else the
+    ``str()`` (sizes: much cheaper than ``json.dumps``); :func:`_json_category` turns each
+    distinct key into JSON once."""
+    if flat:
+        try:
+            keys = list(map(tuple, values))
+            hash(tuple(keys))
+            return keys
+        except TypeError:  # a None, a number or a nested list where names belong
+            pass
+    return [None if v is None else str(v) for v in values]
+
+
+def _json_category(key: Any) -> str | None:
+    """JSON text for a key made by :func:`_hashable`; None for anything that is not a nested
+    list of ints or plain words."""
+    if isinstance(key, tuple):
+        if all(type(x) in (str, int) for x in key):
+            return json.dumps(list(key))
+        if all(type(x) is list for x in key):
+            key = str(list(key))
+        else:
+            return None
+    if not isinstance(key, str) or len(key) > 4096 or not _REPR_SAFE.fullmatch(key):
+        return None
+    candidate = key.replace("'", '"')
+    try:
+        json.loads(candidate)
+    except ValueError:
+        return None
+    return candidate
+
+
+def parse_ranks(text: Any) -> str | None:
+    """``"[0, 1, 2]"`` -> ``"0,1,2"``, parsed as text; anything else is None."""
+    if not isinstance(text, str) or not _RANKS_TEXT.fullmatch(text):
+        return None
+    return ",".join(re.findall(r"-?\d+", text))
+
+
+def _group_ranks(pg_config: Any, names: list[Any]) -> list[str | None]:
+    """Each entry's group ranks from ``pg_config``.
+
+    Groups are looked up by name. gloo dumps of this torch version have a single ``pg_config``
+    key ``''`` (name and desc empty, the ranks of whichever group registered last) while entries
+    name their group (``'0'``); those ranks are attributed only when every entry of the dump is on
+    one group, since otherwise nobody can say which group they belong to.
+    """
+    if not isinstance(pg_config, dict):
+        return [None] * len(names)
+    table: dict[Any, str | None] = {}
+    for key, info in pg_config.items():
+        if isinstance(info, dict):
+            table[key] = parse_ranks(info.get("ranks"))
+    distinct = {n for n in names if isinstance(n, str)}
+    if "" in table and "" not in distinct and len(distinct) == 1 and table[""]:
+        table.setdefault(next(iter(distinct)), table[""])
+    return [table.get(n) if isinstance(n, str) else None for n in names]
+
+
+def _no_sentinel(value: int | None) -> int | None:
+    return None if value is None or value < 0 else value
+
+
+# --- frames ------------------------------------------------------------------------------------
+def parse_frames(items: Sequence[tuple[int, str]]) -> dict[str, Any]:
+    """Worker: frames of every entry, as codes into the distinct frames of these files.
+
+    torch's pickles store each distinct frame once and refer to it from every entry, so frames
+    are recognised by identity first and only new objects are looked at.
+    """
+    problems: list[tuple[int, str]] = []
+    table: dict[tuple[Any, Any, Any], int] = {}
+    files, records, depths, codes = [], [], [], []
+    with _gc_paused():
+        for index, path in items:
+            dump = _read_dump(index, path, problems)
+            if dump is None:
+                continue
+            seen: dict[int, int] = {}  # id(frame dict) -> code, valid while the dump is alive
+            for entry in _entries(index, dump, problems):
+                frames = entry.get("frames")
+                if not isinstance(frames, list):
+                    continue
+                record = as_int(entry.get("record_id"))
+                for depth, frame in enumerate(frames[:MAX_FRAMES]):
+                    code = seen.get(id(frame))
+                    if code is None:
+                        if not isinstance(frame, dict):
+                            continue
+                        key = (
+                            as_str(frame.get("name")),
+                            as_str(frame.get("filename")),
+                            as_int(frame.get("line")),
+                        )
+                        code = seen[id(frame)] = table.setdefault(key, len(table))
+                    files.append(index)
+                    records.append(-1 if record is None else record)
+                    depths.append(depth)
+                    codes.append(code)
+    arrays = {
+        "file_index": np.array(files, dtype=np.int32),
+        "record_id": np.array(records, dtype=np.int64),
+        "depth": np.array(depths, dtype=np.int64),
+        "frame": np.array(codes, dtype=np.int64),
+    }
+    return {"arrays": arrays, "meta": {"frames": list(table), "problems": problems}}
+
+
+# --- the pool ---------------------------------------------------------------------------------
+class _gc_paused:
+    """Pause the cyclic GC while building many small containers; restore it after, always."""
+
+    def __enter__(self) -> None:
+        self.was_enabled = gc.isenabled()
+        gc.disable()
+
+    def __exit__(self, *exc: object) -> None:
+        if self.was_enabled:
+            gc.enable()
+
+
+# --- transport ---------------------------------------------------------------------------------
+TASKS: dict[str, Callable[[Sequence[tuple[int, str]]], dict[str, Any]]] = {
+    "entries": parse_entries,
+    "frames": parse_frames,
+}
+
+
+def encode(part: dict[str, Any]) -> bytes:
+    """A part as an ``.npz`` archive: its arrays, and its meta as JSON bytes."""
+    out = io.BytesIO()
+    meta = np.frombuffer(json.dumps(part["meta"]).encode(), dtype=np.uint8)
+    np.savez(out, __meta__=meta, **part["arrays"])
+    return out.getvalue()
+
+
+def decode(data: bytes) -> dict[str, Any]:
+    """The part :func:`encode` wrote; ``allow_pickle=False``: arrays of plain numbers only."""
+    with np.load(io.BytesIO(data), allow_pickle=False) as archive:
+        arrays = {k: archive[k] for k in archive.files}
+    meta = json.loads(arrays.pop("__meta__").tobytes())
+    return {"arrays": arrays, "meta": meta}
+
+
+def main() -> None:
+    task = json.loads(sys.stdin.buffer.read())
+    part = TASKS[task["what"]]([(int(i), str(p)) for i, p in task["items"]])
+    sys.stdout.buffer.write(encode(part))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,312 @@
+"""torch's flight-recorder dumps: pickle or JSON, format versions 2.3 to 2.10, gloo and nccl.
+
+A dump is one rank's ring buffer of recent collectives (``entries``), the process groups it knows
+(``pg_config``) and per-group progress (``pg_status``). Pickles are read with
+:mod:`rankscope.collect.safe_pickle`, never with ``pickle.load``; the ``ranks`` strings
+(``"[0, 1]"``) are parsed as text, never ``eval``'d.
+
+Large loads (many ranks) run in a process pool over the files: each worker unpickles its files and
+sends back compact columns (integer arrays and category codes), so neither the dumps nor one
+Python object per entry cross the process boundary. Stack frames are left out of that pass and
+read only when :func:`read_fr_frames` is asked for them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from rankscope.collect import _fr_parse
+from rankscope.collect._common import (
+    Problems,
+    Source,
+    SourceLike,
+    as_sources,
+    categorical,
+    finish,
+    problem_list,
+)
+from rankscope.collect._fr_parse import (
+    BOOL_FIELDS,
+    CODED,
+    INT_FIELDS,
+    PG_STATUS_FIELDS,
+    parse_ranks,
+)
+
+READER = "flight_recorder"
+#: Below this many bytes in all, worker processes cost more than they save.
+POOL_MIN_BYTES = 32 << 20
+_SRC = str(Path(__file__).resolve().parents[2])  # the folder that holds the rankscope package
+
+__all__ = [
+    "FlightRecorderTables",
+    "load_flight_recorder",
+    "parse_ranks",
+    "read_flight_recorder",
+    "read_fr_frames",
+    "read_pg_status",
+]
+
+
+def _cpu_count() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def _run(what: str, sources: list[Source], workers: int | None) -> list[dict[str, Any]]:
+    """Parts for the files: in this process for small loads, else one worker process per core.
+
+    Workers are fresh interpreters (``python -m rankscope.collect._fr_parse``), not forks: they
+    re-run nothing of the caller's script and inherit none of its threads, and they send back
+    ``.npz`` bytes, not pickles. A worker that fails has its share redone here.
+    """
+    items = [(i, str(s.path)) for i, s in enumerate(sources)]
+    if workers is None:
+        size = sum(_size(s) for s in sources)
+        workers = _cpu_count() if size >= POOL_MIN_BYTES else 1
+    workers = max(1, min(workers, len(items)))
+    task = _fr_parse.TASKS[what]
+    if workers == 1:
+        return [task(items)]
+    # Interleaved shares: neighbouring ranks' dumps are alike in size.
+    shares = [items[i::workers] for i in range(workers)]
+    with ThreadPoolExecutor(workers) as pool:
+        return list(pool.map(lambda share: _in_worker(what, share), shares))
+
+
+def _in_worker(what: str, share: list[tuple[int, str]]) -> dict[str, Any]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (_SRC, env.get("PYTHONPATH")) if p)
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "rankscope.collect._fr_parse"],
+            input=json.dumps({"what": what, "items": share}).encode(),
+            capture_output=True,
+            env=env,
+            check=True,
+        )
+        return _fr_parse.decode(proc.stdout)
+    except (OSError, subprocess.CalledProcessError, ValueError):
+        return _fr_parse.TASKS[what](share)
+
+
+def _size(source: Source) -> int:
+    try:
+        return source.path.stat().st_size
+    except OSError:
+        return 0
+
+
+# --- public readers ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class FlightRecorderTables:
+    """What one pass over the dumps gives: the entries and the per-group status."""
+
+    entries: pd.DataFrame
+    pg_status: pd.DataFrame
+
+
+def load_flight_recorder(
+    sources: Iterable[SourceLike],
+    *,
+    problems: Problems | None = None,
+    workers: int | None = None,
+) -> FlightRecorderTables:
+    """Entries and ``pg_status`` of every dump in one pass (see :func:`read_flight_recorder`)."""
+    problems = problem_list(problems)
+    sources = as_sources(sources)
+    parts = _run("entries", sources, workers)
+    _report(parts, sources, problems)
+    return FlightRecorderTables(
+        entries=_entries_table(parts, sources), pg_status=_pg_status_table(parts, sources)
+    )
+
+
+def read_flight_recorder(
+    sources: Iterable[SourceLike],
+    *,
+    problems: Problems | None = None,
+    workers: int | None = None,
+) -> pd.DataFrame:
+    """Entries of flight-recorder dumps, one row per entry per rank.
+
+    ``profiling_name`` is split into ``backend`` and ``op`` (``nccl:send 0->1`` -> ``nccl``,
+    ``send``); timestamps that the dump does not know are null (gloo never records start or end;
+    JSON dumps write 0 for unknown); ``input_sizes`` and friends are JSON text. A file that is not
+    a readable dump becomes a ``problems`` row and the rest still load. Example::
+
+           rank           source version pg_name     pg_desc pg_ranks  record_id  pg_id  collective_seq_id  p2p_seq_id  op_id   profiling_name backend          op  is_p2p input_sizes input_dtypes output_sizes output_dtypes      state      time_created_ns  time_discovered_started_ns  time_discovered_completed_ns  duration_ms  retired  timeout_ms        thread_id thread_name
+        0     0  ranks/0/fr.pkl     2.10       0  default_pg      0,1          0      0                  1           0      1  gloo:all_reduce    gloo  all_reduce   False       [[4]]    ["Float"]        [[4]]     ["Float"]  scheduled  1795290142579614927                        <NA>                          <NA>         <NA>     True     1800000  140512300915584      python
+        1     0  ranks/0/fr.pkl     2.10       0  default_pg      0,1          5      0                  5           0      5    gloo:barrier    gloo     barrier   False          []           []           []            []  scheduled  1795290142590212345                        <NA>                          <NA>         <NA>    False     1800000  140512300915584      python
+
+    Args:
+        sources: dump files; a file's rank comes from its :class:`~rankscope.collect.Source` or
+            from its name (``<prefix><rank>``, as torch names them).
+        problems: where unreadable files are reported; ``None`` raises ``ValueError``.
+        workers: processes to use; ``None`` uses every core for large loads and this process for
+            small ones.
+    """
+    return load_flight_recorder(sources, problems=problems, workers=workers).entries
+
+
+def read_pg_status(
+    sources: Iterable[SourceLike],
+    *,
+    problems: Problems | None = None,
+    workers: int | None = None,
+) -> pd.DataFrame:
+    """Per-rank, per-group progress from the dumps' ``pg_status``; -1 ("none yet") is null.
+
+    Example::
+
+           rank pg_id  last_enqueued_collective  last_started_collective  last_completed_collective          source
+        0     0     0                         4                     <NA>                          3  ranks/0/fr.pkl
+        1     1     0                         4                     <NA>                          3  ranks/1/fr.pkl
+    """
+    return load_flight_recorder(sources, problems=problems, workers=workers).pg_status
+
+
+def read_fr_frames(
+    sources: Iterable[SourceLike],
+    *,
+    problems: Problems | None = None,
+    workers: int | None = None,
+) -> pd.DataFrame:
+    """Stack frames of flight-recorder entries (pickle dumps only: JSON dumps carry none).
+
+    Example::
+
+           rank  record_id  depth        name                                     filename  line
+        0     0          0      0  all_reduce  /venv/.../torch/distributed/distributed_c10d.py  3245
+        1     0          0      3    <module>                          /home/user/train.py     9
+    """
+    problems = problem_list(problems)
+    sources = as_sources(sources)
+    parts = _run("frames", sources, workers)
+    _report(parts, sources, problems)
+    file_index = _joined(parts, "file_index", np.int32)
+    frame, distinct = _merge(
+        [(p["arrays"]["frame"], [tuple(f) for f in p["meta"]["frames"]]) for p in parts]
+    )
+    names, filenames, lines = (
+        (list(col) for col in zip(*distinct, strict=True)) if distinct else ([], [], [])
+    )
+    line_of = np.array([-1 if v is None else v for v in lines] + [-1], dtype=np.int64)
+    return finish(
+        "fr_frames",
+        {
+            "rank": _ranks(sources, file_index),
+            "record_id": _masked(_joined(parts, "record_id", np.int64)),
+            "depth": _masked(_joined(parts, "depth", np.int64)),
+            "name": categorical(frame, names),
+            "filename": categorical(frame, filenames),
+            "line": _masked(line_of[frame]),
+        },
+    )
+
+
+def _report(parts: list[dict[str, Any]], sources: list[Source], problems: Problems) -> None:
+    for part in parts:
+        for index, reason in part["meta"]["problems"]:
+            problems.add(sources[index], READER, reason)
+
+
+def _joined(parts: list[dict[str, Any]], key: str, dtype: Any) -> np.ndarray:
+    arrays = [p["arrays"][key] for p in parts if key in p["arrays"]]
+    return np.concatenate(arrays) if arrays else np.zeros(0, dtype=dtype)
+
+
+def _ranks(sources: list[Source], file_index: np.ndarray) -> pd.arrays.IntegerArray:
+    return _masked(np.array([_rank_code(s) for s in sources] + [-1], dtype=np.int64)[file_index])
+
+
+def _rank_code(source: Source) -> int:
+    return -1 if source.rank is None else source.rank
+
+
+def _masked(values: np.ndarray) -> pd.arrays.IntegerArray:
+    """Int64 with negative values (the missing-value codes used in transit) as <NA>."""
+    return pd.arrays.IntegerArray(values.astype(np.int64), values < 0)
+
+
+def _merge(parts: list[tuple[np.ndarray, list[Any]]]) -> tuple[np.ndarray, list[Any]]:
+    """One code space for categories coded separately in each worker (code -1 stays -1)."""
+    table: dict[Any, int] = {}
+    out = []
+    for codes, local in parts:
+        lookup = [table.setdefault(v, len(table)) for v in local]
+        if lookup != list(range(len(local))):
+            codes = np.array([*lookup, -1], dtype=np.int32)[codes]
+        out.append(codes)
+    return (np.concatenate(out) if out else np.zeros(0, np.int32)), list(table)
+
+
+def _entries_table(parts: list[dict[str, Any]], sources: list[Source]) -> pd.DataFrame:
+    file_index = _joined(parts, "file_index", np.int32)
+    out: dict[str, Any] = {
+        "rank": _ranks(sources, file_index),
+        "source": categorical(file_index, [s.name for s in sources]),
+    }
+    coded = {
+        k: _merge(
+            [
+                (p["arrays"][f"code:{k}"], p["meta"]["categories"][k])
+                for p in parts
+                if f"code:{k}" in p["arrays"]
+            ]
+        )
+        for k in CODED
+    }
+    for k in CODED:
+        out[k] = categorical(*coded[k])
+    codes, names = coded["profiling_name"]
+    split = [_split_profiling_name(n) for n in names]
+    out["backend"] = categorical(codes, [b for b, _ in split])
+    out["op"] = categorical(codes, [o for _, o in split])
+    for k in INT_FIELDS:
+        out[k] = pd.arrays.IntegerArray(
+            _joined(parts, f"int:{k}", np.int64), _joined(parts, f"mask:{k}", bool)
+        )
+    out["duration_ms"] = pd.array(_joined(parts, "duration_ms", np.float64), dtype="Float64")
+    for k in BOOL_FIELDS:
+        flag = _joined(parts, f"bool:{k}", np.int8)
+        out[k] = pd.arrays.BooleanArray(flag == 1, flag < 0)
+    return finish("flight_recorder", out)
+
+
+def _split_profiling_name(name: Any) -> tuple[str | None, str | None]:
+    """``"nccl:send 0->1"`` -> ``("nccl", "send")``; ``"gloo:all_reduce"`` -> ``("gloo", ...)``."""
+    if not isinstance(name, str):
+        return None, None
+    backend, sep, rest = name.partition(":")
+    if not sep:
+        backend, rest = None, name
+    op = rest.strip().split(" ", 1)[0] or None
+    return backend or None, op
+
+
+def _pg_status_table(parts: list[dict[str, Any]], sources: list[Source]) -> pd.DataFrame:
+    rows = [row for part in parts for row in part["meta"]["pg_status"]]
+    cols = list(zip(*rows, strict=True)) if rows else [[]] * 5
+    return finish(
+        "pg_status",
+        {
+            "rank": [sources[i].rank for i in cols[0]],
+            "pg_id": list(cols[1]),
+            **{k: list(v) for k, v in zip(PG_STATUS_FIELDS, cols[2:], strict=True)},
+            "source": [sources[i].name for i in cols[0]],
+        },
+    )

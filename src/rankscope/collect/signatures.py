@@ -1,0 +1,199 @@
+"""The catalogue of known error signatures: one entry per signature, data only.
+
+Each entry says what it is (``kind``), a plain substring that every matching line contains
+(``literal``, checked first and vectorised, so most lines are never regex-matched), the regex
+whose named groups become the parsed ``fields``, how many following lines may hold more fields
+(``follow`` and ``more``, for messages that torch spreads over several lines), and the recipe
+(D1-D23 of the recipe guide) it points to. To add a signature, add an entry; the texts quoted
+in the comments are real ones.
+
+Named groups ending in ``_ms``, ``_rank``, ``seq`` and the like are converted to ints by
+:data:`INT_FIELDS`; ``parser`` names a function in :mod:`rankscope.collect.errors` for the two
+texts that a regex cannot take apart (collective fingerprints, torchrun's failure summary).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Signature:
+    kind: str
+    recipe: str | None
+    literal: str
+    regex: re.Pattern[str]
+    follow: int = 0
+    more: tuple[re.Pattern[str], ...] = ()
+    parser: str | None = None
+    doc: str = ""
+
+
+def _re(pattern: str) -> re.Pattern[str]:
+    return re.compile(pattern)
+
+
+#: Fields converted to int wherever a signature captures them.
+INT_FIELDS = frozenset(
+    {
+        "timeout_ms",
+        "ran_for_ms",
+        "seq",
+        "numel_in",
+        "numel_out",
+        "reporting_rank",
+        "failed_rank",
+        "grad_rank",
+        "port",
+        "device",
+        "peer_port",
+        "line",
+    }
+)
+
+SIGNATURES: tuple[Signature, ...] = (
+    # RuntimeError: [../third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting
+    # 3000ms for recv operation to complete
+    Signature(
+        kind="gloo_timeout",
+        recipe="D19",
+        literal="Timed out waiting",
+        regex=_re(
+            r"(?:\[(?P<where>[^\]]*?gloo[^\]]*)\] )?Timed out waiting (?P<timeout_ms>\d+)ms for "
+            r"(?P<operation>send|recv) operation to complete"
+        ),
+        doc="a gloo collective waited out its timeout: the peers are not in the same collective",
+    ),
+    # RuntimeError: [../gloo/transport/tcp/pair.cc:553] Connection closed by peer
+    # [127.0.0.1]:52893. This is typically caused by a remote worker crashing. ...
+    Signature(
+        kind="gloo_connection_closed",
+        recipe="D20",
+        literal=" by peer",
+        regex=_re(
+            r"(?:\[(?P<where>[^\]]*?pair\.cc:\d+)\] )?(?:Read error .*?)?"
+            r"Connection (?P<how>closed|reset) by peer(?: \[(?P<peer_addr>[^\]]+)\]:(?P<peer_port>\d+))?"
+        ),
+        doc="a peer process went away (crashed or exited) while this rank talked to it",
+    ),
+    # [rank4]:[E318 07:39:53.79 ProcessGroupNCCL.cpp:616] [Rank 4] Watchdog caught collective
+    # operation timeout: WorkNCCL(SeqNum=610, OpType=COALESCED, NumelIn=56320, NumelOut=450560,
+    # Timeout(ms)=600000) ran for 600086 milliseconds before timing out.
+    Signature(
+        kind="nccl_watchdog_timeout",
+        recipe="D19",
+        literal="Watchdog caught collective operation timeout",
+        regex=_re(
+            r"(?:\[Rank (?P<reporting_rank>\d+)\] )?Watchdog caught collective operation timeout: "
+            r"WorkNCCL\((?:SeqNum=(?P<seq>\d+), )?OpType=(?P<op_type>\w+)"
+            r"(?:, NumelIn=(?P<numel_in>\d+), NumelOut=(?P<numel_out>\d+))?"
+            r"(?:, TensorShape=(?P<shape>\[[^\]]*\]))?, Timeout\(ms\)=(?P<timeout_ms>\d+)\)"
+            r"(?: ran for (?P<ran_for_ms>\d+) milliseconds)?"
+        ),
+        doc="an NCCL collective ran past its timeout and the watchdog caught it",
+    ),
+    # RuntimeError: Detected mismatch between collectives on ranks. Rank 0 is running collective:
+    # CollectiveFingerPrint(SequenceNumber=1, OpType=ALLGATHER, ...), but Rank 1 is running
+    # collective: CollectiveFingerPrint(SequenceNumber=1, OpType=ALLREDUCE, ...).Collectives
+    # differ in the following aspects: \t Op type: ALLGATHERvs ALLREDUCE
+    Signature(
+        kind="collective_mismatch",
+        recipe="D21",
+        literal="Detected mismatch between collectives",
+        regex=_re(r"Detected mismatch between collectives on ranks\."),
+        parser="fingerprints",
+        doc="TORCH_DISTRIBUTED_DEBUG=DETAIL found ranks calling different collectives",
+    ),
+    # RuntimeError: [Rank 0]: Rank 1 failed to pass monitoredBarrier in 2000 ms
+    # RuntimeError: [Rank 0]: Ranks 1, 3 failed to pass monitoredBarrier in 2000 ms
+    Signature(
+        kind="monitored_barrier",
+        recipe="D20",
+        literal="failed to pass monitoredBarrier",
+        regex=_re(
+            r"(?:\[Rank (?P<reporting_rank>\d+)\]: )?Ranks? (?P<failed_ranks>\d+(?:, \d+)*) "
+            r"failed to pass monitoredBarrier in (?P<timeout_ms>\d+) ms"
+        ),
+        doc="monitored_barrier names the ranks that did not arrive in time",
+    ),
+    # RuntimeError: Expected to have finished reduction in the prior iteration before starting a
+    # new one. ... (a few lines later) Parameter indices which did not receive grad for rank 1: 4 5
+    Signature(
+        kind="ddp_unused_parameters",
+        recipe="D8",
+        literal="Expected to have finished reduction",
+        regex=_re(r"Expected to have finished reduction in the prior iteration"),
+        follow=8,
+        more=(
+            _re(
+                r"Parameter indices which did not receive grad for rank (?P<grad_rank>\d+): "
+                r"(?P<parameter_indices>\d+(?: \d+)*)"
+            ),
+            _re(r"Parameters which did not receive grad for rank \d+: (?P<parameter_names>\S.*)"),
+        ),
+        doc="DDP waited for gradients of parameters that the forward pass never used",
+    ),
+    # torch.distributed.elastic.multiprocessing.errors.ChildFailedError: (then the summary block:
+    # Root Cause (first observed failure): [0]: time : ... rank : 0 (local_rank: 0) exitcode : 1)
+    Signature(
+        kind="torchrun_child_failed",
+        recipe="D20",
+        literal="ChildFailedError",
+        regex=_re(r"\bChildFailedError:"),
+        follow=400,
+        parser="child_failed",
+        doc="torchrun's summary of the workers that failed, with the first one (root cause)",
+    ),
+    # ValueError: Error initializing torch.distributed using env:// rendezvous: environment
+    # variable RANK expected, but not set
+    Signature(
+        kind="env_missing",
+        recipe="D1",
+        literal="expected, but not set",
+        regex=_re(r"[Ee]nvironment variable (?P<variable>\w+) expected, but not set"),
+        doc="the process was started without the launcher's RANK/WORLD_SIZE/MASTER_* contract",
+    ),
+    # torch.distributed.DistNetworkError: The server socket has failed to listen on any local
+    # network address. port: 45919, useIpv6: false, code: -98, name: EADDRINUSE, message: address
+    # already in use
+    Signature(
+        kind="address_in_use",
+        recipe="D4",
+        literal="lready in use",
+        regex=_re(r"(?:port: (?P<port>\d+).*?)?[Aa]ddress already in use"),
+        doc="the rendezvous port is taken, usually by another job on the same host",
+    ),
+    # torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB. GPU 0 has a total
+    # capacity of 79.15 GiB of which 10.81 MiB is free. ...
+    Signature(
+        kind="cuda_oom",
+        recipe="D20",
+        literal="CUDA out of memory",
+        regex=_re(
+            r"CUDA out of memory\.(?: Tried to allocate (?P<requested>[\d.]+ \w+)\.)?"
+            r"(?: GPU (?P<device>\d+) has a total capacity of (?P<capacity>[\d.]+ \w+) of which "
+            r"(?P<free>[\d.]+ \w+) is free)?"
+        ),
+        doc="one rank ran out of GPU memory; the others will wait for it",
+    ),
+    # torch.AcceleratorError: CUDA error: invalid device ordinal
+    Signature(
+        kind="invalid_device_ordinal",
+        recipe="D3",
+        literal="invalid device ordinal",
+        regex=_re(r"(?:CUDA|HIP) error: invalid device ordinal"),
+        doc="a process asked for a GPU index the node does not have (RANK used for LOCAL_RANK)",
+    ),
+    # [2026-01-02 10:11:12] gpu-a017:41281:41290 [3] transport/net.cc:1143 NCCL WARN Socket recv
+    # failed while polling for opId=0x7fb582222f90
+    Signature(
+        kind="nccl_warn",
+        recipe="D19",
+        literal="NCCL WARN",
+        regex=_re(
+            r"(?:(?P<file>[\w/.\-]+):(?P<line>\d+) (?:\([^)]*\) )?)?NCCL WARN (?P<warning>.*)"
+        ),
+        doc="NCCL reported a problem (network, topology, a peer)",
+    ),
+)

@@ -1,0 +1,315 @@
+"""Python stacks: faulthandler dumps (the probe's ``stacks.txt``, crash output in stderr) and
+py-spy dumps (text and ``--json``), as one table of frames and a per-capture summary."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+
+from rankscope.collect._common import (
+    Problems,
+    Source,
+    SourceLike,
+    as_sources,
+    columns,
+    decode_text,
+    finish,
+    problem_list,
+    read_bytes,
+    split_lines,
+)
+from rankscope.collect._values import as_int, as_str
+
+READER = "stacks"
+
+_MARKER = re.compile(r"# rankscope capture id=(?P<id>\S+) t=(?P<t>\S+)")
+_FH_THREAD = re.compile(
+    r"(?P<current>Current thread|Thread) (?P<tid>0x[0-9a-fA-F]+)(?: \[(?P<name>[^\]]*)\])?"
+    r" \(most recent call first\):|Stack \(most recent call first\):"
+)
+_FH_FRAME = re.compile(r'\s+File "(?P<file>.*)", line (?P<line>\d+) in (?P<func>.*)')
+_SPY_PROCESS = re.compile(r"Process (?P<pid>\d+): ")
+_SPY_THREAD = re.compile(r'Thread (?P<tid>\S+) \((?P<status>[^)]*)\)(?:: "(?P<name>.*)")?\s*$')
+_SPY_FRAME = re.compile(r"    (?P<func>\S.*?) \((?P<file>[^()]*?)(?::(?P<line>\d+))?\)\s*$")
+#: py-spy --json: a list of thread objects (or one object).
+_JSON_DUMP = re.compile(rb"\[\s*[{\]]|\{")
+_STDLIB = frozenset(getattr(sys, "stdlib_module_names", ()))
+_STDLIB_DIR = re.compile(r"/lib(?:64)?/python\d(?:\.\d+)?/")
+
+
+@dataclass
+class _Thread:
+    tid: str | None
+    name: str | None = None
+    current: bool | None = None
+    frames: list[tuple[str | None, str | None, int | None]] = field(default_factory=list)
+
+
+@dataclass
+class _Capture:
+    tool: str
+    capture_id: int | None
+    t_s: float | None
+    threads: list[_Thread] = field(default_factory=list)
+
+
+def is_user_file(path: str | None) -> bool:
+    """A frame is the user's unless it is in torch, rankscope, the standard library,
+    site-packages or frozen bootstrap code. Works on full paths (faulthandler, flight recorder)
+    and on py-spy's short ones (``threading.py``, ``torch/distributed/distributed_c10d.py``)."""
+    if not path:
+        return False
+    if path.startswith("<"):
+        return not path.startswith("<frozen")
+    norm = path.replace("\\", "/")
+    parts = norm.split("/")
+    if {"site-packages", "dist-packages", "torch", "rankscope"} & set(parts):
+        return False
+    if _STDLIB_DIR.search(norm):
+        return False
+    if "/" not in norm:  # py-spy's short name of a top-level module: threading.py
+        return norm.removesuffix(".py") not in _STDLIB
+    return parts[0] not in _STDLIB  # "importlib/__init__.py"; "" for an absolute path
+
+
+def _in_torch_distributed(frame: dict[str, Any]) -> bool:
+    """A frame of torch.distributed code that runs (a module being imported does not count: a
+    thread importing torch is not blocked in a collective)."""
+    path = frame["file"]
+    return (
+        bool(path)
+        and frame["func"] != "<module>"
+        and "torch/distributed/" in path.replace("\\", "/")
+    )
+
+
+def _in_collective(frame: dict[str, Any]) -> bool:
+    return _in_torch_distributed(frame) and str(frame["file"]).endswith("distributed_c10d.py")
+
+
+def _faulthandler(lines: list[str]) -> Iterator[_Capture]:
+    """Dumps in a text: each starts at a rankscope marker or at the first thread header after a
+    blank line or other text."""
+    capture: _Capture | None = None
+    thread: _Thread | None = None
+    pending = (None, None)  # the last marker's (id, t)
+    for line in lines:
+        if line.startswith("# rankscope capture"):
+            if capture is not None and capture.threads:
+                yield capture
+            m = _MARKER.match(line)
+            pending = (as_int(m["id"]), _float(m["t"])) if m else (None, None)
+            capture, thread = None, None
+            continue
+        m = _FH_THREAD.match(line)
+        if m:
+            if capture is None:
+                capture = _Capture("faulthandler", *pending)
+                pending = (None, None)
+            thread = _Thread(tid=m["tid"], name=m["name"], current=m["current"] == "Current thread")
+            if m["tid"] is None:
+                thread.current = True
+            capture.threads.append(thread)
+            continue
+        m = _FH_FRAME.fullmatch(line) if thread is not None else None
+        if m and thread is not None:
+            thread.frames.append((m["func"], m["file"], int(m["line"])))
+        elif line.strip() and not line.startswith("  ") and thread is not None:
+            thread = None  # other text ends the thread; a new header starts the next dump
+            if capture is not None and capture.threads:
+                yield capture
+            capture = None
+    if capture is not None and capture.threads:
+        yield capture
+
+
+def _pyspy_text(lines: list[str], source: Source) -> Iterator[_Capture]:
+    capture: _Capture | None = None
+    thread: _Thread | None = None
+    for line in lines:
+        if _SPY_PROCESS.match(line):
+            if capture is not None and capture.threads:
+                yield capture
+            capture, thread = _Capture("py-spy", source.capture_id, source.t_s), None
+            continue
+        m = _SPY_THREAD.match(line)
+        if m:
+            if capture is None:
+                capture = _Capture("py-spy", source.capture_id, source.t_s)
+            thread = _Thread(tid=m["tid"], name=m["name"])
+            capture.threads.append(thread)
+            continue
+        m = _SPY_FRAME.match(line) if thread is not None else None
+        if m and thread is not None:
+            thread.frames.append(
+                (m["func"], m["file"], None if m["line"] is None else int(m["line"]))
+            )
+    if capture is not None and capture.threads:
+        yield capture
+
+
+def _pyspy_json(data: Any, source: Source) -> Iterator[_Capture]:
+    if isinstance(data, dict):  # one process (py-spy versions differ)
+        data = data.get("threads", [data])
+    if not isinstance(data, list):
+        raise ValueError(f"a py-spy --json dump is a list of threads, not a {type(data).__name__}")
+    capture = _Capture("py-spy", source.capture_id, source.t_s)
+    for item in data:
+        if not isinstance(item, dict):
+            continue
+        tid = item.get("os_thread_id", item.get("thread_id"))
+        thread = _Thread(tid=as_str(tid), name=as_str(item.get("thread_name")))
+        for frame in item.get("frames") or []:
+            if isinstance(frame, dict):
+                file = as_str(frame.get("short_filename")) or as_str(frame.get("filename"))
+                line = as_int(frame.get("line"))
+                thread.frames.append((as_str(frame.get("name")), file, line or None))
+        capture.threads.append(thread)
+    if capture.threads:
+        yield capture
+
+
+def _float(text: str | None) -> float | None:
+    try:
+        return float(text) if text not in (None, "None") else None
+    except ValueError:
+        return None
+
+
+def _captures(source: Source, problems: Problems) -> list[_Capture]:
+    data = read_bytes(source, problems, READER)
+    if data is None:
+        return []
+    head = data[:512].lstrip()
+    if source.stream is None and _JSON_DUMP.match(head):  # a log is never a py-spy dump
+        try:
+            return list(_pyspy_json(json.loads(data), source))
+        except (ValueError, RecursionError) as exc:
+            problems.add(source, READER, f"not a py-spy --json dump: {exc}")
+            return []
+    text = decode_text(data, source, problems, READER)
+    lines = split_lines(text)
+    if head.startswith(b"Process ") or (lines and _SPY_THREAD.match(lines[0])):
+        found = list(_pyspy_text(lines, source))
+        what = "py-spy dump"
+    else:
+        found = list(_faulthandler(lines)) if "most recent call first" in text else []
+        what = "faulthandler dump"
+    if not found and source.stream is None and text.strip():  # logs may hold none
+        problems.add(source, READER, f"no {what} found in the file")
+    return found
+
+
+def read_stacks(sources: Iterable[SourceLike], *, problems: Problems | None = None) -> pd.DataFrame:
+    """Frames of every thread of every dump; depth 0 is the innermost frame.
+
+    Example::
+
+           rank  capture_id  capture           t_s          tool                thread  thread_name  is_current  depth        func                                    file  line  is_user                 source
+        0     0           1        0  1.795290e+09  faulthandler  0x00007f07705c4b80         <NA>       False      0     barrier  /venv/.../torch/distributed/distributed_c10d.py  5356    False      ranks/0/stacks.txt
+        1     0           1        0  1.795290e+09  faulthandler  0x00007f07705c4b80         <NA>       False      3    validate                    /home/user/worker.py    11     True      ranks/0/stacks.txt
+
+    Args:
+        sources: ``stacks.txt`` files (faulthandler, with or without rankscope markers), py-spy
+            text or ``--json`` dumps, and logs that may hold a crash's faulthandler output.
+        problems: where unreadable files are reported; ``None`` raises ``ValueError``.
+    """
+    problems = problem_list(problems)
+    rows: list[tuple[Any, ...]] = []
+    for source in as_sources(sources):
+        for index, capture in enumerate(_captures(source, problems)):
+            for thread in capture.threads:
+                for depth, (func, file, line) in enumerate(thread.frames):
+                    rows.append(
+                        (
+                            source.rank,
+                            capture.capture_id,
+                            index,
+                            capture.t_s,
+                            capture.tool,
+                            thread.tid,
+                            thread.name,
+                            thread.current,
+                            depth,
+                            func,
+                            file,
+                            line,
+                            is_user_file(file),
+                            source.name,
+                        )
+                    )
+    return finish("stacks", columns(_STACK_COLUMNS, rows))
+
+
+_STACK_COLUMNS = ("rank", "capture_id", "capture", "t_s", "tool", "thread", "thread_name")
+_STACK_COLUMNS += ("is_current", "depth", "func", "file", "line", "is_user", "source")
+
+
+def summarize_stacks(stacks: pd.DataFrame) -> pd.DataFrame:
+    """Per (rank, capture): where the thread that matters is, in the user's code.
+
+    The thread that matters is the one blocked in ``torch.distributed`` (else the main thread:
+    py-spy's ``MainThread``, or the faulthandler thread whose outermost frame is ``<module>``).
+    ``waiting_in`` is the innermost ``torch.distributed`` function on its stack (``barrier``,
+    ``all_reduce``, ...). Example::
+
+           rank  capture_id  capture           t_s          tool              thread      func                  file  line          site  waiting_in
+        0     0           1        0  1.795290e+09  faulthandler  0x00007f07705c4b80  validate  /home/user/worker.py    11  worker.py:11     barrier
+        1     1           1        0  1.795290e+09  faulthandler  0x00007fd308c57b80  <module>  /home/user/worker.py    20  worker.py:20  all_reduce
+    """
+    records = stacks.astype(object).where(stacks.notna(), None).to_dict("records")
+    captures: dict[tuple[Any, Any], dict[Any, list[dict[str, Any]]]] = {}
+    for row in records:
+        threads = captures.setdefault((row["source"], row["capture"]), {})
+        threads.setdefault(row["thread"], []).append(row)
+    rows: list[tuple[Any, ...]] = []
+    for threads in captures.values():
+        tid, frames = _chosen_thread(threads)
+        frames.sort(key=lambda r: r["depth"])
+        waiting = next((r["func"] for r in frames if _in_torch_distributed(r)), None)
+        top = next((r for r in frames if r["is_user"]), None)
+        file, line = (top["file"], top["line"]) if top else (None, None)
+        first = frames[0]
+        rows.append(
+            (
+                first["rank"],
+                first["capture_id"],
+                first["capture"],
+                first["t_s"],
+                first["tool"],
+                tid,
+                top["func"] if top else None,
+                file,
+                line,
+                None if file is None else f"{file.replace(chr(92), '/').rsplit('/', 1)[-1]}:{line}",
+                waiting,
+            )
+        )
+    return finish("stack_summary", columns(_SUMMARY_COLUMNS, rows))
+
+
+_SUMMARY_COLUMNS = ("rank", "capture_id", "capture", "t_s", "tool", "thread", "func", "file")
+_SUMMARY_COLUMNS += ("line", "site", "waiting_in")
+
+
+def _chosen_thread(threads: dict[Any, list[dict[str, Any]]]) -> tuple[Any, list[dict[str, Any]]]:
+    """The thread in a collective (torch.distributed's API), else one in other torch.distributed
+    code, else the main thread, else the last one listed."""
+    items = list(threads.items())
+    for test in (_in_collective, _in_torch_distributed):
+        for tid, frames in items:
+            if any(test(r) for r in frames):
+                return tid, frames
+    for tid, frames in items:
+        if frames[0]["thread_name"] == "MainThread":
+            return tid, frames
+    for tid, frames in items:
+        if max(frames, key=lambda r: r["depth"])["func"] == "<module>":
+            return tid, frames
+    return items[-1]
