@@ -324,9 +324,13 @@ class Probe:
                 files.append(self.run.stacks(self.rank).name)
             except (OSError, ValueError):
                 pass
+            # Stack traces in the dump need torch._inductor imported; until the warm-up thread
+            # has done that, dump without them rather than wait on the import (the probe's
+            # events carry every call site anyway).
+            warm = self._warmup is not None and not self._warmup.is_alive()
             for nccl, fn in _DUMPS:
                 try:
-                    data = fn()
+                    data = fn(includeStackTraces=warm)
                 except Exception:
                     continue
                 if data:
