@@ -24,6 +24,7 @@ lab: install
 test: install
 	$(PY) -m ruff check src tests bench
 	$(PY) -m ruff format --check src tests bench
+	-sh tests/browser_setup.sh  # Debian's chromium for the browser test (it skips, saying why, without)
 	$(PY) -m pytest
 
 lint: install

@@ -386,5 +386,5 @@ def test_stall_in_a_collective_issued_from_cpp_is_detected(start_job):
     assert stall["kind"] == "no_progress"
     ranks = {r["rank"]: r for r in stall["ranks"]}
     enqueued, completed = ranks[0]["fr"]["0"]
-    assert enqueued == completed + 1  # rank 0's third gradient bucket never completes
-    assert ranks[1]["fr"]["0"][0] == ranks[1]["fr"]["0"][1]
+    assert enqueued > completed  # rank 0's third gradient bucket never completes
+    assert ranks[0]["in_collective_since"] is None  # the probe's wrappers never saw it

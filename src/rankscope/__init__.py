@@ -16,6 +16,8 @@ _LAZY = {
     "JobSpec": "rankscope.launch",
     "PRESETS": "rankscope.launch",
     "RunDir": "rankscope.rundir",
+    "Workbench": "rankscope.widgets",
+    "show": "rankscope.widgets",
 }
 
 

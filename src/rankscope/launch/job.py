@@ -56,23 +56,35 @@ class RankState:
     fr: dict[str, list[int]] | None = None
     """Flight recorder per group: [last enqueued, last completed], from the heartbeat."""
 
-    def status(self, now: float | None = None) -> str:
+    def status(self) -> str:
+        """``running``, ``waiting`` (inside a collective), ``exited``, ``failed`` or ``dead``."""
         if self.ended:
             return "exited" if self.exit_code in (0, None) else "failed"
         if self.pid is not None and not pid_alive(self.pid):
             return "dead"
-        if self.op is not None:
-            return "waiting" if self.in_collective_since is not None else "running"
-        return "running"
+        return "waiting" if self.in_collective_since is not None else "running"
 
-    def snapshot(self, now: float | None = None) -> dict[str, Any]:
+    def snapshot(
+        self, now: float | None = None, *, job_ended: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        """The state as a dict, with ages relative to ``now``.
+
+        ``job_ended`` (the final run.json) freezes a rank that never reported its end: its exit
+        code comes from run.json, its status is ``stopped`` when the job was stopped, and no age
+        keeps growing.
+        """
         now = time.time() if now is None else now
         d = asdict(self)
-        d["status"] = self.status(now)
+        d["status"] = self.status()
         d["heartbeat_age_s"] = None if self.last_event_at is None else now - self.last_event_at
         d["in_collective_s"] = (
             None if self.in_collective_since is None else now - self.in_collective_since
         )
+        if job_ended is not None and not self.ended:
+            info = (job_ended.get("ranks") or {}).get(str(self.rank), {})
+            d["exit_code"] = info.get("exit_code")
+            d["status"] = "stopped" if job_ended.get("state") == "stopped" else "dead"
+            d["heartbeat_age_s"] = d["in_collective_s"] = None
         return d
 
 
@@ -242,8 +254,15 @@ class Job:
 
     @classmethod
     def attach(cls, run_dir: str | os.PathLike[str]) -> Job:
-        """Pick up a job from its run directory (a restarted kernel, another terminal)."""
+        """Pick up a job from its run directory (a restarted kernel, another terminal).
+
+        In the process that already follows the job, the same :class:`Job` is returned (one
+        watchdog per job).
+        """
         run = RunDir(run_dir)
+        for job in list(_live_jobs):
+            if job.run is not None and job.run.path == run.path:
+                return job
         data = run.read_run()
         try:
             spec = JobSpec.from_dict(data["spec"])
@@ -253,6 +272,7 @@ class Job:
         job.run = run
         job.stalls = list(data.get("stalls") or [])
         if data.get("state") not in FINAL_STATES:
+            _live_jobs.add(job)
             job._start_watchdog()
         else:
             job._tracker = RankTracker(run)
@@ -306,10 +326,14 @@ class Job:
         tracker = self._tracker
         if tracker is None:
             return []
+        data = self._data()
+        ended = data if data["state"] in FINAL_STATES else None
         with self._lock:
             tracker.update()
             now = time.time()
-            return [tracker.states[r].snapshot(now) for r in sorted(tracker.states)]
+            return [
+                tracker.states[r].snapshot(now, job_ended=ended) for r in sorted(tracker.states)
+            ]
 
     def _reconcile(self) -> None:
         """If the supervisor vanished without writing a final state, write one."""
@@ -498,5 +522,5 @@ def _stop_owned_jobs() -> None:
         if job.detached or job.run is None:
             continue
         with contextlib.suppress(Exception):
-            if job.poll() is None:
+            if job.info().get("owner_pid") == os.getpid() and job.poll() is None:
                 job.stop(grace_s=2.0, reason="owner_exited")

@@ -1,0 +1,31 @@
+"""Plots: tables in, ``plotly.graph_objects.Figure`` out; nothing is shown, nothing is kept.
+
+Every function takes the tables of :func:`rankscope.collect.load_run` (schemas in
+:mod:`rankscope.schema`) and returns a figure. Figures of 1024 ranks build in well under two
+seconds (``bench/plot_build.py``): calls and lines are drawn as one WebGL trace per colour, never
+one trace per rank. This package imports pandas, numpy and plotly, never ipywidgets.
+"""
+
+from rankscope.plot._common import as_calls
+from rankscope.plot.ladder import LADDER, ladder_table, sequence_ladder
+from rankscope.plot.nccl import nccl_view
+from rankscope.plot.progress import progress
+from rankscope.plot.stacks import latest_stacks, merged_stacks, where_groups, where_is_everyone
+from rankscope.plot.table import log_tail, table_view
+from rankscope.plot.timeline import rank_timeline
+
+__all__ = [
+    "LADDER",
+    "as_calls",
+    "ladder_table",
+    "latest_stacks",
+    "log_tail",
+    "merged_stacks",
+    "nccl_view",
+    "progress",
+    "rank_timeline",
+    "sequence_ladder",
+    "table_view",
+    "where_groups",
+    "where_is_everyone",
+]

@@ -1,0 +1,185 @@
+"""What every plot shares: the calls table, colours, the rank axis and time origin."""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+
+from rankscope.analyze import calls_from_flight_recorder, calls_from_probe
+
+#: Red is kept for what needs attention (culprits, calls in flight, warnings).
+ALERT = "#d62728"
+HIGHLIGHT_FILL = "rgba(214, 39, 40, 0.12)"
+MUTED = "rgba(110, 110, 110, 0.45)"
+#: Categorical colours without red (plotly's D3 set minus its red).
+PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22")
+#: Up to this many ranks every rank gets its own tick label.
+LABEL_EVERY_RANK = 64
+
+
+def as_calls(table: pd.DataFrame) -> pd.DataFrame:
+    """The analyzer's calls table (:data:`rankscope.analyze.CALLS`) from any source of calls.
+
+    Args:
+        table: the run's ``collectives`` table (the probe), its ``flight_recorder`` table
+            (foreign artifacts), or a calls table already.
+
+    Raises:
+        ValueError: the table is none of these.
+    """
+    if "idx" in table.columns and "key" in table.columns:
+        return table
+    if "coll_id" in table.columns:
+        return calls_from_probe(table)
+    if "collective_seq_id" in table.columns:
+        return calls_from_flight_recorder(table)
+    raise ValueError(
+        "expected the 'collectives' or 'flight_recorder' table (or a calls table), got columns "
+        f"{list(table.columns)}"
+    )
+
+
+def rank_runs(ranks: Iterable[int]) -> list[tuple[int, int]]:
+    """Sorted ranks as ``(first, last)`` runs of consecutive ranks: one shape per run."""
+    ordered = sorted(set(ranks))
+    runs: list[tuple[int, int]] = []
+    for r in ordered:
+        if runs and r == runs[-1][1] + 1:
+            runs[-1] = (runs[-1][0], r)
+        else:
+            runs.append((r, r))
+    return runs
+
+
+def rank_axis(
+    ranks: Sequence[int], *, culprits: Iterable[int] = (), top_down: bool = False
+) -> dict[str, object]:
+    """Axis settings for a rank axis, culprits labelled in red and bold (rank 0 at the top of a
+    vertical axis with ``top_down``).
+
+    Up to :data:`LABEL_EVERY_RANK` ranks every rank is labelled; beyond, evenly spaced ranks
+    and every culprit are, so a culprit among 1024 ranks still has its label.
+    """
+    axis: dict[str, object] = {"title": {"text": "rank"}, "zeroline": False}
+    if not ranks:
+        return axis
+    low, high = min(ranks), max(ranks)
+    axis["range"] = [high + 0.5, low - 0.5] if top_down else [low - 0.5, high + 0.5]
+    bad = set(culprits)
+    if len(ranks) <= LABEL_EVERY_RANK:
+        ticks = list(ranks)
+    else:
+        step = nice_step((high - low) / 8)
+        ticks = sorted(set(range(low - low % step, high + 1, step)) | bad)
+    axis["tickvals"] = ticks
+    axis["ticktext"] = [
+        f"<b><span style='color:{ALERT}'>{r} ✖</span></b>" if r in bad else str(r) for r in ticks
+    ]
+    return axis
+
+
+def nice_step(rough: float) -> int:
+    """The smallest of 1, 2, 5, 10, 20, 50, ... at least ``rough``."""
+    step, factors = 1, itertools.cycle((2, 2.5, 2))
+    while step < rough:
+        step = int(step * next(factors))
+    return step
+
+
+def bar_width(height: int, rows: int) -> float:
+    """Line width in pixels for bars drawn as WebGL lines, one row per rank."""
+    return float(np.clip(0.6 * (height - 140) / max(rows, 1), 1.0, 14.0))
+
+
+def highlight_ranks(fig: go.Figure, culprits: Iterable[int], *, axis: str, **where: object) -> None:
+    """Shade the culprit ranks behind the data: one rectangle per run of consecutive ranks."""
+    add = fig.add_hrect if axis == "y" else fig.add_vrect
+    for first, last in rank_runs(culprits):
+        # The outline keeps one culprit among a thousand ranks visible.
+        add(
+            first - 0.5,
+            last + 0.5,
+            fillcolor=HIGHLIGHT_FILL,
+            line={"color": ALERT, "width": 1},
+            layer="below",
+            **where,
+        )
+
+
+def segments(x0: np.ndarray, x1: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Interleave ``x0, x1, NaN`` and ``y, y, NaN``: many line segments in one WebGL trace.
+
+    float32 halves what the browser receives; plot coordinates need no more precision.
+    """
+    n = len(x0)
+    xs = np.full(3 * n, np.nan, dtype=np.float32)
+    ys = np.full(3 * n, np.nan, dtype=np.float32)
+    xs[0::3], xs[1::3] = x0, x1
+    ys[0::3], ys[1::3] = y, y
+    return xs, ys
+
+
+def add_segments(
+    fig: go.Figure,
+    a0: np.ndarray,
+    a1: np.ndarray,
+    at: np.ndarray,
+    *,
+    name: str,
+    colour: str,
+    width: float,
+    vertical: bool = False,
+) -> None:
+    """Add one trace of line segments from ``a0`` to ``a1`` at ``at``, without hover: bars along
+    x at height ``at``, or along y at position ``at`` when ``vertical``."""
+    along, across = segments(a0, a1, at)
+    x, y = (across, along) if vertical else (along, across)
+    fig.add_trace(
+        go.Scattergl(
+            x=x,
+            y=y,
+            mode="lines",
+            line={"color": colour, "width": width},
+            name=name,
+            hoverinfo="skip",
+        )
+    )
+
+
+def floats(s: pd.Series) -> np.ndarray:
+    """A nullable numeric column as float64 with NaN for nulls."""
+    return s.astype("Float64").to_numpy(dtype=float, na_value=np.nan)
+
+
+def time_origin(t0: float) -> str:
+    """Axis title for seconds counted from ``t0`` (wall-clock seconds since the epoch)."""
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t0))
+    return f"seconds since {stamp}"
+
+
+def text_or(s: pd.Series, default: str = "?") -> pd.Series:
+    """A column as plain strings for hover text, nulls as ``default``."""
+    return s.astype("string").fillna(default).astype(str)
+
+
+def rows_height(n: int, *, per_row: int = 22, low: int = 320, high: int = 900) -> int:
+    """A figure height that gives few ranks room and keeps many ranks on one screen."""
+    return int(min(max(120 + per_row * n, low), high))
+
+
+def empty_figure(title: str, why: str) -> go.Figure:
+    """A figure that says there is nothing to draw, and why."""
+    fig = go.Figure()
+    fig.update_layout(
+        title={"text": title},
+        height=240,
+        xaxis={"visible": False},
+        yaxis={"visible": False},
+        annotations=[{"text": why, "showarrow": False, "xref": "paper", "yref": "paper"}],
+    )
+    return fig

@@ -1,0 +1,212 @@
+"""The rank timeline: one row per rank, every call as a bar over wall time."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+
+from rankscope.plot._common import (
+    ALERT,
+    LABEL_EVERY_RANK,
+    PALETTE,
+    add_segments,
+    as_calls,
+    bar_width,
+    empty_figure,
+    floats,
+    highlight_ranks,
+    rank_axis,
+    rows_height,
+    text_or,
+    time_origin,
+)
+
+TITLE = "Rank timeline"
+#: Calls that get a hover text: past this many, only each rank's latest calls, the calls in
+#: flight, the culprits' calls and the divergence do (every call is still drawn).
+HOVER_BUDGET = 20_000
+
+
+def rank_timeline(
+    calls: pd.DataFrame,
+    *,
+    culprit_ranks: Iterable[int] = (),
+    divergence: Mapping[str, Any] | None = None,
+    now: float | None = None,
+    ranks: Iterable[int] = (),
+) -> go.Figure:
+    """One row per rank, one bar per collective or point-to-point call over wall time.
+
+    Completed calls are coloured by op; a call still in flight is drawn in red up to ``now``.
+    Hovering a bar shows the op, the process group, the collective's number on the group, the
+    shapes, the call site and the duration. Every bar of one op is one WebGL trace; past
+    :data:`HOVER_BUDGET` calls only each rank's latest calls (and every call in flight or of a
+    culprit) carry a hover text, so 1024 ranks of 200 calls each stay fast to build and to send.
+
+    Args:
+        calls: the run's ``collectives`` table (the probe), its ``flight_recorder`` table
+            (foreign artifacts) or a calls table (:data:`rankscope.analyze.CALLS`).
+        culprit_ranks: ranks to highlight (a diagnosis's ``culprit_ranks``).
+        divergence: the collective where the ranks part (a diagnosis's ``collective``: keys
+            ``pg`` and ``seq``); its calls are marked and a line drawn where the first began.
+        now: wall-clock seconds since the epoch up to which calls in flight are drawn; by
+            default the latest time in the table.
+        ranks: every rank of the job, so that a rank without calls still gets its row.
+
+    Returns:
+        The figure; x is seconds since the first call.
+    """
+    table = as_calls(calls)
+    table = table[table["t_start_s"].notna()]
+    culprits = sorted(set(culprit_ranks))
+    all_ranks = sorted(set(table["rank"].tolist()) | set(ranks) | set(culprits))
+    if table.empty:
+        return empty_figure(TITLE, "no calls with a start time in this run")
+    start = floats(table["t_start_s"])
+    end = floats(table["t_end_s"])
+    latest = float(np.nanmax(np.concatenate([start, end])))
+    now = latest if now is None else max(float(now), latest)
+    t0 = float(start.min())
+    inflight = np.isnan(end) & ~table["completed"].fillna(False).to_numpy(dtype=bool)
+    end = np.where(np.isnan(end), np.where(inflight, now, start), end)
+    rank = table["rank"].to_numpy(dtype=float)
+    x0, x1 = start - t0, end - t0
+
+    fig = go.Figure()
+    height = rows_height(len(all_ranks))
+    width = bar_width(height, len(all_ranks))
+    op = text_or(table["op"])
+    group, colours = _op_groups(op)
+    for name, colour in colours.items():
+        pick = ~inflight & (group == name).to_numpy()
+        if pick.any():
+            add_segments(fig, x0[pick], x1[pick], rank[pick], name=name, colour=colour, width=width)
+    if inflight.any():
+        add_segments(
+            fig,
+            x0[inflight],
+            x1[inflight],
+            rank[inflight],
+            name="in flight",
+            colour=ALERT,
+            width=width,
+        )
+    shown = _with_hover(table, culprits=culprits, inflight=inflight)
+    fig.add_trace(
+        go.Scattergl(
+            x=((x0 + x1) / 2)[shown].astype(np.float32),
+            y=rank[shown].astype(np.float32),
+            mode="markers",
+            # Invisible: the bars are drawn by the line traces, these only carry the hover.
+            marker={"size": width, "color": "rgba(0, 0, 0, 0)", "symbol": "square"},
+            hovertext=_hover(table[shown], op[shown], (x1 - x0)[shown], inflight[shown]),
+            hoverinfo="text",
+            name="calls",
+            showlegend=False,
+        )
+    )
+    _mark_divergence(fig, table, divergence, t0=t0)
+    highlight_ranks(fig, culprits, axis="y")
+    fig.add_vline(
+        x=now - t0,
+        line={"color": "black", "dash": "dot", "width": 1},
+        annotation_text="now",
+        annotation_position="bottom right",
+    )
+    fig.update_layout(
+        title={"text": f"{TITLE}: {len(all_ranks)} ranks, {len(table)} calls"},
+        height=height,
+        xaxis={"title": {"text": time_origin(t0)}},
+        yaxis=rank_axis(all_ranks, culprits=culprits, top_down=True),
+        legend={"orientation": "h", "y": -0.15},
+        hovermode="closest",
+        margin={"l": 60, "r": 20, "t": 50, "b": 40},
+    )
+    return fig
+
+
+def _op_groups(op: pd.Series) -> tuple[pd.Series, dict[str, str]]:
+    """Each call's colour group (its op, or ``other`` past the most frequent ops) and colours."""
+    top = op.value_counts().index.tolist()
+    named = top[: len(PALETTE) - 1] if len(top) > len(PALETTE) else top
+    colours = dict(zip(named, PALETTE, strict=False))
+    if len(top) > len(named):
+        colours["other"] = PALETTE[-1]
+    return op.where(op.isin(named), "other"), colours
+
+
+def _with_hover(table: pd.DataFrame, *, culprits: list[int], inflight: np.ndarray) -> np.ndarray:
+    """Which calls get a hover text: all within the budget, else the latest per rank and more."""
+    if len(table) <= HOVER_BUDGET:
+        return np.ones(len(table), dtype=bool)
+    per_rank = max(HOVER_BUDGET // max(table["rank"].nunique(), 1), 1)
+    latest = table.groupby("rank").cumcount(ascending=False).to_numpy() < per_rank
+    return latest | inflight | table["rank"].isin(culprits).to_numpy()
+
+
+def _hover(table: pd.DataFrame, op: pd.Series, dur: np.ndarray, inflight: np.ndarray) -> np.ndarray:
+    number = text_or(table["idx"].fillna(table["seq"]))
+    took = pd.Series(dur, index=table.index).map("{:.3f} s".format)
+    state = np.where(inflight, "in flight for ", "took ")
+    text = (
+        "rank "
+        + table["rank"].astype(str)
+        + "<br><b>"
+        + op
+        + "</b> on group "
+        + text_or(table["pg"])
+        + " #"
+        + number
+        + "<br>shapes "
+        + text_or(table["shapes"], "")
+        + "<br>at "
+        + text_or(table["site"])
+        + "<br>"
+    )
+    return text.to_numpy(dtype=object) + state + took.to_numpy(dtype=object)
+
+
+def _mark_divergence(
+    fig: go.Figure, table: pd.DataFrame, divergence: Mapping[str, Any] | None, *, t0: float
+) -> None:
+    if not divergence or divergence.get("seq") is None:
+        return
+    pg, seq = str(divergence.get("pg")), int(divergence["seq"])
+    rows = table[(table["pg"].astype(str) == pg).to_numpy() & (table["idx"] == seq).fillna(False)]
+    label = f"first divergence: group {pg} #{seq}"
+    if rows.empty:
+        fig.add_annotation(text=label, xref="paper", yref="paper", x=0, y=1.06, showarrow=False)
+        return
+    x = floats(rows["t_start_s"]) - t0
+    first = float(x.min())
+    # Mark the odd calls (op, shapes or dtypes unlike most), or all when they agree and the
+    # divergence is a rank that never made the call.
+    odd = (rows["key"] != rows["key"].mode().iloc[0]).to_numpy()
+    if odd.any():
+        rows, x = rows[odd], x[odd]
+    fig.add_trace(
+        go.Scattergl(
+            x=x,
+            y=rows["rank"].to_numpy(dtype=float),
+            mode="markers",
+            marker={
+                "symbol": "diamond",
+                "size": 12 if len(rows) <= LABEL_EVERY_RANK else 6,
+                "color": "white",
+                "line": {"color": "black", "width": 2},
+            },
+            name="divergence",
+            hovertext=("rank " + rows["rank"].astype(str) + ": " + text_or(rows["op"])).to_numpy(),
+            hoverinfo="text",
+        )
+    )
+    fig.add_vline(
+        x=first,
+        line={"color": ALERT, "width": 2, "dash": "dash"},
+        annotation_text=label,
+        annotation_font_color=ALERT,
+    )

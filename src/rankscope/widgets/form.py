@@ -1,0 +1,112 @@
+"""The launch form: what to run and how, as a :class:`rankscope.launch.JobSpec`."""
+
+from __future__ import annotations
+
+import shlex
+
+import ipywidgets as widgets
+
+from rankscope.launch import DEFAULT_PRESETS, PRESETS, JobSpec
+from rankscope.widgets._common import guarded, scenarios
+
+SCRIPT_PATH = "(any script path)"
+
+
+class LaunchForm(widgets.VBox):
+    """A scenario from the catalogue or any script, ranks per node, nodes, backend, debug
+    presets, stall timeout, and the Launch button.
+
+    Attributes:
+        scenario: the catalogue entry; choosing one fills the other fields with its settings.
+        script: the path of the script to run (relative to the kernel's working directory).
+        args: the script's arguments, as on a command line.
+        fix: add ``--fix`` to the arguments (a scenario's switch that applies the recipe's fix).
+        nproc_per_node: ranks per node.
+        nnodes: (simulated) nodes.
+        backend: ``auto``, ``gloo`` or ``nccl``.
+        presets: one toggle per debug preset of :data:`rankscope.launch.PRESETS`, by name.
+        stall_timeout_s: seconds without progress that count as a stall.
+        detached: keep the job running when the kernel stops (re-attach after a restart).
+        launch: the button; the workbench connects it.
+        errors: where errors are shown (the workbench's, or the form's own).
+    """
+
+    def __init__(self, *, errors: widgets.Output | None = None) -> None:
+        self.errors = errors or widgets.Output()
+        self._scenarios = {s.id: s for s in scenarios()}
+        self.scenario = widgets.Dropdown(
+            options=[
+                (SCRIPT_PATH, ""),
+                *((f"{s.id}: {s.title}", s.id) for s in self._scenarios.values()),
+            ],
+            description="scenario",
+        )
+        self.script = widgets.Text(placeholder="path/to/train.py", description="script")
+        self.args = widgets.Text(placeholder="--lr 0.1", description="args")
+        self.fix = widgets.Checkbox(value=False, description="with --fix", indent=False)
+        self.nproc_per_node = widgets.BoundedIntText(
+            value=2, min=1, max=256, description="ranks/node"
+        )
+        self.nnodes = widgets.BoundedIntText(value=1, min=1, max=16, description="nodes")
+        self.backend = widgets.Dropdown(options=["auto", "gloo", "nccl"], description="backend")
+        self.presets = {
+            name: widgets.ToggleButton(
+                value=name in DEFAULT_PRESETS, description=name, tooltip=preset.doc
+            )
+            for name, preset in PRESETS.items()
+        }
+        self.stall_timeout_s = widgets.BoundedFloatText(
+            value=JobSpec.stall_timeout_s, min=0.1, max=86400, description="stall after s"
+        )
+        self.detached = widgets.Checkbox(
+            value=False, description="survive kernel restart", indent=False
+        )
+        self.launch = widgets.Button(description="Launch", button_style="primary", icon="play")
+        self.scenario.observe(
+            lambda change: guarded(self.errors, self.use_scenario)(change["new"]), names="value"
+        )
+        super().__init__(
+            [
+                widgets.HBox([self.scenario, self.script, self.args, self.fix]),
+                widgets.HBox(
+                    [self.nproc_per_node, self.nnodes, self.backend, self.stall_timeout_s]
+                ),
+                widgets.HBox(
+                    [widgets.Label("debug presets"), *self.presets.values(), self.detached]
+                ),
+                self.launch,
+                *([] if errors else [self.errors]),
+            ]
+        )
+
+    def use_scenario(self, scenario_id: str) -> None:
+        """Fill the form with a catalogue scenario's settings (nothing for ``""``)."""
+        if not scenario_id:
+            return
+        scenario = self._scenarios[scenario_id]
+        self.script.value = str(scenario.path)
+        self.args.value = shlex.join(scenario.args)
+        self.nproc_per_node.value = scenario.nproc_per_node
+        self.nnodes.value = scenario.nnodes
+        self.stall_timeout_s.value = scenario.stall_timeout_s
+        for name, toggle in self.presets.items():
+            toggle.value = name in DEFAULT_PRESETS or name in scenario.presets
+
+    def spec(self) -> JobSpec:
+        """The job the form describes.
+
+        Raises:
+            ValueError: no script, or a value :class:`JobSpec` refuses (the message says which).
+        """
+        script = self.script.value.strip()
+        if not script:
+            raise ValueError("choose a scenario or enter the path of a script to run")
+        return JobSpec(
+            script=script,
+            args=[*shlex.split(self.args.value), *(["--fix"] if self.fix.value else [])],
+            nproc_per_node=self.nproc_per_node.value,
+            nnodes=self.nnodes.value,
+            backend=self.backend.value,
+            presets=[name for name, toggle in self.presets.items() if toggle.value],
+            stall_timeout_s=self.stall_timeout_s.value,
+        )

@@ -1,0 +1,119 @@
+"""The live panel of one job: every rank's state, its log tail, and stop / capture / diagnose."""
+
+from __future__ import annotations
+
+import html
+from typing import Any
+
+import ipywidgets as widgets
+
+from rankscope import plot
+from rankscope.collect import load_run
+from rankscope.launch import Job
+
+#: Row colours by rank status (RankState.status()).
+STATUS_COLOURS = {"waiting": "#fdd9a0", "dead": "#f4b6b6", "failed": "#f4b6b6", "exited": "#e6e6e6"}
+COLUMNS = (
+    "rank",
+    "status",
+    "step",
+    "done",
+    "collective",
+    "site",
+    "waiting s",
+    "heartbeat s",
+    "exit",
+)
+LOG_LINES = 40
+
+
+def ranks_html(rows: list[dict[str, Any]]) -> str:
+    """One table row per rank snapshot of :meth:`rankscope.launch.Job.ranks`."""
+    body = []
+    for r in rows:
+        collective = f"{r['op']} (group {r['pg']} #{r['seq']})" if r.get("op") else ""
+        cells = (
+            r["rank"],
+            r["status"],
+            _blank(r.get("step")),
+            r.get("done", 0),
+            collective,
+            _blank(r.get("site")),
+            _seconds(r.get("in_collective_s")),
+            _seconds(r.get("heartbeat_age_s")),
+            _blank(r.get("exit_code")),
+        )
+        colour = STATUS_COLOURS.get(r["status"], "white")
+        body.append(
+            f"<tr style='background:{colour}'>"
+            + "".join(f"<td>{html.escape(str(c))}</td>" for c in cells)
+            + "</tr>"
+        )
+    head = "".join(f"<th>{c}</th>" for c in COLUMNS)
+    return (
+        "<div style='max-height:360px;overflow:auto'><table class='rankscope-ranks'>"
+        f"<tr>{head}</tr>{''.join(body)}</table></div>"
+    )
+
+
+def _blank(value: Any) -> Any:
+    return "" if value is None else value
+
+
+def _seconds(value: float | None) -> str:
+    return "" if value is None else f"{value:.1f}"
+
+
+class LivePanel(widgets.VBox):
+    """Every rank of the selected job, refreshed by the workbench's background thread.
+
+    Attributes:
+        header: the job's name, state and run directory.
+        ranks: the per-rank table (state, step, collectives done, current collective, call
+            site, time in it, heartbeat age, exit code).
+        stop: stop the job; ``capture``: capture evidence from every rank now; ``diagnose``:
+            diagnose the job now (the workbench connects them).
+        logs: one tab per rank with the tail of its stdout and stderr.
+        rows: the latest per-rank snapshot shown.
+    """
+
+    def __init__(self) -> None:
+        self.header = widgets.HTML("<i>no job selected</i>")
+        self.ranks = widgets.HTML()
+        self.stop = widgets.Button(description="Stop", button_style="danger", icon="stop")
+        self.capture = widgets.Button(
+            description="Capture evidence", icon="camera", layout={"width": "auto"}
+        )
+        self.diagnose = widgets.Button(description="Diagnose", button_style="info", icon="search")
+        self.logs = widgets.Tab()
+        self.rows: list[dict[str, Any]] = []
+        super().__init__(
+            [
+                self.header,
+                widgets.HBox([self.stop, self.capture, self.diagnose]),
+                self.ranks,
+                self.logs,
+            ]
+        )
+
+    def update(self, job: Job) -> None:
+        """Show what ``job`` is doing now (called from the workbench's refresh thread)."""
+        state = job.status()
+        self.rows = job.ranks()
+        waiting = sum(r["status"] == "waiting" for r in self.rows)
+        self.header.value = (
+            f"<b>{html.escape(job.run.path.name)}</b> · <b>{state}</b> · {len(self.rows)} ranks, "
+            f"{waiting} waiting in a collective · <code>{html.escape(str(job.run.path))}</code>"
+        )
+        self.ranks.value = ranks_html(self.rows)
+        self._update_logs(job)
+
+    def _update_logs(self, job: Job) -> None:
+        logs = load_run(job.run.path).logs
+        ranks = [r["rank"] for r in self.rows]
+        if len(self.logs.children) != len(ranks):
+            self.logs.children = [widgets.HTML() for _ in ranks]
+            self.logs.titles = [f"rank {r}" for r in ranks]
+        for rank, view in zip(ranks, self.logs.children, strict=True):
+            text = plot.log_tail(logs, rank=rank, lines=LOG_LINES)
+            view.value = f"<pre style='max-height:240px;overflow:auto'>{html.escape(text)}</pre>"

@@ -1,0 +1,189 @@
+"""The results area: the diagnosis card, the plots, and the tables for drill-down."""
+
+from __future__ import annotations
+
+import html
+import os
+
+import ipywidgets as widgets
+import plotly.graph_objects as go
+
+from rankscope import plot
+from rankscope.analyze import CAUSES, Diagnosis, diagnose
+from rankscope.analyze.diagnosis import compact_ranks
+from rankscope.collect import Run, load_run
+from rankscope.widgets._common import guarded, set_figure
+
+VERDICT_COLOURS = {
+    "ok": "#2ca02c",
+    "hang": "#d62728",
+    "crash": "#d62728",
+    "launch_error": "#ff7f0e",
+}
+#: Tabs of the results area, in order; NCCL only when the run has NCCL logs.
+NO_DIAGNOSIS = "<i>no diagnosis yet: it comes when the job stalls or ends, or on Diagnose</i>"
+PLOTS = ("sequence ladder", "where is everyone", "merged stacks", "progress", "NCCL")
+
+
+def diagnosis_card(d: Diagnosis) -> str:
+    """The diagnosis as an HTML card: verdict, cause and recipe, culprits, the collective where
+    the ranks part (what each rank called, from where), why, and the fix."""
+    colour = VERDICT_COLOURS.get(d.verdict, "#7f7f7f")
+    cause = CAUSES.get(d.cause) if d.cause else None
+    head = f"<b>{d.verdict.upper()}</b>"
+    if cause is not None:
+        head += f": {html.escape(cause.title)}"
+    if d.recipe:
+        head += f" <span style='color:#555'>(recipe {html.escape(d.recipe)})</span>"
+    parts = [f"<div style='font-size:1.25em;color:{colour}'>{head}</div>"]
+    if d.culprit_ranks:
+        noun = "Culprit rank" if len(d.culprit_ranks) == 1 else "Culprit ranks"
+        parts.append(
+            f"<div class='rankscope-culprits' style='font-size:1.15em'>{noun} "
+            f"<b style='color:#d62728'>{compact_ranks(d.culprit_ranks)}</b>"
+            + (f" · waiting: {compact_ranks(d.waiting_ranks)}" if d.waiting_ranks else "")
+            + "</div>"
+        )
+    parts.append(f"<p>{html.escape(d.summary)}</p>")
+    if d.collective is not None:
+        parts.append(_collective_table(d))
+    for label, text in (("Why", d.reason), ("Fix", d.fix)):
+        if text and text not in d.summary:
+            parts.append(f"<p><b>{label}:</b> {html.escape(text)}</p>")
+    parts += [f"<p style='color:#555'>note: {html.escape(n)}</p>" for n in d.notes]
+    parts += [f"<p style='color:#555'>missing: {html.escape(m)}</p>" for m in d.missing]
+    return (
+        f"<div class='rankscope-card' style='border-left:6px solid {colour};padding:4px 12px;"
+        f"margin:4px 0'>{''.join(parts)}</div>"
+    )
+
+
+def _collective_table(d: Diagnosis) -> str:
+    c = d.collective
+    assert c is not None
+    desc = f" ({html.escape(c.pg_desc)})" if c.pg_desc else ""
+    rows = []
+    for rank in sorted(set(c.op_by_rank) | set(c.site_by_rank)):
+        style = " style='color:#d62728;font-weight:bold'" if rank in d.culprit_ranks else ""
+        cells = (
+            rank,
+            c.op_by_rank.get(rank) or "(never called)",
+            c.site_by_rank.get(rank) or "?",
+            c.shapes_by_rank.get(rank) or "",
+            c.state_by_rank.get(rank, ""),
+        )
+        rows.append(
+            f"<tr{style}>" + "".join(f"<td>{html.escape(str(x))}</td>" for x in cells) + "</tr>"
+        )
+    return (
+        f"<div>Collective #{c.seq} on group {html.escape(c.pg)}{desc}, ranks "
+        f"{compact_ranks(c.pg_ranks)}</div><table class='rankscope-collective'>"
+        "<tr><th>rank</th><th>called</th><th>at</th><th>shapes</th><th>state</th></tr>"
+        + "".join(rows)
+        + "</table>"
+    )
+
+
+def rank_list(text: str) -> list[int]:
+    """``"0, 3-5"`` as ``[0, 3, 4, 5]``; empty text is no ranks (every row)."""
+    ranks: list[int] = []
+    for part in text.replace(" ", "").split(","):
+        if not part:
+            continue
+        first, _, last = part.partition("-")
+        if not first.isdigit() or (last and not last.isdigit()):
+            raise ValueError(f"ranks: {part!r} is not a rank or a range like 3-5")
+        ranks += range(int(first), int(last or first) + 1)
+    return ranks
+
+
+class ResultsPanel(widgets.VBox):
+    """What went wrong with one run: the diagnosis card, the rank timeline, the other plots in
+    tabs, and any table of the run, filtered by rank, for drill-down.
+
+    Attributes:
+        card: the diagnosis (HTML).
+        timeline: the rank timeline (an Output holding the figure).
+        plots: a Tab of Outputs, one per other plot.
+        table_name: which table to show; ``table_ranks``: which ranks ("0,3-5", empty for all).
+        show_table: the button that shows them in ``table``.
+        errors: where errors of this panel are shown.
+        run: the :class:`rankscope.collect.Run` shown, and ``diagnosis`` its diagnosis.
+    """
+
+    def __init__(self, *, errors: widgets.Output | None = None) -> None:
+        self.errors = errors or widgets.Output()
+        self.card = widgets.HTML(NO_DIAGNOSIS)
+        self.timeline = widgets.Output()
+        self._plot_outputs = {name: widgets.Output() for name in PLOTS}
+        self.plots = widgets.Tab()
+        self.table_name = widgets.Dropdown(
+            options=Run.TABLES, value="collectives", description="table"
+        )
+        self.table_ranks = widgets.Text(placeholder="all ranks, or 0,3-5", description="ranks")
+        self.show_table = widgets.Button(description="Show rows", icon="table")
+        self.table = widgets.Output()
+        self.show_table.on_click(lambda _: guarded(self.errors, self.show_rows)())
+        self.run: Run | None = None
+        self.diagnosis: Diagnosis | None = None
+        self._drill = widgets.VBox(
+            [widgets.HBox([self.table_name, self.table_ranks, self.show_table]), self.table]
+        )
+        super().__init__([self.card, self.timeline, self.plots, *([] if errors else [self.errors])])
+
+    def clear(self) -> None:
+        """Show nothing: the selected job has no diagnosis yet."""
+        self.run = self.diagnosis = None
+        self.card.value = NO_DIAGNOSIS
+        self.timeline.outputs = ()
+        self.plots.children = []
+
+    def load(self, path: str | os.PathLike[str], *, now: float | None = None) -> Diagnosis:
+        """Load a run directory or a folder of foreign artifacts, diagnose it and show it."""
+        run = load_run(path)
+        d = diagnose(run)
+        self.show(run, d, now=now)
+        return d
+
+    def show(self, run: Run, d: Diagnosis, *, now: float | None = None) -> None:
+        """Show ``d`` and the plots of ``run``; ``now`` is where calls in flight end (by default
+        the run's last sign of life: a rank waits until its last heartbeat)."""
+        self.run, self.diagnosis = run, d
+        if now is None and run.ranks["last_event_s"].notna().any():
+            now = float(run.ranks["last_event_s"].max())
+        self.card.value = diagnosis_card(d)
+        culprits = d.culprit_ranks
+        divergence = d.collective.to_dict() if d.collective else None
+        calls = run.collectives if len(run.collectives) else run.flight_recorder
+        ranks = run.ranks["rank"].dropna().astype(int).tolist()
+        set_figure(
+            self.timeline,
+            plot.rank_timeline(
+                calls, culprit_ranks=culprits, divergence=divergence, now=now, ranks=ranks
+            ),
+        )
+        figures: dict[str, go.Figure] = {
+            "sequence ladder": plot.sequence_ladder(calls, culprit_ranks=culprits),
+            "where is everyone": plot.where_is_everyone(run.stack_summary, culprit_ranks=culprits),
+            "merged stacks": plot.merged_stacks(
+                run.stacks, run.stack_summary, culprit_ranks=culprits
+            ),
+            "progress": plot.progress(run.events, now=now, highlight=culprits),
+        }
+        if len(run.nccl_comms) or len(run.nccl):
+            figures["NCCL"] = plot.nccl_view(run.nccl_comms, run.nccl)
+        for name, fig in figures.items():
+            set_figure(self._plot_outputs[name], fig)
+        self.plots.children = [*(self._plot_outputs[n] for n in figures), self._drill]
+        self.plots.titles = [*figures, "tables"]
+        self.show_rows()
+
+    def show_rows(self) -> None:
+        """Show the chosen table's rows for the chosen ranks."""
+        if self.run is None:
+            raise ValueError("nothing loaded yet: diagnose a job or open a run first")
+        name = self.table_name.value
+        fig = plot.table_view(
+            self.run.table(name), ranks=rank_list(self.table_ranks.value), title=name
+        )
+        set_figure(self.table, fig)

@@ -1,0 +1,289 @@
+"""The workbench: launch jobs, watch every rank live, and see what went wrong when one freezes."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import ipywidgets as widgets
+
+from rankscope.analyze import Diagnosis, diagnose, write_diagnosis
+from rankscope.collect import Run, load_run
+from rankscope.launch import Job
+from rankscope.rundir import FINAL_STATES, RunDir, RunDirError
+from rankscope.widgets._common import guarded, report, report_failure
+from rankscope.widgets.form import LaunchForm
+from rankscope.widgets.live import LivePanel
+from rankscope.widgets.results import ResultsPanel
+
+#: Job states that call for a diagnosis as soon as the workbench sees them.
+DIAGNOSE_ON = frozenset({"stalled", *FINAL_STATES})
+
+
+def _created(run: RunDir) -> float:
+    """When the run was created (run.json), for listing runs in launch order."""
+    try:
+        return float(run.read_run().get("created_at") or 0.0)
+    except (RunDirError, TypeError, ValueError):
+        return 0.0
+
+
+@dataclass
+class _Entry:
+    """One job of the list and what the workbench knows about it."""
+
+    job: Job
+    state: str = ""
+    auto_diagnose: bool = False
+    """Seen running by this workbench: it is diagnosed when it first stalls or ends."""
+    diagnosis: Diagnosis | None = None
+    run: Run | None = None
+
+
+class Workbench(widgets.VBox):
+    """Launch torchrun jobs, watch every rank live, and diagnose them, all without blocking the
+    kernel: jobs start, refresh, stop, capture and diagnose on background threads.
+
+    A job that stalls or ends is diagnosed at once; the results area then shows the culprit
+    ranks, the collective where the ranks parted and the timeline. Run directories already under
+    ``runs_root`` are listed too (re-attached), so the workbench picks up where it was after a
+    kernel restart.
+
+    Attributes:
+        form: the :class:`LaunchForm`.
+        jobs: the list of jobs (newest last); selecting one shows it.
+        live: the :class:`LivePanel` of the selected job.
+        results: the :class:`ResultsPanel` of the selected job.
+        errors: every error of every panel and background action, shown, never swallowed.
+
+    Args:
+        runs_root: where new run directories go, and where existing ones are re-attached from.
+        refresh_s: seconds between refreshes of the live panel.
+        attach: list the run directories already under ``runs_root``.
+    """
+
+    def __init__(
+        self,
+        *,
+        runs_root: str | os.PathLike[str] = "runs",
+        refresh_s: float = 1.0,
+        attach: bool = True,
+    ) -> None:
+        if refresh_s <= 0:
+            raise ValueError(f"refresh_s must be positive, got {refresh_s}")
+        self.runs_root = Path(runs_root)
+        self.refresh_s = refresh_s
+        self.errors = widgets.Output()
+        self.form = LaunchForm(errors=self.errors)
+        self.jobs = widgets.Select(options=[], rows=4, description="jobs", layout={"width": "70%"})
+        self.live = LivePanel()
+        self.results = ResultsPanel(errors=self.errors)
+        self._entries: list[_Entry] = []
+        self._lock = threading.RLock()
+        self._relabelling = False
+        self._last_error: str | None = None
+        self._live_job: Job | None = None
+        # One worker: actions run in the order they were asked for (launches list in click order).
+        self._actions = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rankscope-action")
+        self._closing = threading.Event()
+        self.form.launch.on_click(lambda _: guarded(self.errors, self.launch)())
+        self.live.stop.on_click(lambda _: guarded(self.errors, self.stop)())
+        self.live.capture.on_click(lambda _: guarded(self.errors, self.capture)())
+        self.live.diagnose.on_click(lambda _: guarded(self.errors, self.diagnose)())
+        self.jobs.observe(lambda change: guarded(self.errors, self._select)(change), names="value")
+        super().__init__(
+            [
+                widgets.HTML("<h3 style='margin:0'>rankscope workbench</h3>"),
+                self.form,
+                self.jobs,
+                self.live,
+                self.results,
+                self.errors,
+            ]
+        )
+        if attach:
+            self.attach_all()
+        self._refresher = threading.Thread(
+            target=self._refresh_loop, name="rankscope-workbench-refresh", daemon=True
+        )
+        self._refresher.start()
+
+    # --- the public API the buttons call ---------------------------------------------------
+    def launch(self) -> Future[Job]:
+        """Start the job the form describes, in the background; the future holds the Job.
+
+        Raises:
+            ValueError: the form is incomplete or invalid (checked before anything starts).
+        """
+        spec = self.form.spec()
+        detached = self.form.detached.value
+        return self._submit(
+            lambda: self._add(
+                Job(spec, runs_root=self.runs_root, detached=detached).start(), select=True
+            )
+        )
+
+    def attach(self, run_dir: str | os.PathLike[str]) -> Job:
+        """List and select the job of a run directory (a live one is watched again)."""
+        return self._add(Job.attach(run_dir), select=True)
+
+    def attach_all(self) -> list[Job]:
+        """List every run directory under ``runs_root``, oldest first; one that cannot be read
+        is reported in ``errors`` and skipped."""
+        runs = [RunDir(p) for p in self.runs_root.iterdir()] if self.runs_root.is_dir() else []
+        found = []
+        for run in sorted((r for r in runs if r.is_run()), key=_created):
+            try:
+                found.append(self._add(Job.attach(run.path), select=False))
+            except Exception as exc:
+                report(self.errors, exc)
+        return found
+
+    @property
+    def selected(self) -> Job | None:
+        """The job shown in the live panel and the results area."""
+        entry = self._selected_entry()
+        return entry.job if entry else None
+
+    def stop(self) -> Future[int]:
+        """Stop the selected job in the background; the future holds its exit code."""
+        return self._submit(self._require_selected().stop)
+
+    def capture(self) -> Future[dict[str, Any]]:
+        """Capture evidence from every rank of the selected job now; the future holds the
+        capture's manifest."""
+        return self._submit(self._require_selected().capture)
+
+    def diagnose(self) -> Future[Diagnosis]:
+        """Diagnose the selected job in the background and show the result."""
+        entry = self._selected_entry()
+        if entry is None:
+            raise ValueError("no job selected: launch one or pick one in the list")
+        return self._submit(self._diagnose, entry)
+
+    # --- for scripts and notebooks ---------------------------------------------------------
+    def wait_for_diagnosis(self, *, timeout_s: float = 120.0) -> Diagnosis:
+        """Block until the selected job has a diagnosis (it stalled or ended); return it.
+
+        Meant for notebooks driven from code; the UI itself never waits.
+        """
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            entry = self._selected_entry()
+            if entry is not None and entry.diagnosis is not None:
+                return entry.diagnosis
+            time.sleep(0.1)
+        raise TimeoutError(f"no diagnosis within {timeout_s} s (is the job still running fine?)")
+
+    def stop_all(self, *, grace_s: float = 2.0) -> None:
+        """Stop every job of the list that still runs; return when they have stopped."""
+        for entry in list(self._entries):
+            if entry.job.poll() is None:
+                entry.job.stop(grace_s=grace_s)
+
+    def close(self) -> None:
+        """Stop refreshing and finish pending actions; jobs keep running (see ``stop_all``)."""
+        self._closing.set()
+        self._refresher.join(timeout=10)
+        self._actions.shutdown(wait=True)
+        super().close()
+
+    # --- internals -------------------------------------------------------------------------
+    def _submit(self, action: Callable[..., Any], *args: Any) -> Future[Any]:
+        future = self._actions.submit(action, *args)
+        future.add_done_callback(lambda f: report_failure(self.errors, f))
+        return future
+
+    def _add(self, job: Job, *, select: bool) -> Job:
+        """List ``job`` (and ``select`` it); a running one is diagnosed when it stalls or ends."""
+        state = job.status()
+        entry = _Entry(job=job, state=state, auto_diagnose=state not in DIAGNOSE_ON)
+        with self._lock:
+            self._entries.append(entry)
+            self._relabel()
+            if select:
+                self.jobs.value = len(self._entries) - 1
+        return job
+
+    def _selected_entry(self) -> _Entry | None:
+        index = self.jobs.value
+        return None if index is None else self._entries[index]
+
+    def _require_selected(self) -> Job:
+        job = self.selected
+        if job is None:
+            raise ValueError("no job selected: launch one or pick one in the list")
+        return job
+
+    def _relabel(self) -> None:
+        """Job labels carry the state; keep the selection while options are replaced."""
+        with self._lock:
+            current = self.jobs.value
+            self._relabelling = True
+            try:
+                self.jobs.options = [
+                    (f"{e.job.run.path.name} · {e.state}", i) for i, e in enumerate(self._entries)
+                ]
+                self.jobs.value = current
+            finally:
+                self._relabelling = False
+
+    def _select(self, change: dict[str, Any]) -> None:
+        if self._relabelling or change["new"] is None:
+            return
+        entry = self._entries[change["new"]]
+        if entry.diagnosis is not None:
+            self._submit(self.results.show, entry.run, entry.diagnosis)
+        elif entry.state in DIAGNOSE_ON:
+            self._submit(self._diagnose, entry)
+        else:
+            self.results.clear()
+
+    def _diagnose(self, entry: _Entry) -> Diagnosis:
+        live = entry.job.poll() is None
+        run = load_run(entry.job.run.path)
+        d = diagnose(run)
+        write_diagnosis(entry.job.run, d)
+        if entry is self._selected_entry():
+            self.results.show(run, d, now=time.time() if live else None)
+        # Set last: wait_for_diagnosis() returns once the results area shows it.
+        entry.run, entry.diagnosis = run, d
+        return d
+
+    def _refresh_loop(self) -> None:
+        while not self._closing.wait(self.refresh_s):
+            try:
+                self._refresh()
+            except Exception as exc:
+                # A failure that repeats every refresh is shown once, not once a second.
+                if repr(exc) != self._last_error:
+                    self._last_error = repr(exc)
+                    report(self.errors, exc)
+            else:
+                self._last_error = None
+
+    def _refresh(self) -> None:
+        changed = False
+        for entry in list(self._entries):
+            if entry.state in FINAL_STATES:
+                continue
+            state = entry.job.status()
+            if state != entry.state:
+                entry.state, changed = state, True
+                if entry.auto_diagnose and state in DIAGNOSE_ON:
+                    entry.auto_diagnose = False
+                    self._submit(self._diagnose, entry)
+        if changed:
+            self._relabel()
+        entry = self._selected_entry()
+        if entry is not None and (
+            entry.state not in FINAL_STATES or changed or entry.job is not self._live_job
+        ):
+            self.live.update(entry.job)
+            self._live_job = entry.job

@@ -1,0 +1,209 @@
+"""End to end in a real browser: JupyterLab started here, headless Debian Chromium driven by
+Playwright runs notebooks/01-workbench.ipynb, which launches a hanging job from the workbench;
+the diagnosis card must name the culprit rank and the timeline must render. A screenshot is
+saved under tests/artifacts/. Skips only where chromium cannot be installed."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from rankscope.launch.spec import free_port
+
+from .conftest import leftover_processes
+
+pytestmark = pytest.mark.timeout(300)
+HERE = Path(__file__).parent
+NOTEBOOK = HERE.parent / "notebooks" / "01-workbench.ipynb"
+ARTIFACTS = HERE / "artifacts"
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+
+@pytest.fixture
+def chromium() -> str:
+    """Debian's chromium, installed by tests/browser_setup.sh if missing; skip if it cannot be."""
+    found = shutil.which("chromium")
+    if found is None:
+        setup = subprocess.run(
+            ["sh", str(HERE / "browser_setup.sh")], capture_output=True, text=True, timeout=600
+        )
+        found = shutil.which("chromium")
+        if found is None:
+            why = (setup.stderr or setup.stdout).strip()[-400:]
+            pytest.skip(f"chromium is not installed and could not be installed: {why}")
+    return found
+
+
+def settle(proc: psutil.Process, family: list[psutil.Process]) -> list[psutil.Process]:
+    """Wait for ``proc`` and its descendants to exit; kill and return any that do not."""
+    _, alive = psutil.wait_procs([proc, *family], timeout=20)
+    for p in alive:
+        p.kill()
+    return alive
+
+
+@pytest.fixture
+def jupyter_lab(tmp_path: Path) -> Iterator[tuple[str, Path]]:
+    """JupyterLab on a free localhost port with a token, its root a folder holding a copy of
+    the notebook; yields (url of the notebook, root). Everything it started is gone after."""
+    root = tmp_path / "lab"
+    root.mkdir()
+    shutil.copy(NOTEBOOK, root / NOTEBOOK.name)
+    settings = tmp_path / "settings" / "@jupyterlab" / "apputils-extension"
+    settings.mkdir(parents=True)
+    # No news or update toasts over the screenshot (and no network attempts).
+    (settings / "notification.jupyterlab-settings").write_text(
+        json.dumps({"fetchNews": "false", "checkForUpdates": False})
+    )
+    env = {
+        **os.environ,
+        "JUPYTER_CONFIG_DIR": str(tmp_path / "config"),
+        "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime"),
+        "JUPYTERLAB_SETTINGS_DIR": str(tmp_path / "settings"),
+        "JUPYTERLAB_WORKSPACES_DIR": str(tmp_path / "workspaces"),
+        "IPYTHONDIR": str(tmp_path / "ipython"),
+    }
+    port, token = free_port(), secrets.token_hex(16)
+    log = open(tmp_path / "jupyter.log", "wb")  # noqa: SIM115 (closed below)
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "jupyterlab",
+            "--no-browser",
+            f"--port={port}",
+            "--ServerApp.ip=127.0.0.1",
+            "--ServerApp.port_retries=0",
+            f"--IdentityProvider.token={token}",
+            f"--ServerApp.root_dir={root}",
+            "--LabApp.news_url=",
+            "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+            "--LabApp.extension_manager=readonly",
+            "--ServerApp.terminals_enabled=False",
+            "--allow-root",  # CI containers run as root
+        ],
+        cwd=root,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    proc = psutil.Process(server.pid)
+    try:
+        _wait_for_server(f"http://127.0.0.1:{port}/api/status?token={token}", server, tmp_path)
+        yield f"http://127.0.0.1:{port}/lab/tree/{NOTEBOOK.name}?token={token}", root
+    finally:
+        left = []
+        if server.poll() is None:
+            family = proc.children(recursive=True)
+            # SIGTERM: the server shuts its kernels down, and a kernel stops the jobs it owns.
+            os.killpg(server.pid, signal.SIGTERM)
+            left = settle(proc, family)
+        log.close()
+        stray = leftover_processes(tmp_path)
+        for p in stray:
+            p.kill()
+        assert not left and not stray, f"still running: {left + stray}"
+
+
+def _wait_for_server(url: str, server: subprocess.Popen[bytes], tmp_path: Path) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            raise AssertionError(f"jupyter lab exited:\n{(tmp_path / 'jupyter.log').read_text()}")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as response:
+                if response.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.25)
+    raise AssertionError(f"jupyter lab did not answer:\n{(tmp_path / 'jupyter.log').read_text()}")
+
+
+def test_workbench_notebook_in_jupyterlab(
+    chromium: str, jupyter_lab: tuple[str, Path], tmp_path: Path
+) -> None:
+    try:
+        from playwright.sync_api import expect, sync_playwright
+    except ImportError:
+        pytest.fail("the browser test needs playwright: pip install 'playwright>=1.45'")
+
+    url, root = jupyter_lab
+    ARTIFACTS.mkdir(exist_ok=True)
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch_persistent_context(
+            str(tmp_path / "chromium-profile"),
+            executable_path=chromium,
+            args=CHROMIUM_ARGS,
+            headless=True,
+            viewport={"width": 1400, "height": 1600},
+        )
+        page = browser.new_page()
+        try:
+            page.goto(url)
+            expect(page.locator(".jp-Notebook .jp-Cell").first).to_be_visible(timeout=60_000)
+            expect(
+                page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']")
+            ).to_have_count(1, timeout=60_000)
+            # JupyterLab sometimes asks which kernel to use even though the notebook names one.
+            page.wait_for_timeout(1000)
+            kernel_dialog = page.locator(".jp-Dialog", has_text="Select Kernel")
+            if kernel_dialog.count():
+                kernel_dialog.locator(".jp-mod-accept").click()
+            page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
+            page.locator(".lm-Menu-itemLabel", has_text="Run All Cells").first.click()
+
+            card = page.locator(".rankscope-card")
+            expect(card).to_contain_text("Culprit rank", timeout=150_000)
+            expect(card).to_contain_text("barrier")
+            culprit = card.locator(".rankscope-culprits").inner_text()
+            # The figure as JupyterLab's plotly renderer shows it in the output (plotly may
+            # hold a detached copy elsewhere in the page while it draws).
+            timeline = page.locator(
+                ".jp-OutputArea-output.js-plotly-plot", has_text="Rank timeline"
+            )
+            timeline = timeline.first
+            expect(timeline).to_be_visible(timeout=30_000)
+            # The last cell stopped the job.
+            expect(page.locator(".jp-Cell").last.locator(".jp-OutputArea")).to_contain_text(
+                "stopped", timeout=60_000
+            )
+            # A real click travels to the kernel: Diagnose writes diagnosis.json again.
+            (diagnosis,) = root.glob("runs/workbench/runs/*/diagnosis.json")
+            before = diagnosis.stat().st_mtime_ns
+            page.locator("button", has_text="Diagnose").first.click()
+            deadline = time.monotonic() + 30
+            while diagnosis.stat().st_mtime_ns == before and time.monotonic() < deadline:
+                time.sleep(0.2)
+            assert diagnosis.stat().st_mtime_ns != before, "the Diagnose click did not arrive"
+            card.scroll_into_view_if_needed()
+            page.screenshot(path=str(ARTIFACTS / "workbench.png"))
+            timeline.screenshot(path=str(ARTIFACTS / "workbench-timeline.png"))
+        except Exception:
+            page.screenshot(path=str(ARTIFACTS / "workbench-failure.png"))
+            raise
+        finally:
+            browser.close()
+    assert json.loads(diagnosis.read_text())["culprit_ranks"] == [1]
+    assert "1" in culprit

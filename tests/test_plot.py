@@ -1,0 +1,321 @@
+"""Plots on tables built here with schema.conform: traces, hover, highlights, and build time at
+1024 ranks (the generator of bench/plot_build.py)."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from rankscope import plot, schema
+from rankscope.collect import load_run
+
+ROOT = Path(__file__).resolve().parent.parent
+DATA = Path(__file__).parent / "data"
+T0 = 1_800_000_000.0
+ALERT = "#d62728"
+
+
+def collectives(rows: list[dict[str, Any]]) -> pd.DataFrame:
+    """The probe's collectives table: every row on the world group of 3 unless it says."""
+    base = {"pg": "0", "pg_desc": "default_pg", "pg_ranks": "0,1,2", "dtypes": '["float32"]'}
+    return schema.conform("collectives", pd.DataFrame([{**base, **r} for r in rows]))
+
+
+def call(rank: int, n: int, **kw: Any) -> dict[str, Any]:
+    """The rank's n-th all_reduce, begun at T0 + n and completed 0.1 s later."""
+    base = {"rank": rank, "coll_id": n, "seq": n, "op": "all_reduce", "t_start_s": T0 + n}
+    return {**base, "t_end_s": T0 + n + 0.1, "completed": True, **kw}
+
+
+def hang_calls() -> pd.DataFrame:
+    """Ranks 0-2 all_reduce three times; then rank 2 enters a barrier (#4) while ranks 0 and 1
+    enter a fourth all_reduce: everyone's last call is in flight."""
+    rows = []
+    for rank in range(3):
+        for n in range(1, 5):
+            odd = rank == 2 and n == 4
+            t = T0 + n + 0.1 * rank
+            rows.append(
+                {
+                    "rank": rank,
+                    "coll_id": n,
+                    "seq": n,
+                    "op": "barrier" if odd else "all_reduce",
+                    "shapes": "[]" if odd else "[[4]]",
+                    "site": "train.py:30" if odd else "train.py:12",
+                    "t_start_s": t,
+                    "t_end_s": None if n == 4 else t + 0.2,
+                    "completed": n < 4,
+                }
+            )
+    return collectives(rows)
+
+
+def test_plot_imports_without_ipywidgets() -> None:
+    code = (
+        "import sys; sys.modules['ipywidgets'] = None\n"
+        "import rankscope.plot, rankscope.collect, rankscope.analyze\n"
+        "assert 'rankscope.widgets' not in sys.modules\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_rank_timeline_bars_in_flight_divergence_and_culprit() -> None:
+    fig = plot.rank_timeline(
+        hang_calls(), culprit_ranks=[2], divergence={"pg": "0", "seq": 4}, now=T0 + 10
+    )
+    traces = {t.name: t for t in fig.data}
+    assert set(traces) == {"all_reduce", "in flight", "calls", "divergence"}
+    assert all(t.type == "scattergl" for t in fig.data)
+    # Nine completed all_reduces: segments x0, x1, NaN; rows are ranks.
+    bars = traces["all_reduce"]
+    assert np.isnan(bars.x[2::3]).all() and len(bars.x) == 27
+    assert sorted(set(np.asarray(bars.y[0::3]).astype(int))) == [0, 1, 2]
+    # In flight: drawn up to now (10 s after T0; x counts from the first call at T0 + 1).
+    flight = traces["in flight"]
+    assert np.allclose(flight.x[1::3], 9.0)
+    assert sorted(np.asarray(flight.y[0::3]).astype(int)) == [0, 1, 2]
+    # Only the odd call of the divergence is marked, with a line where the first call began.
+    assert list(traces["divergence"].y) == [2]
+    lines = [s for s in fig.layout.shapes if s.type == "line"]
+    assert any(s.line.color == ALERT and s.x0 == pytest.approx(3.0) for s in lines)
+    assert any("first divergence: group 0 #4" in a.text for a in fig.layout.annotations)
+    # The culprit row is shaded and its tick label red; rank 0 is on top.
+    rects = [s for s in fig.layout.shapes if s.type == "rect"]
+    assert [(r.y0, r.y1) for r in rects] == [(1.5, 2.5)]
+    labels = dict(zip(fig.layout.yaxis.tickvals, fig.layout.yaxis.ticktext, strict=True))
+    assert ALERT in labels[2] and labels[0] == "0"
+    assert fig.layout.yaxis.range[0] > fig.layout.yaxis.range[1]
+    hover = list(traces["calls"].hovertext)
+    barrier = next(h for h in hover if "barrier" in h)
+    assert "rank 2" in barrier and "group 0 #4" in barrier and "shapes []" in barrier
+    assert "train.py:30" in barrier and "in flight for 5.800 s" in barrier
+
+
+def test_rank_timeline_keeps_ranks_without_calls_and_explains_empty() -> None:
+    fig = plot.rank_timeline(hang_calls(), ranks=range(5))
+    assert list(fig.layout.yaxis.tickvals) == [0, 1, 2, 3, 4]
+    empty = plot.rank_timeline(schema.empty("collectives"))
+    assert "no calls" in empty.layout.annotations[0].text
+    with pytest.raises(ValueError, match="collectives"):
+        plot.rank_timeline(schema.empty("logs"))
+
+
+def test_rank_timeline_from_flight_recorder_dumps() -> None:
+    fr = load_run(DATA / "nccl_fr" / "op").flight_recorder
+    fig = plot.rank_timeline(fr, culprit_ranks=[3], divergence={"pg": "0", "seq": 7})
+    names = {t.name for t in fig.data}
+    assert {"calls", "divergence"} <= names
+    assert list(next(t for t in fig.data if t.name == "divergence").y) == [3]
+
+
+def test_rank_timeline_hover_budget_keeps_latest_and_culprit_calls() -> None:
+    rows = [call(r, n) for r in range(4) for n in range(1, 8)]
+    budget = plot.timeline.HOVER_BUDGET
+    try:
+        plot.timeline.HOVER_BUDGET = 8  # two calls per rank
+        fig = plot.rank_timeline(collectives(rows), culprit_ranks=[3])
+    finally:
+        plot.timeline.HOVER_BUDGET = budget
+    hover = next(t for t in fig.data if t.name == "calls")
+    per_rank = pd.Series(np.asarray(hover.y).astype(int)).value_counts().to_dict()
+    assert per_rank == {0: 2, 1: 2, 2: 2, 3: 7}
+    bars = next(t for t in fig.data if t.name == "all_reduce")
+    assert len(bars.x) == 3 * 28  # every call is still drawn
+
+
+def test_sequence_ladder_shows_the_rank_behind() -> None:
+    rows = [call(r, n) for r in range(3) for n in range(1, 6 if r < 2 else 4)]
+    rows.append(call(2, 4, t_end_s=None, completed=False))
+    table = plot.ladder_table(collectives(rows))
+    assert table[["rank", "entered", "completed", "front"]].values.tolist() == [
+        [0, 5, 5, 5],
+        [1, 5, 5, 5],
+        [2, 4, 3, 5],
+    ]
+    fig = plot.sequence_ladder(collectives(rows), culprit_ranks=[2])
+    traces = {t.name: t for t in fig.data}
+    entered = traces["group 0: entered"]
+    assert dict(zip(entered.x, entered.y, strict=True)) == {0: 0, 1: 0, 2: -1}
+    assert list(traces["group 0: completed"].y) == [0, 0, -2]
+    rung = traces["in flight"]
+    assert list(rung.x[:2]) == [2, 2] and list(rung.y[:2]) == [-2, -1]
+    assert "entered #4" in next(h for h in entered.hovertext if h.startswith("rank 2"))
+    assert [(s.x0, s.x1) for s in fig.layout.shapes] == [(1.5, 2.5)]
+
+
+def stack_tables(n: int = 8, odd: int = 7) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Every rank in all_reduce under step() at train.py:20; rank ``odd`` in a barrier at :31."""
+    frames, summary = [], []
+    for rank in range(n):
+        line = 31 if rank == odd else 20
+        waiting = "barrier" if rank == odd else "all_reduce"
+        for depth, (func, file, ln) in enumerate(
+            [
+                (waiting, "/x/torch/distributed/c10d.py", 100),
+                ("step", "/w/train.py", line),
+                ("<module>", "/w/train.py", 40),
+            ]
+        ):
+            frames.append(
+                {
+                    "rank": rank,
+                    "capture_id": 1,
+                    "capture": 0,
+                    "tool": "faulthandler",
+                    "thread": "0x1",
+                    "depth": depth,
+                    "func": func,
+                    "file": file,
+                    "line": ln,
+                }
+            )
+        summary.append(
+            {
+                "rank": rank,
+                "capture_id": 1,
+                "capture": 0,
+                "tool": "faulthandler",
+                "thread": "0x1",
+                "func": "step",
+                "file": "/w/train.py",
+                "line": line,
+                "site": f"train.py:{line}",
+                "waiting_in": waiting,
+            }
+        )
+    # An older capture of rank 0 elsewhere must not count.
+    summary.append({**summary[0], "capture_id": 0, "site": "train.py:5", "line": 5})
+    return schema.conform("stacks", pd.DataFrame(frames)), schema.conform(
+        "stack_summary", pd.DataFrame(summary)
+    )
+
+
+def test_where_is_everyone_groups_ranks_by_place() -> None:
+    _, summary = stack_tables()
+    groups = plot.where_groups(summary)
+    assert groups[["count", "ranks"]].values.tolist() == [[7, "0-6"], [1, "7"]]
+    fig = plot.where_is_everyone(summary, culprit_ranks=[7])
+    (bar,) = fig.data
+    assert list(bar.x) == [7, 1]
+    assert list(bar.text) == ["7 ranks: 0-6", "1 rank: 7"]
+    assert bar.y[1] == "<b>barrier</b> at train.py:31 in step"
+    assert list(bar.marker.color) == [plot._common.PALETTE[0], ALERT]
+    assert (
+        "no stacks"
+        in plot.where_is_everyone(schema.empty("stack_summary")).layout.annotations[0].text
+    )
+
+
+def test_merged_stacks_branch_where_ranks_part() -> None:
+    stacks, summary = stack_tables()
+    (icicle,) = plot.merged_stacks(stacks, summary, culprit_ranks=[7]).data
+    assert icicle.type == "icicle"
+    by_label = dict(zip(icicle.labels, icicle.values, strict=True))
+    assert by_label["<module> · train.py:40"] == 8
+    assert by_label["step · train.py:20"] == 7 and by_label["barrier · c10d.py:100"] == 1
+    colours = dict(zip(icicle.labels, icicle.marker.colors, strict=True))
+    assert colours["barrier · c10d.py:100"] == ALERT and colours["<module> · train.py:40"] != ALERT
+
+
+def test_progress_lines_steps_and_heartbeat_age() -> None:
+    rows = [{"rank": r, "ev": "start", "t_s": T0} for r in range(3)]
+    for r in range(3):
+        for n in range(1, 4 if r < 2 else 2):
+            rows.append({"rank": r, "ev": "exit", "t_s": T0 + n, "op": "all_reduce"})
+            rows.append({"rank": r, "ev": "step", "t_s": T0 + n + 0.5, "step": n})
+    events = schema.conform("events", pd.DataFrame(rows))
+    fig = plot.progress(events, now=T0 + 10, highlight=[2])
+    done = next(t for t in fig.data if t.name == "all ranks" and t.xaxis == "x")
+    # One polyline per rank broken by NaN, held flat up to now.
+    assert np.isnan(done.y).sum() == 2 and np.nanmax(done.y) == 3
+    assert np.nanmax(done.x) == pytest.approx(10)
+    marked = [t for t in fig.data if t.name == "highlighted"]
+    assert {t.xaxis for t in marked} == {"x", "x2"} and set(marked[0].customdata) == {2}
+    (age,) = [t for t in fig.data if t.type == "bar"]
+    assert list(age.x) == [0, 1, 2]
+    assert list(age.y) == pytest.approx([6.5, 6.5, 8.5])
+    assert list(age.marker.color)[2] == ALERT
+
+
+def test_nccl_view_marks_unfinished_init_and_warnings() -> None:
+    comms = []
+    for rank in range(3):
+        comms.append(
+            {
+                "rank": rank,
+                "comm_id": "0xa",
+                "state": "START",
+                "line_no": 3,
+                "nranks": 3,
+                "nccl_rank": rank,
+            }
+        )
+        if rank != 1:
+            comms.append(
+                {
+                    "rank": rank,
+                    "comm_id": "0xa",
+                    "state": "COMPLETE",
+                    "line_no": 7,
+                    "nranks": 3,
+                    "nccl_rank": rank,
+                }
+            )
+    lines = [
+        {"rank": r, "level": "INFO", "line_no": n, "message": "x"}
+        for r in range(3)
+        for n in range(1, 10)
+    ]
+    lines.append({"rank": 1, "level": "WARN", "line_no": 10, "message": "NET/Socket : peer closed"})
+    fig = plot.nccl_view(
+        schema.conform("nccl_comms", pd.DataFrame(comms)),
+        schema.conform("nccl", pd.DataFrame(lines)),
+    )
+    traces = {t.name: t for t in fig.data}
+    stuck = traces["init not completed"]
+    assert list(stuck.x[:2]) == [3, 10] and list(stuck.y[:2]) == [1, 1]
+    assert sorted(np.asarray(traces["init"].y[0::3]).astype(int)) == [0, 2]
+    assert list(traces["WARN"].y) == [1] and "peer closed" in traces["WARN"].hovertext[0]
+    assert "no NCCL logs" in plot.nccl_view(schema.empty("nccl_comms")).layout.annotations[0].text
+
+
+def test_table_view_and_log_tail() -> None:
+    fig = plot.table_view(hang_calls(), ranks=[2], title="collectives", max_rows=3)
+    (table,) = fig.data
+    assert table.type == "table" and set(table.cells.values[0]) == {"2"}
+    assert fig.layout.title.text == "collectives 4 rows (first 3)"
+    with pytest.raises(ValueError, match="no rank column"):
+        plot.table_view(schema.empty("problems"), ranks=[0])
+    logs = schema.conform(
+        "logs",
+        pd.DataFrame(
+            {
+                "rank": [0, 1, 0, 0],
+                "stream": ["stdout", "stdout", "stdout", "launcher"],
+                "text": ["a", "b", "c", "d"],
+            }
+        ),
+    )
+    assert plot.log_tail(logs, rank=0, lines=5) == "a\nc"
+    assert plot.log_tail(logs, rank=0, lines=1) == "c"
+
+
+def test_every_plot_builds_within_budget_at_1024_ranks() -> None:
+    spec = importlib.util.spec_from_file_location("plot_build", ROOT / "bench" / "plot_build.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    for name, build in bench.figures(1024, 200).items():
+        start = time.perf_counter()
+        fig = build()
+        took = time.perf_counter() - start
+        assert took < bench.BUDGET_S, f"{name} took {took:.2f} s"
+        assert len(fig.data) <= 20, f"{name}: {len(fig.data)} traces (one per rank?)"

@@ -1,0 +1,180 @@
+"""The workbench driven from code (``.value``, ``.click()``) against real 2-rank jobs, and
+``rankscope.show`` on stored runs."""
+
+from __future__ import annotations
+
+import ast
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import rankscope
+from rankscope.widgets import Workbench
+from rankscope.widgets._common import PLOTLY_MIME
+
+from .conftest import SCRIPTS, leftover_processes
+
+pytestmark = pytest.mark.timeout(180)
+DATA = Path(__file__).parent / "data"
+SRC = Path(__file__).resolve().parent.parent / "src" / "rankscope"
+
+
+def wait_until(check: Callable[[], Any], *, timeout_s: float = 60, what: str = "") -> Any:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {what or check}")
+
+
+def error_text(wb: Workbench) -> str:
+    return "".join(out.get("text", "") for out in wb.errors.outputs)
+
+
+def figure_title(out: Any) -> str:
+    (shown,) = out.outputs
+    return shown["data"][PLOTLY_MIME]["layout"]["title"]["text"]
+
+
+@pytest.fixture
+def workbench(tmp_path: Path):
+    """A workbench on an empty runs folder; its jobs are stopped and nothing may outlive it."""
+    wb = Workbench(runs_root=tmp_path / "runs", refresh_s=0.3)
+    try:
+        yield wb
+    finally:
+        wb.stop_all(grace_s=1.0)
+        wb.close()
+        left = leftover_processes(tmp_path)
+        for proc in left:
+            proc.kill()
+        assert not left, f"processes outlived the test: {[p.pid for p in left]}"
+
+
+def test_bad_script_path_is_shown_in_the_ui(workbench: Workbench, tmp_path: Path) -> None:
+    workbench.form.launch.click()
+    assert "choose a scenario or enter the path" in error_text(workbench)
+    workbench.form.script.value = str(tmp_path / "no_such_script.py")
+    workbench.form.launch.click()
+    assert "no_such_script.py" in error_text(workbench)
+    assert "does not exist" in error_text(workbench)
+    assert workbench.jobs.options == ()
+
+
+def test_a_scenario_fills_the_form(workbench: Workbench) -> None:
+    form = workbench.form
+    if len(form.scenario.options) == 1:
+        pytest.skip("the scenario catalogue is empty")
+    from rankscope.scenarios import catalogue
+
+    scenario = catalogue()[-1]
+    form.scenario.value = scenario.id
+    form.fix.value = True
+    spec = form.spec()
+    assert Path(spec.script) == scenario.path and spec.args[-1] == "--fix"
+    assert spec.nproc_per_node == scenario.nproc_per_node
+    assert set(spec.presets) == {"flight_recorder", *scenario.presets}
+    assert not error_text(workbench)
+
+
+def test_live_job_freezes_and_the_culprit_is_shown(workbench: Workbench, tmp_path: Path) -> None:
+    wb = workbench
+    wb.form.script.value = str(SCRIPTS / "widgets" / "hang.py")
+    wb.form.stall_timeout_s.value = 2
+    start = time.perf_counter()
+    wb.form.launch.click()
+    assert time.perf_counter() - start < 0.5, "launching blocked the kernel"
+    # A second job at the same time: it finishes cleanly.
+    wb.form.script.value = str(SCRIPTS / "launch" / "clean.py")
+    wb.form.launch.click()
+    wait_until(lambda: len(wb.jobs.options) == 2, what="both jobs listed")
+    assert not error_text(wb)
+
+    wb.jobs.value = 0  # the hanging job
+    rows = wait_until(lambda: len(wb.live.rows) == 2 and wb.live.rows, what="both ranks live")
+    assert {r["rank"] for r in rows} == {0, 1}
+    # The panel updates by itself while the job runs: steps advance, then rank 0 waits.
+    wait_until(lambda: any(r["step"] == 2 for r in wb.live.rows), what="step 2")
+    wait_until(
+        lambda: "barrier" in wb.live.ranks.value and "waiting" in wb.live.ranks.value,
+        what="rank 0 waiting in barrier",
+    )
+    wait_until(lambda: "finished step 2" in wb.live.logs.children[0].value, what="log tail")
+    assert wb.live.logs.titles == ("rank 0", "rank 1")
+
+    # Rank 0 waits in the barrier; rank 1, which never calls it, is the culprit.
+    d = wb.wait_for_diagnosis(timeout_s=60)
+    assert d.verdict == "hang" and d.culprit_ranks == [1] and d.recipe == "D21"
+    assert "stalled" in wb.jobs.options[0][0]
+    card = wb.results.card.value
+    assert "rankscope-culprits" in card and "Culprit rank <b style='color:#d62728'>1</b>" in card
+    assert "barrier" in card and "hang.py:21" in card and "(never called)" in card
+    assert figure_title(wb.results.timeline).startswith("Rank timeline: 2 ranks")
+    assert wb.results.plots.titles == (
+        "sequence ladder",
+        "where is everyone",
+        "merged stacks",
+        "progress",
+        "tables",
+    )
+    assert (wb.selected.run.path / "diagnosis.json").is_file()
+
+    # Capture evidence now, then drill down into the stack table of rank 0.
+    evidence = wb.selected.run.evidence
+    captures = len(list(evidence.iterdir()))
+    manifest = wb.capture().result(timeout=30)
+    assert wb.selected.run.capture_dir(manifest["id"]).is_dir()
+    assert len(list(evidence.iterdir())) == captures + 1
+    wb.results.table_name.value = "stack_summary"
+    wb.results.table_ranks.value = "0"
+    wb.results.show_table.click()
+    assert figure_title(wb.results.table).startswith("stack_summary")
+
+    # The clean job was diagnosed when it ended, and is shown when selected.
+    wait_until(lambda: "exited" in wb.jobs.options[1][0], what="clean job exited")
+    wb.jobs.value = 1
+    wait_until(lambda: "<b>OK</b>" in wb.results.card.value, what="the clean job's diagnosis")
+
+    # A kernel restart: a new workbench re-attaches both runs and can stop the live one.
+    wb2 = Workbench(runs_root=tmp_path / "runs", refresh_s=0.3)
+    try:
+        assert [label.split(" · ")[1] for label, _ in wb2.jobs.options] == ["stalled", "exited"]
+        wb2.jobs.value = 0
+        wait_until(lambda: len(wb2.live.rows) == 2, what="re-attached ranks")
+        wb2.live.stop.click()
+        wait_until(lambda: "stopped" in wb2.jobs.options[0][0], what="stopped from the re-attached")
+    finally:
+        wb2.close()
+    assert not error_text(wb) and not error_text(wb2)
+    assert not leftover_processes(tmp_path)
+
+
+def test_show_a_finished_run_and_foreign_artifacts() -> None:
+    panel = rankscope.show(DATA / "gloo_barrier_hang" / "run")
+    assert "Culprit rank <b style='color:#d62728'>0</b>" in panel.card.value
+    assert figure_title(panel.timeline) == "Rank timeline: 4 ranks, 16 calls"
+    assert panel.plots.titles[-1] == "tables"
+    foreign = rankscope.show(DATA / "nccl_fr" / "op")
+    assert "Culprit rank <b style='color:#d62728'>3</b>" in foreign.card.value
+    assert "op mismatch" in foreign.card.value
+    assert figure_title(foreign.timeline).startswith("Rank timeline: 4 ranks")
+    foreign.table_ranks.value = "1-x"
+    foreign.show_table.click()
+    assert "'1-x' is not a rank" in "".join(o["text"] for o in foreign.errors.outputs)
+    with pytest.raises(ValueError, match="does not exist"):
+        rankscope.show(DATA / "no_such_run")
+
+
+def test_only_widgets_imports_ipywidgets_and_nothing_imports_widgets() -> None:
+    for path in SRC.rglob("*.py"):
+        tree = ast.parse(path.read_text())
+        names = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        names |= {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+        inside = path.parent.name == "widgets"
+        assert inside or not any(n.split(".")[0] == "ipywidgets" for n in names), path
+        assert inside or not any(n.startswith("rankscope.widgets") for n in names), path
