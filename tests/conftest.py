@@ -33,8 +33,10 @@ class JobFactory:
         self.jobs: list[Job] = []
 
     def __call__(self, script: str, *, detached: bool = False, **spec: object) -> Job:
-        path = SCRIPTS / script
-        job = Job(JobSpec(script=str(path), **spec), runs_root=self.root, detached=detached)
+        return self.spec(JobSpec(script=str(SCRIPTS / script), **spec), detached=detached)
+
+    def spec(self, spec: JobSpec, *, detached: bool = False) -> Job:
+        job = Job(spec, runs_root=self.root, detached=detached)
         self.jobs.append(job.start())
         return job
 
