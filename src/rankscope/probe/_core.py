@@ -38,7 +38,7 @@ from torch.distributed import distributed_c10d as c10d
 from rankscope.rundir import ENV_RUN_DIR, RunDir, atomic_write_bytes
 
 HEARTBEAT_S = 0.5
-POLL_S = 0.05
+POLL_S = 0.02
 DEFAULT_FR_BUFFER = "2000"
 
 #: Public torch.distributed calls that the probe records. ``peer`` names the argument that holds
@@ -129,7 +129,7 @@ class Probe:
         self._capture_lock = threading.Lock()
         self._queue: deque[tuple[Any, ...]] = deque()
         self._entered: set[int] = set()  # calls whose enter line is written, exit not yet
-        self._static: dict[Any, str] = {}  # JSON fragments by (op, pg, site) and by dtypes
+        self._static: dict[Any, str] = {}  # JSON fragments of enter/exit lines, see _enter_line
         self._stop = threading.Event()
         self._next_id = 0
         self._done = 0
@@ -168,11 +168,7 @@ class Probe:
                     self._entered.discard(call.cid)
                 else:
                     lines.append(self._enter_line(call))
-                lines.append(
-                    f'{{"id":{call.cid},"op":"{call.op}","pg":{_js(call.pg)},"seq":{call.seq},'
-                    f'"dur_s":{t_end - call.t!r},"ok":{"true" if ok else "false"},'
-                    f'"error":{_js(error)},"ev":"exit","t":{t_end!r},"rank":{self.rank}}}\n'
-                )
+                lines.append(self._exit_line(call, t_end, ok, error))
             cur = self._current
             if cur is not None and cur.cid not in self._entered:
                 self._entered.add(cur.cid)
@@ -182,34 +178,57 @@ class Probe:
                     os.write(self._fd, "".join(lines).encode())
 
     def _enter_line(self, call: _Call) -> str:
-        # The parts that repeat (op, group, call site) are encoded once per distinct value.
-        key = (call.op, call.pg, call.file, call.line, call.func)
+        # Everything but the id, sequence number and time repeats from call to call at a given
+        # call site: it is encoded once per distinct value and reused.
+        peer = call.peer if isinstance(call.peer, (int, str, type(None))) else repr(call.peer)
+        key = (
+            call.op,
+            call.pg,
+            call.file,
+            call.line,
+            call.func,
+            tuple(call.shapes),
+            tuple(call.dtypes),
+            call.async_op,
+            peer,
+        )
         static = self._static.get(key)
         if static is None:
+            if len(self._static) > 50_000:  # shapes that never repeat: keep the cache bounded
+                self._static.clear()
             static = json.dumps(
                 {
                     "op": call.op,
                     "pg": call.pg,
                     "pg_desc": call.pg_desc,
                     "pg_ranks": call.pg_ranks,
+                    "peer": call.peer,
+                    "shapes": [list(s) for s in call.shapes],
+                    "dtypes": [str(d).removeprefix("torch.") for d in call.dtypes],
+                    "async_op": call.async_op,
                     "file": call.file,
                     "line": call.line,
                     "func": call.func,
                 },
                 separators=(",", ":"),
+                default=str,
             )[1:-1]
             self._static[key] = static
-        dtypes = tuple(call.dtypes)
-        dt = self._static.get(dtypes)
-        if dt is None:
-            dt = json.dumps([str(d).removeprefix("torch.") for d in dtypes])
-            self._static[dtypes] = dt
-        shapes = str([list(s) for s in call.shapes])
-        peer = _js(call.peer)
         return (
-            f'{{"id":{call.cid},"seq":{call.seq},"peer":{peer},"shapes":{shapes},'
-            f'"dtypes":{dt},"async_op":{"true" if call.async_op else "false"},{static},'
-            f'"ev":"enter","t":{call.t!r},"rank":{self.rank}}}\n'
+            f'{{"id":{call.cid},"seq":{call.seq},{static},"ev":"enter","t":{call.t!r},'
+            f'"rank":{self.rank}}}\n'
+        )
+
+    def _exit_line(self, call: _Call, t_end: float, ok: bool, error: str | None) -> str:
+        key = (call.op, call.pg)
+        static = self._static.get(key)
+        if static is None:
+            static = f'"op":"{call.op}","pg":{_js(call.pg)}'
+            self._static[key] = static
+        return (
+            f'{{"id":{call.cid},{static},"seq":{call.seq},"dur_s":{t_end - call.t!r},'
+            f'"ok":{"true" if ok else "false"},"error":{_js(error)},"ev":"exit",'
+            f'"t":{t_end!r},"rank":{self.rank}}}\n'
         )
 
     # --- lifecycle --------------------------------------------------------------------------
