@@ -1,0 +1,187 @@
+"""Diagnosis at cluster scale, against torch's own flight-recorder analyzer on the same files.
+
+Writes one flight-recorder dump per rank in the NCCL layout (``tests/data/nccl_fr/make_dumps.py``),
+one rank diverging in the last collective, then times, each in a fresh process:
+
+- torch's analyzer: ``python -m torch.distributed.flight_recorder.fr_trace DIR --prefix P``;
+- rankscope: ``diagnose(load_run(DIR))`` (reading the dumps included, as the analyzer does).
+
+It prints the wall time of both, their ratio, the peak memory (resident set of the process and
+its children, sampled) and the culprit each names. The files are deleted afterwards.
+
+    python bench/analyze_scale.py                              # 1024 ranks x 2000 entries
+    python bench/analyze_scale.py --ranks 16384 --no-torch --link
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+ROOT = Path(__file__).resolve().parent.parent
+MAKE_DUMPS = ROOT / "tests" / "data" / "nccl_fr" / "make_dumps.py"
+
+
+def _make_dumps() -> Any:
+    spec = importlib.util.spec_from_file_location("make_dumps", MAKE_DUMPS)
+    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    return module
+
+
+def measure(cmd: list[str], *, timeout_s: float) -> dict[str, Any]:
+    """Run ``cmd``; return its wall time, peak RSS of its process tree, exit code and output."""
+    start = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    peak = 0
+    done = threading.Event()
+
+    def sample() -> None:
+        nonlocal peak
+        root = psutil.Process(proc.pid)
+        while not done.is_set():
+            try:
+                tree = [root, *root.children(recursive=True)]
+                peak = max(peak, sum(p.memory_info().rss for p in tree if p.is_running()))
+            except psutil.Error:
+                pass
+            done.wait(0.05)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        out, err = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+    done.set()
+    sampler.join()
+    return {
+        "wall_s": time.perf_counter() - start,
+        "peak_rss_bytes": peak,
+        "returncode": proc.returncode,
+        "stdout": out,
+        "stderr": err,
+    }
+
+
+def worker(folder: str, workers: int | None) -> None:
+    """In a fresh process: load the folder, diagnose it, print the result as JSON."""
+    from rankscope.analyze import diagnose
+    from rankscope.collect import load_run
+
+    t0 = time.perf_counter()
+    run = load_run(folder, workers=workers)
+    run.flight_recorder  # noqa: B018  (load the entries first, to time the two parts)
+    t1 = time.perf_counter()
+    diagnosis = diagnose(run)
+    t2 = time.perf_counter()
+    out = diagnosis.to_dict()
+    print(
+        json.dumps(
+            {
+                "load_s": t1 - t0,
+                "diagnose_s": t2 - t1,
+                "verdict": out["verdict"],
+                "cause": out["cause"],
+                "culprit_ranks": out["culprit_ranks"],
+                "seq": (out["collective"] or {}).get("seq"),
+                "summary": out["summary"],
+            }
+        )
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ranks", type=int, default=1024)
+    parser.add_argument("--entries", type=int, default=2000)
+    parser.add_argument("--culprit", type=int, default=None, help="default: ranks // 2 + 5")
+    parser.add_argument(
+        "--divergence", default="missing", choices=["missing", "op", "shape", "dtype"]
+    )
+    parser.add_argument("--no-torch", action="store_true", help="skip torch's analyzer")
+    parser.add_argument("--link", action="store_true", help="hard-link identical dumps")
+    parser.add_argument(
+        "--dir", type=Path, default=None, help="where to write (default: a temp dir)"
+    )
+    parser.add_argument("--timeout", type=float, default=3600.0)
+    parser.add_argument(
+        "--workers", type=int, default=None, help="processes reading the dumps (default: collect's)"
+    )
+    parser.add_argument("--worker", metavar="DIR", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.worker:
+        worker(args.worker, args.workers)
+        return 0
+    culprit = args.ranks // 2 + 5 if args.culprit is None else args.culprit
+    base = Path(tempfile.mkdtemp(prefix="rankscope-bench-", dir=args.dir))
+    folder = base / "dumps"
+    try:
+        t0 = time.perf_counter()
+        dumps = _make_dumps()
+        paths = dumps.write_dumps(
+            folder,
+            world=args.ranks,
+            entries=args.entries,
+            culprit=culprit,
+            divergence=args.divergence,
+            link=args.link,
+        )
+        size = sum(p.stat().st_size for p in paths)
+        print(
+            f"wrote {len(paths)} dumps x {args.entries} entries ({size / 2**30:.2f} GiB"
+            f"{', hard-linked' if args.link else ''}) in {time.perf_counter() - t0:.1f} s; "
+            f"rank {culprit} diverges ({args.divergence})",
+            flush=True,
+        )
+        cmd = [sys.executable, __file__, "--worker", str(folder)]
+        cmd += [] if args.workers is None else ["--workers", str(args.workers)]
+        mine = measure(cmd, timeout_s=args.timeout)
+        if mine["returncode"] != 0:
+            print(mine["stderr"][-4000:], file=sys.stderr)
+            return 1
+        result = json.loads(mine["stdout"].strip().splitlines()[-1])
+        print(
+            f"rankscope: {mine['wall_s']:.1f} s wall (reading the dumps {result['load_s']:.1f} s, "
+            f"diagnose {result['diagnose_s']:.1f} s), "
+            f"peak RSS {mine['peak_rss_bytes'] / 2**30:.2f} GiB; {result['verdict']} "
+            f"{result['cause']}, culprit {result['culprit_ranks']}, seq {result['seq']}",
+            flush=True,
+        )
+        if args.no_torch:
+            return 0
+        cmd = [sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace"]
+        theirs = measure(
+            [*cmd, str(folder), "--prefix", "nccl_trace_rank_"], timeout_s=args.timeout
+        )
+        blamed = dumps.torch_culprits(theirs["stderr"] + theirs["stdout"])
+        print(
+            f"torch fr_trace: {theirs['wall_s']:.1f} s wall, peak RSS "
+            f"{theirs['peak_rss_bytes'] / 2**30:.2f} GiB, exit {theirs['returncode']}; "
+            f"culprit {blamed}",
+            flush=True,
+        )
+        same = blamed == result["culprit_ranks"]
+        print(
+            f"ratio: rankscope is {theirs['wall_s'] / mine['wall_s']:.1f}x faster; "
+            f"same culprit: {'yes' if same else 'no'}"
+        )
+        return 0 if same else 1
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,241 @@
+"""What each cause means: the verdict it gives, its recipe, a one-line reason and the fix.
+
+Recipes are those of the guide in ``seeds/002`` (D1-D23). The reason is a template filled from the
+facts of one diagnosis (see :func:`explain`); the fix is advice in our own words.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+Verdict = Literal["ok", "hang", "crash", "launch_error"]
+VERDICTS: tuple[Verdict, ...] = ("ok", "hang", "crash", "launch_error")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Cause:
+    """One entry of the catalogue."""
+
+    name: str
+    verdict: Verdict
+    recipe: str | None
+    title: str
+    reason: str
+    """Template for the one-line reason; fields are those of :func:`explain`."""
+    fix: str
+
+
+_CAUSES = (
+    Cause(
+        name="op_mismatch",
+        verdict="hang",
+        recipe="D19",
+        title="collective op mismatch",
+        reason="{culprits} called {culprit_op} at {culprit_site} where {others} called "
+        "{other_op} at {other_site} ({collective})",
+        fix="Make every rank issue the same collectives in the same order; rerun with "
+        "TORCH_DISTRIBUTED_DEBUG=DETAIL (the 'detail' preset) so torch names the mismatch at once.",
+    ),
+    Cause(
+        name="shape_mismatch",
+        verdict="hang",
+        recipe="D19",
+        title="shape mismatch",
+        reason="{culprits} passed shapes {culprit_shapes} to {culprit_op} at {culprit_site} "
+        "where {others} passed {other_shapes} ({collective})",
+        fix="Give the collective tensors of the same shape on every rank (pad, or all-gather "
+        "the sizes first); the 'detail' preset checks shapes before each collective.",
+    ),
+    Cause(
+        name="dtype_mismatch",
+        verdict="hang",
+        recipe="D19",
+        title="dtype mismatch",
+        reason="{culprits} passed {culprit_dtypes} to {culprit_op} at {culprit_site} where "
+        "{others} passed {other_dtypes} ({collective})",
+        fix="Cast to one dtype on every rank before the collective (mixed-precision settings "
+        "must match across ranks); the 'detail' preset checks dtypes too.",
+    ),
+    Cause(
+        name="rank_conditional_collective",
+        verdict="hang",
+        recipe="D21",
+        title="rank-conditional collective",
+        reason="{culprits} {culprit_doing} while {others} {other_doing} ({collective}): a "
+        "collective that not every rank reaches",
+        fix="Call collectives on every rank unconditionally and gate only the side effect "
+        "(logging, saving) on the rank; look for collectives hidden in `if rank == 0:` blocks.",
+    ),
+    Cause(
+        name="early_exit",
+        verdict="hang",
+        recipe="D9",
+        title="rank exited early (uneven inputs)",
+        reason="{culprits} {culprit_left} after {culprit_done} collectives on {group} while "
+        "{others} still waited in {other_op} at {other_site} ({collective})",
+        fix="Give every rank the same number of steps (DistributedSampler with the same "
+        "drop_last everywhere), or wrap the loop in torch.distributed.algorithms.Join.",
+    ),
+    Cause(
+        name="lagging_rank",
+        verdict="hang",
+        recipe="D19",
+        title="a rank never joined the collective",
+        reason="{culprits} never joined {other_op} at {other_site} that {others} waited in "
+        "({collective}); last seen: {culprit_doing}",
+        fix="Look at what that rank was doing instead (its stacks, its last log lines): it is "
+        "stuck or busy outside the collective; TORCH_DISTRIBUTED_DEBUG=DETAIL names it at once.",
+    ),
+    Cause(
+        name="rank_crashed",
+        verdict="crash",
+        recipe="D20",
+        title="a rank crashed",
+        reason="{culprits} failed with {error} at {culprit_site}, leaving {others} waiting",
+        fix="Fix the failing rank, not the hang: its error is the cause and the others only "
+        "waited for it. With nccl, TORCH_NCCL_ASYNC_ERROR_HANDLING=1 makes the peers abort "
+        "promptly.",
+    ),
+    Cause(
+        name="nan",
+        verdict="crash",
+        recipe="D20",
+        title="a rank hit NaN",
+        reason="{culprits} stopped on a non-finite value ({error}) at {culprit_site}, leaving "
+        "{others} waiting",
+        fix="Find why this rank's values became NaN (its data shard, learning rate, precision); "
+        "lowering the batch size does not fix one rank's data bug.",
+    ),
+    Cause(
+        name="oom",
+        verdict="crash",
+        recipe="D20",
+        title="a rank ran out of memory",
+        reason="{culprits} ran out of memory ({error}) at {culprit_site}, leaving {others} waiting",
+        fix="Cut this rank's peak memory: uneven sample lengths put the largest batch on one "
+        "rank; shard or checkpoint activations rather than waiting out the hang.",
+    ),
+    Cause(
+        name="ddp_unused_parameters",
+        verdict="crash",
+        recipe="D8",
+        title="DDP reduction never finished (unused parameters)",
+        reason="{culprits}: DDP found parameters that got no gradient ({error})",
+        fix="Make every output take part in the loss; only if a branch is unused by design, "
+        "pass find_unused_parameters=True to DistributedDataParallel (it costs a graph walk).",
+    ),
+    Cause(
+        name="p2p_cycle",
+        verdict="hang",
+        recipe="D19",
+        title="point-to-point cycle",
+        reason="{cycle}: every rank waits in a point-to-point call for a peer that is itself "
+        "waiting",
+        fix="Order the calls so one side sends while the other receives (for example even ranks "
+        "send first), or post both with isend/irecv (batch_isend_irecv) and wait on both.",
+    ),
+    Cause(
+        name="straggler",
+        verdict="ok",
+        recipe="D23",
+        title="straggler",
+        reason="{culprits} reached {culprit_op} at {culprit_site} {late} after the others "
+        "({collective}); the job went on",
+        fix="Not a hang: balance the slow rank's work (data loading, rank-0-only eval or "
+        "saving), and tell slow from stuck with the step counter before raising timeouts.",
+    ),
+    Cause(
+        name="silent_rank",
+        verdict="hang",
+        recipe="D19",
+        title="a rank left no evidence",
+        reason="{others} wait in {other_op} at {other_site} ({collective}) for {culprits}, "
+        "which left no record of its collectives",
+        fix="Get that rank's evidence (flight-recorder dump, stacks, logs): it may have died or "
+        "hung before its recorder started; keep the flight recorder on for every rank.",
+    ),
+    Cause(
+        name="stuck_collective",
+        verdict="hang",
+        recipe="D19",
+        title="every rank is inside the same collective",
+        reason="{others} all waited in {other_op} at {other_site} ({collective}) with matching "
+        "calls: no rank diverged and none is missing",
+        fix="The ranks agree, so look below Python: the transport (NCCL_DEBUG=INFO, the network "
+        "between hosts), a device fault, or native stacks (py-spy dump --native).",
+    ),
+    Cause(
+        name="collective_timeout",
+        verdict="hang",
+        recipe="D19",
+        title="collectives timed out",
+        reason="{others} timed out in {other_op} ({collective}) and the evidence names no "
+        "rank that diverged",
+        fix="Capture evidence from every rank before the timeout (flight recorder, stacks): "
+        "the rank that is missing or different there is the one to fix.",
+    ),
+    Cause(
+        name="env_contract_missing",
+        verdict="launch_error",
+        recipe="D1",
+        title="the rank/world-size environment is missing",
+        reason="{culprits}: {error}",
+        fix="Launch through torchrun, which sets RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and "
+        "MASTER_PORT for every process, or set them yourself.",
+    ),
+    Cause(
+        name="address_in_use",
+        verdict="launch_error",
+        recipe="D4",
+        title="port already in use",
+        reason="{culprits} could not bind the rendezvous port: {error}",
+        fix="Give each job on a host its own port (--master-port, or --rdzv-endpoint "
+        "localhost:0 to let torchrun pick one), and stop leftovers of earlier runs.",
+    ),
+    Cause(
+        name="invalid_device_ordinal",
+        verdict="launch_error",
+        recipe="D3",
+        title="invalid device ordinal",
+        reason="{culprits} selected a GPU that does not exist: {error}",
+        fix="Select the device with LOCAL_RANK, not RANK: "
+        "torch.cuda.set_device(int(os.environ['LOCAL_RANK'])).",
+    ),
+    Cause(
+        name="launch_failed",
+        verdict="launch_error",
+        recipe=None,
+        title="the process group never formed",
+        reason="{culprits}: {error}",
+        fix="Read the failing rank's error and launcher.log: the ranks failed while setting up "
+        "(rendezvous, store, backend) before their first collective.",
+    ),
+)
+
+#: The catalogue: cause name -> :class:`Cause`.
+CAUSES: Mapping[str, Cause] = {c.name: c for c in _CAUSES}
+
+#: Error kinds (the collectors' catalogue keys) that name a launch problem, by cause.
+LAUNCH_KINDS: Mapping[str, str] = {
+    "env_missing": "env_contract_missing",
+    "address_in_use": "address_in_use",
+    "invalid_device_ordinal": "invalid_device_ordinal",
+}
+
+#: Error kinds that are a primary failure of the rank that logged them, by cause.
+FAILURE_KINDS: Mapping[str, str] = {
+    "cuda_oom": "oom",
+    "ddp_unused_parameters": "ddp_unused_parameters",
+}
+
+
+def explain(cause: str, facts: Mapping[str, Any]) -> str:
+    """The cause's one-line reason filled from ``facts`` (missing facts read as ``?``)."""
+    return CAUSES[cause].reason.format_map(_Facts(facts))
+
+
+class _Facts(dict):
+    def __missing__(self, key: str) -> str:
+        return "?"

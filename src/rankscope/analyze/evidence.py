@@ -1,0 +1,218 @@
+"""The tables a diagnosis reads, and the per-rank facts derived from them.
+
+:class:`Evidence` takes the tables lazily from a :class:`rankscope.collect.Run` (or from anything
+with the same attributes, such as a namespace of frames built in a test): a table that is not
+there reads as empty, so partial evidence still gives an answer.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any
+
+import pandas as pd
+
+from rankscope import schema
+from rankscope.analyze.align import is_user_file
+
+#: Error kinds that are the symptom of another rank's problem, not a failure of their own.
+SYMPTOM_KINDS = frozenset(
+    {
+        "gloo_timeout",
+        "gloo_connection_closed",
+        "nccl_watchdog_timeout",
+        "collective_mismatch",
+        "monitored_barrier",
+        "torchrun_child_failed",
+        "nccl_warn",
+    }
+)
+#: Error kinds that say a collective waited until its timeout.
+TIMEOUT_KINDS = frozenset({"gloo_timeout", "nccl_watchdog_timeout", "monitored_barrier"})
+
+_OOM = re.compile(r"out of memory|OutOfMemoryError|can't allocate memory", re.IGNORECASE)
+_NAN = re.compile(r"\bnan\b|non-finite|not finite", re.IGNORECASE)
+_TRACE_FILE = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+)')
+#: The probe's exit handler (``Probe.end``): on a rank's stack, its script has returned.
+_PROBE_FILE = re.compile(r"rankscope[/\\]probe[/\\]_core\.py$")
+
+
+def crash_cause(message: str | None) -> str:
+    """``oom``, ``nan`` or ``rank_crashed`` from an exception's text."""
+    text = message or ""
+    if _OOM.search(text):
+        return "oom"
+    if _NAN.search(text):
+        return "nan"
+    return "rank_crashed"
+
+
+class Evidence:
+    """Lazy access to the collected tables of one run, plus its run.json (``info``)."""
+
+    def __init__(self, run: Any):
+        self.run = run
+        self._tables: dict[str, pd.DataFrame] = {}
+        self._frames: dict[frozenset[int], pd.DataFrame] = {}
+
+    def table(self, name: str) -> pd.DataFrame:
+        """The table ``name`` of :mod:`rankscope.schema`; empty when the run does not have it."""
+        cache = self._tables
+        if name not in cache:
+            value = getattr(self.run, name, None)
+            cache[name] = schema.empty(name) if value is None else value
+        return cache[name]
+
+    def fr_frames(self, ranks: set[int]) -> pd.DataFrame:
+        """Flight-recorder frames of some ranks. For a run from :func:`rankscope.collect.load_run`
+        only these ranks' dumps are read again (through the collectors), not every rank's: a
+        call site needs a handful of entries, not millions of frames."""
+        cache = self._frames
+        key = frozenset(ranks)
+        if key not in cache:
+            sources = getattr(getattr(self.run, "inventory", None), "flight_recorder", None)
+            if sources is None:
+                frames = self.table("fr_frames")
+                cache[key] = frames[frames["rank"].isin(list(ranks))]
+            else:
+                from rankscope.collect import Problems, read_fr_frames
+
+                mine = [s for s in sources if s.rank in ranks]
+                cache[key] = read_fr_frames(mine, problems=Problems(), workers=1)
+        return cache[key]
+
+    @cached_property
+    def info(self) -> dict[str, Any]:
+        """run.json of a rankscope run directory; ``{}`` for a folder of foreign artifacts."""
+        info = getattr(self.run, "info", None)
+        return info if isinstance(info, dict) else {}
+
+    @cached_property
+    def path(self) -> str | None:
+        path = getattr(self.run, "path", None)
+        return None if path is None else str(path)
+
+    @cached_property
+    def stopped(self) -> bool:
+        """Whether the job was ended by a stop (a stall, the user, a time limit)."""
+        return bool(self.info.get("stop_reason")) or self.info.get("state") == "stopped"
+
+    @cached_property
+    def stalls(self) -> list[dict[str, Any]]:
+        return list(self.info.get("stalls") or [])
+
+    @cached_property
+    def world(self) -> list[int]:
+        """Every rank the evidence knows of (from any table, and the job's world size)."""
+        seen: set[int] = set()
+        for name in ("ranks", "events", "collectives", "errors", "stack_summary"):
+            seen |= set(self.table(name)["rank"].dropna().astype(int).tolist())
+        fr = self.table("pg_status")
+        seen |= set(fr["rank"].dropna().astype(int).tolist())
+        sizes = self.table("ranks")["world_size"].dropna().astype(int).tolist()
+        size = max([*sizes, int(self.info.get("world_size") or 0)], default=0)
+        return sorted(seen | set(range(size)))
+
+    @cached_property
+    def ranks(self) -> dict[int, RankFacts]:
+        """What is known of every rank's process: exit, exception, where it was last seen."""
+        facts = {r: RankFacts(rank=r) for r in self.world}
+        ranks = self.table("ranks")
+        for pos, row in zip(range(len(ranks)), ranks.itertuples(index=False), strict=True):
+            if pd.isna(row.rank):
+                continue
+            f = facts[int(row.rank)]
+            f.row = pos
+            f.exit_code = None if pd.isna(row.exit_code) else int(row.exit_code)
+            f.ended_s = None if pd.isna(row.ended_s) else float(row.ended_s)
+        events = self.table("events")
+        special = events[events["ev"].isin(["exception", "end", "start"])]
+        for pos, row in zip(special.index, special.itertuples(index=False), strict=True):
+            f = facts.get(int(row.rank))
+            if f is None:
+                continue
+            if row.ev == "start":
+                f.started = True
+            elif row.ev == "exception" and f.exception is None:
+                f.exception = str(row.message)
+                f.exception_s = float(row.t_s)
+                f.exception_row = int(pos)
+            elif row.ev == "end":
+                f.end_row = int(pos)
+                f.ended_s = float(row.t_s) if f.ended_s is None else f.ended_s
+                if f.exit_code is None and not pd.isna(row.code):
+                    f.exit_code = int(row.code)
+        for rank in self._exiting():
+            if rank in facts:
+                facts[rank].exiting = True
+        summary = self.table("stack_summary")
+        if not summary.empty:
+            latest = summary.assign(pos=range(len(summary)))
+            latest = latest.sort_values(["capture_id", "capture", "t_s"], na_position="first")
+            for row in latest.drop_duplicates("rank", keep="last").itertuples(index=False):
+                f = facts.get(int(row.rank))
+                if f is not None:
+                    f.stack_site = None if pd.isna(row.site) else str(row.site)
+                    f.stack_waiting_in = None if pd.isna(row.waiting_in) else str(row.waiting_in)
+                    f.stack_row = int(row.pos)
+        return facts
+
+    def _exiting(self) -> set[int]:
+        """Ranks whose latest captured stack runs the probe's exit handler."""
+        stacks = self.table("stacks")
+        if stacks.empty:
+            return set()
+        latest = stacks.groupby("rank")["capture_id"].transform("max")
+        last = stacks[stacks["capture_id"].eq(latest).fillna(False).astype(bool)]
+        func = last["func"].fillna("").astype(str)
+        in_end = func.isin(["end", "Probe.end"]) & last["file"].fillna("").str.contains(_PROBE_FILE)
+        return set(last.loc[in_end.to_numpy(), "rank"].dropna().astype(int).tolist())
+
+    def terminated(self, code: int | None) -> bool:
+        """An exit by SIGTERM, SIGINT or SIGHUP (torchrun or a stop ending a live rank), or by
+        any signal in a job that was stopped: the rank was alive until then, it did not fail."""
+        if code is None or code >= 0:
+            return False
+        return -code in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP) or self.stopped
+
+    def traceback_site(self, rank: int, message: str | None) -> str | None:
+        """``file:line`` of the innermost user frame of the traceback a rank printed for
+        ``message`` (from its stderr in the ``logs`` table)."""
+        logs = self.table("logs")
+        if logs.empty or not message:
+            return None
+        mine = logs[(logs["rank"] == rank) & logs["text"].notna()]
+        texts = mine["text"].tolist()
+        needle = message.split("\n", 1)[0][:80]
+        hits = [i for i, text in enumerate(texts) if needle in text]
+        if not hits:
+            return None
+        for text in reversed(texts[: hits[0]]):
+            m = _TRACE_FILE.match(text)
+            if m and is_user_file(m["file"]):
+                return f"{m['file'].rsplit('/', 1)[-1]}:{m['line']}"
+        return None
+
+
+@dataclass(kw_only=True)
+class RankFacts:
+    """What the evidence says about one rank's process."""
+
+    rank: int
+    row: int | None = None
+    """Row in the ``ranks`` table."""
+    started: bool = False
+    exit_code: int | None = None
+    ended_s: float | None = None
+    end_row: int | None = None
+    exception: str | None = None
+    exception_s: float | None = None
+    exception_row: int | None = None
+    stack_site: str | None = None
+    stack_waiting_in: str | None = None
+    stack_row: int | None = None
+    exiting: bool = False
+    """The rank's last captured stack shows it past its script, in the probe's exit handler."""

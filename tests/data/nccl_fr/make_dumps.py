@@ -1,0 +1,337 @@
+"""Write flight-recorder dumps in the NCCL layout, one pickle per rank, as torch's recorder does.
+
+The files are named ``<prefix><rank>`` and hold what ``_dump_nccl_trace()`` returns (format
+``2.10``): ``version``, ``pg_config``, ``comm_lib_version``, ``pg_status`` and ``entries`` with
+``profiling_name`` like ``nccl:all_reduce`` or ``nccl:recv 0<-1``, ``state`` ``completed`` for
+retired entries and ``started`` for the one in flight. torch's own analyzer
+(``python -m torch.distributed.flight_recorder.fr_trace DIR --prefix nccl_trace_rank_``) accepts
+them.
+
+Every healthy rank runs the same schedule of collectives on the world group and is left waiting
+in its last one. One rank (``culprit``) diverges at that last record:
+
+- ``missing``: it never issues it (it is busy elsewhere: its dump ends one record earlier);
+- ``op``: it issues another collective, called from another line of train.py;
+- ``shape``: it passes a tensor with one element more;
+- ``dtype``: it passes bfloat16 where the others pass float32;
+- ``p2p_cycle``: no collective diverges; ranks 0 and 1 each wait in ``recv`` from the other, so
+  the rest wait for them in the next collective;
+- ``none``: every rank completes every record (a clean run).
+
+With ``subgroups`` every fourth record goes to the rank's half of the world (groups ``1`` and
+``2``) and the culprit diverges in its half's last collective; the other half completes its own
+and waits in one more world collective, which the culprit's half never reaches.
+
+Healthy ranks share one byte-identical dump; ``link=True`` hard-links those files to save disk
+(each is still read and unpickled on its own). The repeated parts of an entry (frames, sizes) are
+shared objects, so pickle stores them once per file.
+
+Regenerate the committed fixtures (run from the repository root)::
+
+    python tests/data/nccl_fr/make_dumps.py --fixtures
+
+Write a benchmark set::
+
+    python tests/data/nccl_fr/make_dumps.py OUT --ranks 1024 --entries 2000 --culprit 517
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pickle
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+PREFIX = "nccl_trace_rank_"
+DIVERGENCES = ("missing", "op", "shape", "dtype", "p2p_cycle", "none")
+TORCH_FILE = "/usr/local/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py"
+USER_FILE = "/srv/job/train.py"
+T0_NS = 1_700_000_000_000_000_000
+STEP_NS = 1_000_000
+
+#: The repeating world-group schedule: (op, line in train.py, elements per rank).
+SCHEDULE = (("all_gather", 41, 1024), ("all_reduce", 44, 4096), ("reduce_scatter", 47, 1024))
+#: What a subgroup runs, and the line of train.py the culprit's odd collective comes from.
+SUBGROUP_OP = ("all_reduce", 52, 512)
+ODD_LINE = 70
+RECV_LINE = 60
+
+#: Committed fixtures: directory name -> build arguments.
+FIXTURES: dict[str, dict[str, Any]] = {
+    "missing": {"world": 4, "entries": 7, "culprit": 2, "divergence": "missing"},
+    "op": {"world": 4, "entries": 7, "culprit": 3, "divergence": "op"},
+    "shape": {"world": 4, "entries": 7, "culprit": 1, "divergence": "shape"},
+    "dtype": {"world": 4, "entries": 7, "culprit": 0, "divergence": "dtype"},
+    "p2p_cycle": {"world": 4, "entries": 7, "culprit": None, "divergence": "p2p_cycle"},
+    "clean": {"world": 4, "entries": 7, "culprit": None, "divergence": "none"},
+    "subgroups": {
+        "world": 8,
+        "entries": 12,
+        "culprit": 6,
+        "divergence": "shape",
+        "subgroups": True,
+    },
+    # As "missing", without rank 3's file: the analysis must still name rank 2 and say so.
+    "partial": {"world": 4, "entries": 7, "culprit": 2, "divergence": "missing", "drop": [3]},
+}
+
+
+def _groups(world: int, subgroups: bool) -> dict[str, tuple[str, list[int]]]:
+    groups = {"0": ("default_pg", list(range(world)))}
+    if subgroups:
+        half = world // 2
+        groups["1"] = ("dp_lo", list(range(half)))
+        groups["2"] = ("dp_hi", list(range(half, world)))
+    return groups
+
+
+class _Entries:
+    """Builds one rank's entry dicts, sharing the repeated parts between entries."""
+
+    def __init__(self) -> None:
+        self.out: list[dict[str, Any]] = []
+        self._shared: dict[Any, Any] = {}
+
+    def _share(self, key: Any, value: Any) -> Any:
+        return self._shared.setdefault(key, value)
+
+    def frames(self, op: str, line: int) -> list[dict[str, Any]]:
+        return self._share(
+            ("frames", op, line),
+            [
+                {"name": op, "filename": TORCH_FILE, "line": 2800},
+                {"name": "train_step", "filename": USER_FILE, "line": line},
+                {"name": "main", "filename": USER_FILE, "line": 90},
+            ],
+        )
+
+    def sizes(self, *shape: int) -> list[list[int]]:
+        return self._share(("sizes", shape), [list(shape)])
+
+    def add(
+        self,
+        *,
+        pg: tuple[str, str],
+        seq: int,
+        p2p_seq: int,
+        name: str,
+        inp: list[list[int]],
+        out: list[list[int]],
+        dtype: str,
+        frames: list[dict[str, Any]],
+        done: bool,
+    ) -> None:
+        record_id = len(self.out)
+        t = T0_NS + record_id * STEP_NS
+        dtypes = self._share(("dtypes", dtype), [dtype])
+        self.out.append(
+            {
+                "record_id": record_id,
+                "pg_id": int(pg[0]),
+                "process_group": pg,
+                "collective_seq_id": seq,
+                "p2p_seq_id": p2p_seq,
+                "op_id": record_id + 1,
+                "profiling_name": name,
+                "time_created_ns": t,
+                "duration_ms": 0.25 if done else None,
+                "input_sizes": inp,
+                "input_dtypes": dtypes,
+                "output_sizes": out,
+                "output_dtypes": dtypes,
+                "state": "completed" if done else "started",
+                "time_discovered_started_ns": t + 1000,
+                "time_discovered_completed_ns": t + 250_000 if done else None,
+                "retired": done,
+                "timeout_ms": 600_000,
+                "is_p2p": name.startswith(("nccl:send", "nccl:recv")),
+                "frames": frames,
+                "thread_name": "pt_main_thread",
+                "thread_id": "140000000000000",
+            }
+        )
+
+
+def build_dump(
+    rank: int,
+    *,
+    world: int,
+    entries: int,
+    culprit: int | None = None,
+    divergence: str = "missing",
+    subgroups: bool = False,
+) -> dict[str, Any]:
+    """One rank's dump of ``entries`` records, as described in the module docstring."""
+    if divergence not in DIVERGENCES:
+        raise ValueError(f"divergence must be one of {DIVERGENCES}, got {divergence!r}")
+    if divergence in ("missing", "op", "shape", "dtype") and culprit not in range(world):
+        raise ValueError(f"divergence {divergence!r} needs a culprit rank in 0..{world - 1}")
+    if subgroups and (world % 2 or entries % 4 != 0):
+        raise ValueError("subgroups need an even world and a multiple of 4 entries")
+    groups = _groups(world, subgroups)
+    mine = [name for name, (_, members) in groups.items() if rank in members]
+    seqs = dict.fromkeys(mine, 0)
+    rec = _Entries()
+    hang = divergence != "none"
+    # With subgroups the culprit diverges in its half's last collective; the other half finishes
+    # its own and waits in the next world collective, where the culprit's half never arrives.
+    other_half = int(subgroups and culprit is not None and culprit not in groups[mine[1]][1])
+    for i in range(entries + other_half):
+        last = i >= entries - 1
+        if divergence == "p2p_cycle" and last and rank in (0, 1):
+            sizes = rec.sizes(256)
+            rec.add(
+                pg=("0", "default_pg"),
+                seq=seqs["0"],
+                p2p_seq=1,
+                name=f"nccl:recv {rank}<-{1 - rank}",
+                inp=sizes,
+                out=sizes,
+                dtype="Float",
+                frames=rec.frames("recv", RECV_LINE),
+                done=False,
+            )
+            break
+        name = mine[1] if subgroups and i % 4 == 3 and i < entries else "0"
+        desc, members = groups[name]
+        op, line, numel = SCHEDULE[seqs[name] % len(SCHEDULE)] if name == "0" else SUBGROUP_OP
+        dtype = "Float"
+        if last and rank == culprit:
+            if divergence == "missing":
+                break
+            if divergence == "op":
+                op, line = ("all_reduce" if op == "all_gather" else "all_gather"), ODD_LINE
+            elif divergence == "shape":
+                numel += 1
+            elif divergence == "dtype":
+                dtype = "BFloat16"
+        seqs[name] += 1
+        n = len(members)
+        inp = rec.sizes(n, numel) if op == "reduce_scatter" else rec.sizes(numel)
+        out = rec.sizes(n, numel) if op == "all_gather" else rec.sizes(numel)
+        rec.add(
+            pg=(name, desc),
+            seq=seqs[name],
+            p2p_seq=0,
+            name=f"nccl:{op}",
+            inp=inp,
+            out=out,
+            dtype=dtype,
+            frames=rec.frames(op, line),
+            done=not (hang and i == entries - 1 + other_half),
+        )
+    status = {}
+    for name in mine:
+        mine_entries = [e for e in rec.out if e["process_group"][0] == name and not e["is_p2p"]]
+        done = [e["collective_seq_id"] for e in mine_entries if e["retired"]]
+        status[name] = {
+            "last_enqueued_collective": seqs[name],
+            "last_started_collective": seqs[name],
+            "last_completed_collective": max(done, default=0),
+        }
+    return {
+        "version": "2.10",
+        "comm_lib_version": "2.21.5",
+        "pg_config": {
+            name: {"name": name, "desc": groups[name][0], "ranks": str(groups[name][1])}
+            for name in mine
+        },
+        "pg_status": status,
+        "entries": rec.out,
+    }
+
+
+def write_dumps(
+    out: Path,
+    *,
+    world: int,
+    entries: int,
+    culprit: int | None = None,
+    divergence: str = "missing",
+    subgroups: bool = False,
+    drop: tuple[int, ...] | list[int] = (),
+    prefix: str = PREFIX,
+    link: bool = False,
+) -> list[Path]:
+    """Write one dump per rank (except ``drop``) into ``out``; return the paths written."""
+    out.mkdir(parents=True, exist_ok=True)
+    args = {"world": world, "entries": entries, "culprit": culprit, "divergence": divergence}
+    args["subgroups"] = subgroups
+    healthy: dict[tuple[str, ...], Path] = {}
+    # Ranks whose dumps are identical: those outside the culprit and p2p pair, same subgroup.
+    special = {culprit, 0, 1} if divergence == "p2p_cycle" else {culprit}
+    paths = []
+    for rank in range(world):
+        path = out / f"{prefix}{rank}"
+        paths.append(path)
+        if rank in drop:
+            continue
+        key = tuple(n for n, (_, members) in _groups(world, subgroups).items() if rank in members)
+        if rank not in special and key in healthy:
+            if link:
+                if path.exists():
+                    path.unlink()
+                os.link(healthy[key], path)
+            else:
+                shutil.copyfile(healthy[key], path)
+            continue
+        data = pickle.dumps(build_dump(rank, **args), protocol=pickle.HIGHEST_PROTOCOL)
+        path.write_bytes(data)
+        if rank not in special:
+            healthy[key] = path
+    return [p for i, p in enumerate(paths) if i not in drop]
+
+
+_MISSING = re.compile(r"missing ranks: \{([\d, ]+)\}")
+_CULPRIT = re.compile(r"Culprit rank (\d+)")
+
+
+def torch_culprits(text: str) -> list[int]:
+    """The ranks torch's analyzer blames first: missing ranks, else the culprit of an error."""
+    for line in text.splitlines():
+        m = _MISSING.search(line)
+        if m:
+            return sorted(int(r) for r in m.group(1).split(","))
+        m = _CULPRIT.search(line)
+        if m:
+            return [int(m.group(1))]
+    return []
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out", nargs="?", type=Path, help="folder to write the dumps into")
+    parser.add_argument("--fixtures", action="store_true", help="regenerate the test fixtures")
+    parser.add_argument("--ranks", type=int, default=8)
+    parser.add_argument("--entries", type=int, default=20)
+    parser.add_argument("--culprit", type=int, default=None)
+    parser.add_argument("--divergence", choices=DIVERGENCES, default="missing")
+    parser.add_argument("--subgroups", action="store_true")
+    parser.add_argument("--link", action="store_true", help="hard-link identical dumps")
+    args = parser.parse_args(argv)
+    if args.fixtures:
+        here = Path(__file__).resolve().parent
+        for name, spec in FIXTURES.items():
+            target = here / name
+            shutil.rmtree(target, ignore_errors=True)
+            write_dumps(target, **spec)
+            print(f"wrote {target.relative_to(here)}")
+        return
+    if args.out is None:
+        parser.error("give an output folder, or --fixtures")
+    write_dumps(
+        args.out,
+        world=args.ranks,
+        entries=args.entries,
+        culprit=args.culprit,
+        divergence=args.divergence,
+        subgroups=args.subgroups,
+        link=args.link,
+    )
+
+
+if __name__ == "__main__":
+    main()

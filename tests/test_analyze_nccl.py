@@ -1,0 +1,121 @@
+"""The flight-recorder path: NCCL-layout dumps (``tests/data/nccl_fr/``) loaded as a folder of
+foreign artifacts, diagnosed without probe events; checked against torch's own analyzer."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rankscope.analyze import diagnose
+from rankscope.collect import load_run
+
+DATA = Path(__file__).parent / "data" / "nccl_fr"
+
+
+def _make_dumps():
+    spec = importlib.util.spec_from_file_location("make_dumps", DATA / "make_dumps.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+make_dumps = _make_dumps()
+
+#: fixture -> (verdict, cause, recipe, culprits, waiting, pg, seq, {rank: site})
+EXPECTED = {
+    "missing": ("hang", "lagging_rank", "D19", [2], [0, 1, 3], "0", 7, {0: "train.py:41", 2: None}),
+    "op": (
+        "hang",
+        "op_mismatch",
+        "D19",
+        [3],
+        [0, 1, 2],
+        "0",
+        7,
+        {3: "train.py:70", 0: "train.py:41"},
+    ),
+    "shape": ("hang", "shape_mismatch", "D19", [1], [0, 2, 3], "0", 7, {1: "train.py:41"}),
+    "dtype": ("hang", "dtype_mismatch", "D19", [0], [1, 2, 3], "0", 7, {0: "train.py:41"}),
+    "p2p_cycle": (
+        "hang",
+        "p2p_cycle",
+        "D19",
+        [0, 1],
+        [2, 3],
+        "0",
+        1,
+        {0: "train.py:60", 1: "train.py:60"},
+    ),
+    # The shape mismatch is in rank 6's half (group 2); ranks 0-3 wait for that half in the world
+    # group, so they are left waiting too.
+    "subgroups": (
+        "hang",
+        "shape_mismatch",
+        "D19",
+        [6],
+        [0, 1, 2, 3, 4, 5, 7],
+        "2",
+        3,
+        {6: "train.py:52"},
+    ),
+    "partial": ("hang", "lagging_rank", "D19", [2], [0, 1], "0", 7, {1: "train.py:41"}),
+}
+
+
+@pytest.mark.parametrize("name", list(EXPECTED))
+def test_nccl_dumps_are_diagnosed(name):
+    verdict, cause, recipe, culprits, waiting, pg, seq, sites = EXPECTED[name]
+    d = diagnose(load_run(DATA / name))
+    assert (d.verdict, d.cause, d.recipe) == (verdict, cause, recipe), d.render()
+    assert (d.culprit_ranks, d.waiting_ranks) == (culprits, waiting), d.render()
+    c = d.collective
+    assert (c.pg, c.seq, c.source) == (pg, seq, "flight_recorder"), d.render()
+    for rank, where in sites.items():
+        assert c.site_by_rank[rank] == where, d.render()
+    assert all(ref.table == "flight_recorder" for ref in d.evidence if ref.rank in culprits)
+
+
+def test_partial_evidence_says_what_is_missing():
+    d = diagnose(load_run(DATA / "partial"))
+    assert any("rank 3" in note for note in d.missing), d.missing
+    assert d.collective.state_by_rank[3] == "no evidence"
+
+
+def test_clean_dumps_are_ok():
+    d = diagnose(load_run(DATA / "clean"))
+    assert (d.verdict, d.cause, d.culprit_ranks, d.collective) == ("ok", None, [], None)
+
+
+def torch_analyzer(name: str, *flags: str) -> str:
+    cmd = [sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace", str(DATA / name)]
+    out = subprocess.run(
+        [*cmd, "--prefix", make_dumps.PREFIX, *flags], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    return out.stderr + out.stdout
+
+
+def test_same_culprit_as_torch_s_analyzer():
+    # For a rank that never joined, torch's answer does not depend on which dump it reads first
+    # (for a mismatch it blames every other rank when the odd rank's file comes first).
+    assert make_dumps.torch_culprits(torch_analyzer("missing")) == EXPECTED["missing"][3] == [2]
+
+
+def test_a_culprit_where_torch_s_analyzer_cannot_decide():
+    text = torch_analyzer("partial", "--allow-incomplete-ranks")
+    assert "cannot decide" in text and make_dumps.torch_culprits(text) == []
+    assert diagnose(load_run(DATA / "partial")).culprit_ranks == [2]
+
+
+def test_fixtures_match_their_generator(tmp_path):
+    for name, spec in make_dumps.FIXTURES.items():
+        written = make_dumps.write_dumps(tmp_path / name, **spec)
+        for path in written:
+            assert path.read_bytes() == (DATA / name / path.name).read_bytes(), (
+                f"{name}/{path.name}"
+            )
+        assert sorted(p.name for p in (DATA / name).iterdir()) == sorted(p.name for p in written)
