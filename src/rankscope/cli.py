@@ -14,6 +14,7 @@ import argparse
 import json
 import os
 import signal
+import subprocess
 import sys
 import time
 from collections.abc import Sequence
@@ -152,6 +153,19 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--json", action="store_true", help="print run.json and rank states")
 
     sub.add_parser("presets", help="the debug presets and what each one sets")
+
+    scen = sub.add_parser(
+        "scenarios",
+        help="list the failure scenarios, or run one",
+        description="Without ID: the catalogue of scenarios (recipes D1-D23 and reported "
+        "deadlocks). With ID: run it like 'rankscope run' (broken, or with --fix).",
+    )
+    scen.add_argument("id", nargs="?", metavar="ID")
+    scen.add_argument("--fix", action="store_true", help="run with the recipe's fix applied")
+    scen.add_argument("--quiet", action="store_true", help="no live progress, only the outcome")
+
+    lab = sub.add_parser("lab", help="JupyterLab on the guided notebooks")
+    lab.add_argument("notebooks", nargs="?", default="notebooks", metavar="DIR")
     return parser
 
 
@@ -169,24 +183,32 @@ def cmd_run(args: argparse.Namespace) -> int:
     presets = [
         p for p in dict.fromkeys([*DEFAULT_PRESETS, *args.preset]) if p not in args.no_preset
     ]
-    spec = JobSpec(
-        script=None if args.module else args.script,
-        module=args.script if args.module else None,
-        args=args.args,
-        nproc_per_node=args.nproc_per_node,
-        nnodes=args.nnodes,
-        backend=args.backend,
-        presets=presets,
-        env=dict(args.env),
-        stall_timeout_s=args.stall_timeout,
-        on_stall=args.on_stall,
-        timeout_s=args.timeout,
-        collective_timeout_s=args.collective_timeout,
+    return run_job(
+        JobSpec(
+            script=None if args.module else args.script,
+            module=args.script if args.module else None,
+            args=args.args,
+            nproc_per_node=args.nproc_per_node,
+            nnodes=args.nnodes,
+            backend=args.backend,
+            presets=presets,
+            env=dict(args.env),
+            stall_timeout_s=args.stall_timeout,
+            on_stall=args.on_stall,
+            timeout_s=args.timeout,
+            collective_timeout_s=args.collective_timeout,
+        ),
+        run_dir=args.run_dir,
+        quiet=args.quiet,
     )
-    job = Job(spec, run_dir=args.run_dir).start()
+
+
+def run_job(spec: JobSpec, *, run_dir: str | None, quiet: bool) -> int:
+    """Start ``spec``, show progress, report stalls, the outcome and the diagnosis."""
+    job = Job(spec, run_dir=run_dir).start()
     out = sys.stdout
     print(f"rankscope: run directory {_rel(job.run.path)}", file=out, flush=True)
-    live = None if args.quiet else LiveView(out)
+    live = None if quiet else LiveView(out)
     interrupted = False
 
     def on_sigterm(*_: Any) -> None:
@@ -385,6 +407,26 @@ def cmd_presets(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_scenarios(args: argparse.Namespace) -> int:
+    from rankscope.scenarios import catalogue, get
+
+    if args.id is None:
+        for s in catalogue():
+            where = s.recipe if s.kind == "recipe" else f"{s.source} ({s.recipe})"
+            print(f"{s.id:<22} {s.nproc_per_node} ranks  {where:<28} {s.title}")
+        return 0
+    scenario = get(args.id)
+    print(f"{scenario.title}: {scenario.fix if args.fix else scenario.what_goes_wrong}")
+    return run_job(scenario.spec(fix=args.fix, on_stall="stop"), run_dir=None, quiet=args.quiet)
+
+
+def cmd_lab(args: argparse.Namespace) -> int:
+    folder = Path(args.notebooks)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"{folder} is not a folder of notebooks")
+    return subprocess.call([sys.executable, "-m", "jupyterlab", str(folder)])
+
+
 COMMANDS = {
     "run": cmd_run,
     "diagnose": cmd_diagnose,
@@ -392,6 +434,8 @@ COMMANDS = {
     "capture": cmd_capture,
     "stop": cmd_stop,
     "presets": cmd_presets,
+    "scenarios": cmd_scenarios,
+    "lab": cmd_lab,
 }
 
 
