@@ -113,13 +113,18 @@ class _Analysis:
 
     # --- the calls table ------------------------------------------------------------------
     def _calls(self) -> tuple[str, pd.DataFrame]:
+        """The probe's calls (exact call sites, point-to-point on gloo), unless the flight
+        recorder shows a rank inside a collective the probe never saw: collectives torch issues
+        from C++ (DDP's gradient buckets, FSDP) are in the recorder only, and aligning without
+        them would misplace the ranks blocked in them."""
+        fr_calls = align.calls_from_flight_recorder(self.ev.table("flight_recorder"))
         probe = self.ev.table("collectives")
-        if not probe.empty:
-            calls = align.calls_from_probe(probe)
-            if not calls.empty:
-                return "collectives", calls
-        fr = self.ev.table("flight_recorder")
-        return "flight_recorder", align.calls_from_flight_recorder(fr)
+        calls = align.calls_from_probe(probe) if not probe.empty else probe
+        if calls.empty:
+            return "flight_recorder", fr_calls
+        if fr_calls.empty or not _in_flight_unseen(calls, fr_calls):
+            return "collectives", calls
+        return "flight_recorder", fr_calls
 
     @cached_property
     def evidence_ranks(self) -> set[int]:
@@ -144,6 +149,11 @@ class _Analysis:
     def diagnose(self) -> Diagnosis:
         self._require_evidence()
         self._note_missing()
+        if self._all_exited_zero():
+            # Whatever the flight recorder still lists as in flight (DDP's last bucket is
+            # often never retired), a job whose every rank exited 0 did not hang.
+            finding = self._straggler()
+            return self._diagnosis(finding) if finding else self._healthy()
         finding = (
             self._launch_error()
             or self._crash()
@@ -155,6 +165,10 @@ class _Analysis:
         if finding is None:
             return self._healthy()
         return self._diagnosis(finding)
+
+    def _all_exited_zero(self) -> bool:
+        codes = [f.exit_code for f in self.facts.values()]  # one per rank of the world
+        return bool(codes) and all(c == 0 for c in codes)
 
     def _diagnosis(self, f: _Finding) -> Diagnosis:
         cause = CAUSES[f.cause]
@@ -938,6 +952,13 @@ class _Analysis:
             )
             break
         return notes
+
+
+def _in_flight_unseen(probe: pd.DataFrame, fr: pd.DataFrame) -> bool:
+    """Some rank has a collective in flight in the recorder but none in the probe's record."""
+    fr_open = set(fr.loc[~fr["completed"].fillna(False).astype(bool), "rank"].tolist())
+    probe_open = set(probe.loc[~probe["completed"].fillna(False).astype(bool), "rank"].tolist())
+    return bool(fr_open - probe_open)
 
 
 def _earliest(rows: pd.DataFrame) -> float:

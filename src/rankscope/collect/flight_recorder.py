@@ -17,6 +17,7 @@ import json
 import os
 import subprocess
 import sys
+import zipfile
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -99,7 +100,8 @@ def _in_worker(what: str, share: list[tuple[int, str]]) -> dict[str, Any]:
             check=True,
         )
         return _fr_parse.decode(proc.stdout)
-    except (OSError, subprocess.CalledProcessError, ValueError):
+    except (OSError, subprocess.CalledProcessError, ValueError, zipfile.BadZipFile):
+        # A worker that died or sent back a damaged archive: its share is redone here.
         return _fr_parse.TASKS[what](share)
 
 

@@ -95,7 +95,10 @@ def main(argv: list[str] | None = None) -> None:
         else:
             runpy.run_path(script, run_name="__main__")
     except SystemExit as exc:
-        probe.end(_exit_code(exc.code))
+        code = _exit_code(exc.code)
+        if code != 0:  # sys.exit(1) or sys.exit("message"): the rank failed on purpose
+            probe.on_exception(exc)
+        probe.end(code)
         raise
     except BaseException as exc:
         _strip(exc, set())

@@ -37,7 +37,7 @@ class Scenario:
     nnodes: int = 1
     args: tuple[str, ...] = ()
     presets: tuple[str, ...] = ()
-    stall_timeout_s: float = 3.0
+    stall_timeout_s: float = 5.0
     expected_fixed: dict[str, Any] = field(default_factory=lambda: {"verdict": "ok"})
 
     @property
