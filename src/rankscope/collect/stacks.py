@@ -68,6 +68,8 @@ def is_user_file(path: str | None) -> bool:
     if path.startswith("<"):
         return not path.startswith("<frozen")
     norm = path.replace("\\", "/")
+    if "rankscope/scenarios/scripts/" in norm:
+        return True  # the scenarios are user scripts that happen to ship with rankscope
     parts = norm.split("/")
     if {"site-packages", "dist-packages", "torch", "rankscope"} & set(parts):
         return False

@@ -26,6 +26,11 @@ from rankscope.rundir import EventTail, RunDir, atomic_write_json
 PROBE_GRACE_S = 1.0
 """How long a rank's probe thread gets to answer before the signal fallback is used."""
 PYSPY_TIMEOUT_S = 3.0
+# A notebook kernel forces colour on (FORCE_COLOR, CLICOLOR_FORCE); py-spy's dump must be plain.
+_PLAIN_ENV = {
+    **{k: v for k, v in os.environ.items() if k not in ("FORCE_COLOR", "CLICOLOR_FORCE")},
+    "NO_COLOR": "1",
+}
 
 
 def pyspy_path() -> str | None:
@@ -175,6 +180,7 @@ def _pyspy(spy: str, pid: int, dst: Path, results: dict[int, str], rank: int) ->
             capture_output=True,
             timeout=PYSPY_TIMEOUT_S,
             text=True,
+            env=_PLAIN_ENV,
         )
     except subprocess.TimeoutExpired:
         results[rank] = f"skipped: py-spy did not answer within {PYSPY_TIMEOUT_S:.0f} s"
