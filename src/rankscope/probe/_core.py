@@ -38,7 +38,7 @@ from torch.distributed import distributed_c10d as c10d
 from rankscope.rundir import ENV_RUN_DIR, RunDir, atomic_write_bytes
 
 HEARTBEAT_S = 0.5
-POLL_S = 0.2
+POLL_S = 0.02
 DEFAULT_FR_BUFFER = "2000"
 
 #: Public torch.distributed calls that the probe records. ``peer`` names the argument that holds
