@@ -547,6 +547,10 @@ class _Analysis:
                 ref = EvidenceRef(table=table, row=int(row), rank=rank, note=note)
             return _Where(state="exited", site=where, note=note, ref=ref, code=f.exit_code)
         if f.exiting:
+            if f.exception:  # it raised, and was on its way out when the stacks were taken
+                where = self.ev.traceback_site(rank, f.exception)
+                note = f"raised {_short(f.exception, 80)}; it was exiting at the capture"
+                return _Where(state="exited", site=where, note=note, ref=None, code=f.exit_code)
             note = "its script had returned; it was exiting when its stack was captured"
             return _Where(state="exited", site=None, note=note, ref=None, code=0)
         at = f" at {site}" if site else ""
