@@ -181,11 +181,23 @@ CASES["op_mismatch_detail"] = replace(
 @pytest.mark.parametrize("name", list(CASES))
 def test_live_job_is_diagnosed(name, start_job):
     case = CASES[name]
-    job = start_job(
-        f"analyze/{case.script}", args=case.args, nproc_per_node=case.ranks, **case.spec
-    )
-    job.wait(timeout=90)
-    d = diagnose(load_run(job.run.path))
+    # These jobs race on purpose (who leaves first, what a stack shows at the capture); on a
+    # loaded 2-core box a run now and then lands outside the scenario. One rerun, not more.
+    for attempt in (1, 2):
+        job = start_job(
+            f"analyze/{case.script}", args=case.args, nproc_per_node=case.ranks, **case.spec
+        )
+        job.wait(timeout=90)
+        d = diagnose(load_run(job.run.path))
+        try:
+            _check(name, case, job, d)
+            return
+        except AssertionError:
+            if attempt == 2:
+                raise
+
+
+def _check(name, case, job, d):
     assert (d.verdict, d.cause, d.recipe) == (case.verdict, case.cause, case.recipe), d.render()
     assert (d.culprit_ranks, d.waiting_ranks) == (case.culprits, case.waiting), d.render()
     if case.seq is None:
