@@ -116,13 +116,15 @@ class _Analysis:
         """The probe's calls (exact call sites, point-to-point on gloo), unless the flight
         recorder shows a rank inside a collective the probe never saw: collectives torch issues
         from C++ (DDP's gradient buckets, FSDP) are in the recorder only, and aligning without
-        them would misplace the ranks blocked in them."""
+        them would misplace the ranks blocked in them. A rank that exited 0 is blocked in
+        nothing: its dump, taken on the way out, can race the retirement of its last work."""
         fr_calls = align.calls_from_flight_recorder(self.ev.table("flight_recorder"))
         probe = self.ev.table("collectives")
         calls = align.calls_from_probe(probe) if not probe.empty else probe
         if calls.empty:
             return "flight_recorder", fr_calls
-        if fr_calls.empty or not _in_flight_unseen(calls, fr_calls):
+        finished = {r for r, f in self.facts.items() if f.exit_code == 0}
+        if fr_calls.empty or not _in_flight_unseen(calls, fr_calls, ignore=finished):
             return "collectives", calls
         return "flight_recorder", fr_calls
 
@@ -958,9 +960,10 @@ class _Analysis:
         return notes
 
 
-def _in_flight_unseen(probe: pd.DataFrame, fr: pd.DataFrame) -> bool:
-    """Some rank has a collective in flight in the recorder but none in the probe's record."""
-    fr_open = set(fr.loc[~fr["completed"].fillna(False).astype(bool), "rank"].tolist())
+def _in_flight_unseen(probe: pd.DataFrame, fr: pd.DataFrame, *, ignore: set[int]) -> bool:
+    """Some rank (not in ``ignore``) has a collective in flight in the recorder but none in the
+    probe's record."""
+    fr_open = set(fr.loc[~fr["completed"].fillna(False).astype(bool), "rank"].tolist()) - ignore
     probe_open = set(probe.loc[~probe["completed"].fillna(False).astype(bool), "rank"].tolist())
     return bool(fr_open - probe_open)
 
