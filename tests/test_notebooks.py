@@ -1,16 +1,53 @@
-"""Every notebook under notebooks/ runs top to bottom with real jobs."""
+"""Every notebook under notebooks/ runs top to bottom with real jobs, in the memory Binder gives."""
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import nbformat
+import psutil
 import pytest
 from nbclient import NotebookClient
 
 from .conftest import leftover_processes
 
 NOTEBOOKS = sorted((Path(__file__).parent.parent / "notebooks").glob("*.ipynb"))
+#: mybinder.org gives a session 2 GB; the kernel and every job it starts must fit in it.
+BINDER_MEMORY = 2 * 1024**3
+
+
+class PeakMemory:
+    """Samples the proportional set size (shared pages split between the processes that map
+    them, as a memory cgroup would count them once) of every process below this one."""
+
+    def __init__(self, every_s: float = 0.25):
+        self.every_s = every_s
+        self.peak = 0
+        self.peak_procs: list[tuple[str, int]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> PeakMemory:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        me = psutil.Process()
+        while not self._stop.wait(self.every_s):
+            sizes = []
+            for proc in me.children(recursive=True):
+                try:
+                    sizes.append((" ".join(proc.cmdline()[:4]), proc.memory_full_info().pss))
+                except psutil.Error:
+                    continue
+            total = sum(size for _, size in sizes)
+            if total > self.peak:
+                self.peak, self.peak_procs = total, sorted(sizes, key=lambda s: -s[1])
 
 
 @pytest.mark.timeout(600)
@@ -20,7 +57,8 @@ def test_notebook_runs(path: Path, tmp_path: Path) -> None:
     client = NotebookClient(
         nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
     )
-    client.execute()
+    with PeakMemory() as memory:
+        client.execute()
     errors = [
         out
         for cell in nb.cells
@@ -30,3 +68,6 @@ def test_notebook_runs(path: Path, tmp_path: Path) -> None:
     ]
     assert not errors
     assert not leftover_processes(tmp_path)
+    top = "\n".join(f"  {size / 2**20:7.0f} MiB  {cmd}" for cmd, size in memory.peak_procs[:8])
+    print(f"{path.stem}: peak {memory.peak / 2**20:.0f} MiB (kernel and jobs)\n{top}")
+    assert memory.peak < BINDER_MEMORY, f"more than Binder's 2 GB at the peak:\n{top}"

@@ -2,12 +2,14 @@
 
 It imports only the standard library and torch. A recorded call costs the rank a few
 microseconds: the wrapper takes the call's facts (group, sequence number, tensor shapes, call
-site, both cached where possible) into a tuple and queues it; the probe's daemon thread turns the
-queue into JSON lines and appends them with one ``os.write`` on an ``O_APPEND`` descriptor every
-``POLL_S``, mostly while the rank's main thread waits inside the collective with the GIL released.
-A collective still in flight after one poll gets its ``enter`` line at once, so a blocked rank is
-always visible. Capture, exception and exit flush the queue first; only a SIGKILL can lose the
-last ``POLL_S`` of completed calls.
+site, both cached where possible) into a tuple and queues it. The probe's daemon thread looks
+every ``POLL_S`` for a capture request and for a call still in flight since its last look; only
+then, or every ``FLUSH_S``, does it turn the queue into JSON lines and append them with one
+``os.write`` on an ``O_APPEND`` descriptor. Waking is cheap; formatting holds the GIL, and on a
+busy machine a thread holding the GIL when the main thread's collective returns delays every
+rank, so completed calls are written in batches. A call in flight at two looks in a row gets its
+``enter`` line at once, so a blocked rank is visible within ``2 * POLL_S``. Capture, exception
+and exit flush the queue first; only a SIGKILL can lose the last ``FLUSH_S`` of completed calls.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from rankscope.rundir import ENV_RUN_DIR, RunDir, atomic_write_bytes
 
 HEARTBEAT_S = 0.5
 POLL_S = 0.02
+FLUSH_S = 0.25
 DEFAULT_FR_BUFFER = "2000"
 
 #: Public torch.distributed calls that the probe records. ``peer`` names the argument that holds
@@ -147,7 +150,7 @@ class Probe:
 
     # --- writing ----------------------------------------------------------------------------
     def emit(self, ev: str, **fields: Any) -> None:
-        """Queue an event; it is written at the next flush (at most ``POLL_S`` later)."""
+        """Queue an event; it is written at the next flush (at most ``FLUSH_S`` later)."""
         fields["ev"] = ev
         fields["t"] = time.time()
         fields["rank"] = self.rank
@@ -260,11 +263,13 @@ class Probe:
         if self._ended:
             return
         self._ended = True
+        # Evidence first: a rank that fails is often sent SIGTERM by torchrun moments later.
+        self.capture(reason=reason)
+        self.emit("end", code=code)
+        self.flush()
         if self._warmup is not None:
             # A thread still inside torch's dump when the interpreter finalizes aborts the process.
             self._warmup.join(timeout=30)
-        self.capture(reason=reason)
-        self.emit("end", code=code)
         self._stop.set()
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(timeout=2)
@@ -281,7 +286,8 @@ class Probe:
 
     # --- the daemon thread ------------------------------------------------------------------
     def _loop(self) -> None:
-        next_beat = 0.0
+        next_beat = next_flush = 0.0
+        seen: int | None = None  # the call in flight at the previous look
         fr_on = _fr_enabled()
         warm = not fr_on
         while not self._stop.is_set():
@@ -307,7 +313,13 @@ class Probe:
                 next_beat = now + HEARTBEAT_S
             with contextlib.suppress(Exception):
                 self._poll_request()
-            self.flush()
+            cur = self._current
+            cid = cur.cid if cur is not None else None
+            stuck = cid is not None and cid == seen and cid not in self._entered
+            seen = cid
+            if stuck or now >= next_flush:
+                self.flush()
+                next_flush = now + FLUSH_S
             self._stop.wait(POLL_S)
 
     def _poll_request(self) -> None:
