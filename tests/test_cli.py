@@ -64,6 +64,18 @@ def test_hang_is_caught_and_stopped(tmp_path):
     assert again.returncode == 2 and "already holds a run" in again.stderr
 
 
+def test_a_kept_stall_is_diagnosed_while_the_job_is_still_frozen(tmp_path):
+    script = str(SCRIPTS / "launch/conditional_barrier.py")
+    args = ("run", "--quiet", "--stall-timeout", "2", "--on-stall", "keep", "--timeout", "20")
+    out = rankscope(*args, script, cwd=tmp_path)
+    assert out.returncode == 1, out.stdout + out.stderr
+    stall = out.stdout.index("STALL: no progress")
+    hang = out.stdout.index("HANG: rank_conditional_collective")
+    ended = out.stdout.index("rankscope: job stopped")
+    assert stall < hang < ended, out.stdout
+    assert not leftover_processes(tmp_path)
+
+
 def test_failing_rank_gives_nonzero_exit(tmp_path):
     out = rankscope("run", "--quiet", str(SCRIPTS / "launch/raises.py"), cwd=tmp_path)
     assert out.returncode == 1

@@ -224,6 +224,8 @@ def run_job(spec: JobSpec, *, run_dir: str | None, quiet: bool) -> int:
                 for stall in job.stalls[reported_stalls:]:
                     _print_stall(job, stall, out)
                 reported_stalls = len(job.stalls)
+                if spec.on_stall == "keep":  # the job stays frozen: say why now, not at its end
+                    _print_diagnosis(job.run.path, out)
             time.sleep(0.25)
     except KeyboardInterrupt:
         interrupted = True
