@@ -265,15 +265,14 @@ class Probe:
         self._ended = True
         # Evidence first: a rank that fails is often sent SIGTERM by torchrun moments later.
         self.capture(reason=reason)
+        self._stop.set()  # no heartbeat after the end event
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout=2)
         self.emit("end", code=code)
         self.flush()
         if self._warmup is not None:
             # A thread still inside torch's dump when the interpreter finalizes aborts the process.
             self._warmup.join(timeout=30)
-        self._stop.set()
-        if self._thread.is_alive() and self._thread is not threading.current_thread():
-            self._thread.join(timeout=2)
-        self.flush()
 
     def on_exception(self, exc: BaseException) -> None:
         self.emit(
