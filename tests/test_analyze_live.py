@@ -203,6 +203,7 @@ def _check(name, case, job, d):
     if case.seq is None:
         assert d.collective is None
     else:
+        assert d.collective is not None, d.render()
         assert (d.collective.pg, d.collective.seq) == ("0", case.seq), d.render()
         assert d.collective.pg_ranks == list(range(case.ranks))
         for rank, where in case.sites.items():
