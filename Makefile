@@ -13,7 +13,10 @@ STAMP := $(VENV)/.rankscope-installed
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q $(TORCH)
-	$(PY) -m pip install -q -e ".[dev,lab]"
+	$(PY) -m pip install -q -e ".[dev,lab,deepspeed]"
+	# DeepSpeed compiles its CPU communication op on first use (a minute or more on 2 cores):
+	# once here, cached in ~/.cache/torch_extensions, rather than inside a job's time limit.
+	DS_ACCELERATOR=cpu $(PY) -c "from deepspeed.ops.op_builder.cpu import ShareMemCommBuilder as B; B().load()" >/dev/null
 	touch $(STAMP)
 
 install: $(STAMP)

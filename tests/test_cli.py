@@ -9,11 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from rankscope.cli import build_parser
+from rankscope.cli import build_parser, main
 
 from .conftest import SCRIPTS, leftover_processes
 
 pytestmark = pytest.mark.timeout(120)
+DATA = Path(__file__).parent / "data"
 
 
 def rankscope(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -94,3 +95,36 @@ def test_presets_are_listed(tmp_path):
     assert out.returncode == 0
     assert "flight_recorder (on by default)" in out.stdout
     assert "TORCH_DISTRIBUTED_DEBUG=DETAIL" in out.stdout
+
+
+def test_replay_writes_a_standalone_script(tmp_path, capsys):
+    dumps = str(DATA / "nccl_fr" / "op")
+    out = rankscope(
+        "replay", dumps, "-o", "repro.py", "--ranks", "3", "--scale-down", "64", cwd=tmp_path
+    )
+    assert out.returncode == 0, out.stderr
+    text = (tmp_path / "repro.py").read_text()
+    compile(text, "repro.py", "exec")
+    assert "import rankscope" not in text and "def role_1()" in text
+    assert "Culprit: original rank 3 = replay rank 2." in out.stdout  # the header
+    assert "wrote repro.py (3 ranks)" in out.stdout
+    assert "torchrun --nproc-per-node 3 repro.py" in out.stdout
+
+    assert main(["replay", dumps, "-o", "-"]) == 0
+    assert capsys.readouterr().out.startswith('"""Replay of op: 4 ranks')
+
+
+def test_replay_errors_are_clear(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(["replay", str(DATA / "nccl_fr" / "clean")]) == 2
+    err = capsys.readouterr().err
+    assert "rankscope replay: error: no divergence found in clean" in err
+    assert "pass the dumps of the run that froze" in err
+    assert main(["replay", "nowhere"]) == 2
+    assert "nowhere does not exist" in capsys.readouterr().err
+    assert main(["replay", str(DATA / "nccl_fr" / "op"), "--ranks", "1"]) == 2
+    assert "--ranks 1 is too few" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exited:
+        main(["replay", str(DATA / "nccl_fr" / "op"), "--scale-down", "x"])
+    assert exited.value.code == 2 and "expected a whole number" in capsys.readouterr().err
+    assert not (tmp_path / "repro.py").exists()

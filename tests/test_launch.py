@@ -290,6 +290,15 @@ def test_step_markers_count_as_progress(start_job):
     assert steps == [0, 1, 2, 3, 4]
 
 
+@pytest.mark.parametrize("pause", ["compute", "sleep"])
+def test_a_rank_busy_outside_collectives_is_a_straggler_not_a_stall(pause, start_job):
+    # Rank 0 waits in all_reduce for 4 s either way; only an idle rank 1 makes that a stall.
+    args = ["4"] + (["sleep"] if pause == "sleep" else [])
+    job = start_job("launch/busy_rank.py", args=args, nproc_per_node=2, stall_timeout_s=1.5)
+    assert job.wait(timeout=60) == 0
+    assert bool(job.info()["stalls"]) == (pause == "sleep"), job.info()["stalls"]
+
+
 def test_run_dir_is_refused_when_it_holds_a_run(tmp_path):
     spec = JobSpec(script=str(SCRIPTS / "launch/clean.py"))
     target = tmp_path / "mine"

@@ -1,13 +1,34 @@
-"""Every scenario in the catalogue, broken and fixed, diagnosed as the catalogue says."""
+"""Every scenario in the catalogue breaks and is diagnosed as the catalogue says; a hang's replay
+freezes the same way. The fixes are run by the guided notebooks (tests/test_notebooks.py), each
+with its own check that every rank exits 0; this file checks that every scenario has one."""
 
 from __future__ import annotations
 
+import re
+from dataclasses import replace
+from pathlib import Path
+
+import nbformat
 import pytest
 
 from rankscope.analyze import diagnose
 from rankscope.scenarios import catalogue, get
 
+from .test_replay import assert_replay_reproduces
+
 SCENARIOS = catalogue()
+NOTEBOOKS = sorted((Path(__file__).parent.parent / "notebooks").glob("*.ipynb"))
+
+
+def _fixed_by_a_notebook() -> set[str]:
+    """Scenarios a notebook runs with its ``verify`` helper (fixed run, every rank exits 0)."""
+    found: set[str] = set()
+    for path in NOTEBOOKS:
+        nb = nbformat.read(path, as_version=4)
+        code = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
+        if re.search(r"^def verify\(", code, re.M) and "assert" in code:
+            found |= set(re.findall(r'\bget\("([\w-]+)"\)', code))
+    return found
 
 
 def test_catalogue_is_complete_and_consistent():
@@ -15,28 +36,39 @@ def test_catalogue_is_complete_and_consistent():
     assert len(ids) == len(set(ids))
     recipes = {s.recipe for s in SCENARIOS if s.kind == "recipe"}
     assert {"D8", "D9", "D10", "D11", "D19", "D20", "D21", "D22", "D23"} <= recipes
+    # D4 (two jobs on one port) and D7 (choosing a launcher) need more than one job: notebook 12
+    assert {"D1", "D2", "D3", "D5", "D6"} <= recipes
+    assert {"D12", "D13", "D14", "D15"} <= recipes
     assert sum(s.kind == "reported" for s in SCENARIOS) == 4
     for s in SCENARIOS:
         assert s.path.is_file(), s.path
         assert "import rankscope" not in s.path.read_text()  # plain torch scripts
         assert s.expected["verdict"] in {"hang", "crash", "launch_error"}
+        # a --fix switch exactly where the fix is in the script; the launch settings are valid
+        assert ('add_argument("--fix"' in s.path.read_text()) == s.fix_flag, s.id
+        broken, fixed = s.spec(), s.spec(fix=True)
+        if not s.fix_flag:  # the fix is all in the launch: the two runs must launch differently
+            assert replace(broken, name=None) != replace(fixed, name=None), s.id
+    unverified = set(ids) - _fixed_by_a_notebook()
+    assert not unverified, f"no notebook runs the fix of {sorted(unverified)}"
     with pytest.raises(ValueError, match="known: d08"):
         get("nope")
 
 
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("scenario", SCENARIOS, ids=[s.id for s in SCENARIOS])
-def test_scenario_breaks_as_catalogued_and_the_fix_passes(scenario, start_job):
+def test_scenario_breaks_as_catalogued(scenario, start_job):
+    if scenario.missing():  # an optional extra that is not installed here
+        pytest.skip(f"{scenario.id} needs {', '.join(scenario.missing())}, which is not installed")
     job = start_job.spec(scenario.spec(on_stall="stop"))
     job.wait(timeout=120)
-    got = diagnose(job.run.path).to_dict()
+    diagnosis = diagnose(job.run.path)
+    got = diagnosis.to_dict()
     want = scenario.expected
     assert got["verdict"] == want["verdict"], got["summary"]
     if want.get("cause") is not None:
         assert got["cause"] == want["cause"], got["summary"]
     if want.get("culprit_ranks") is not None:
         assert got["culprit_ranks"] == want["culprit_ranks"], got["summary"]
-
-    fixed = start_job.spec(scenario.spec(fix=True, on_stall="stop"))
-    assert fixed.wait(timeout=120) == 0
-    assert diagnose(fixed.run.path).to_dict()["verdict"] == scenario.expected_fixed["verdict"]
+    if want["verdict"] == "hang":  # its replay freezes the same way (tests/test_replay.py)
+        assert_replay_reproduces(job.run.path, diagnosis, start_job)

@@ -4,14 +4,18 @@
 from __future__ import annotations
 
 import ast
+import html
+import shutil
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 import rankscope
+from rankscope.launch import JobSpec
 from rankscope.widgets import Workbench
 from rankscope.widgets._common import PLOTLY_MIME
 
@@ -72,13 +76,15 @@ def test_a_scenario_fills_the_form(workbench: Workbench) -> None:
         pytest.skip("the scenario catalogue is empty")
     from rankscope.scenarios import catalogue
 
-    scenario = catalogue()[-1]
-    form.scenario.value = scenario.id
-    form.fix.value = True
-    spec = form.spec()
-    assert Path(spec.script) == scenario.path and spec.args[-1] == "--fix"
-    assert spec.nproc_per_node == scenario.nproc_per_node
-    assert set(spec.presets) == {"flight_recorder", *scenario.presets}
+    def same(spec: JobSpec) -> JobSpec:
+        return replace(spec, name=None, presets=tuple(sorted(spec.presets)))
+
+    # The form launches what the catalogue says, launcher and all, broken and fixed.
+    for scenario in catalogue():
+        form.scenario.value = scenario.id
+        for fix in (False, True):
+            form.fix.value = fix
+            assert same(form.spec()) == same(scenario.spec(fix=fix)), (scenario.id, fix)
     assert not error_text(workbench)
 
 
@@ -178,3 +184,27 @@ def test_only_widgets_imports_ipywidgets_and_nothing_imports_widgets() -> None:
         inside = path.parent.name == "widgets"
         assert inside or not any(n.split(".")[0] == "ipywidgets" for n in names), path
         assert inside or not any(n.startswith("rankscope.widgets") for n in names), path
+
+
+def test_the_replay_button_writes_repro_into_the_run(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    shutil.copytree(DATA / "gloo_barrier_hang" / "run", run)
+    panel = rankscope.show(run)
+    assert not panel.replay.disabled
+    panel.replay.click()
+    path = run / "repro.py"
+    text = path.read_text()
+    compile(text, "repro.py", "exec")
+    shown = html.unescape(panel.replay_info.value)
+    assert f"wrote <code>{path}</code>" in shown
+    assert "torchrun --nproc-per-node 4 repro.py" in shown
+    assert "Ranks (original -> replay): 0-3 -> 0-3." in shown
+    assert not panel.errors.outputs
+    # A healthy run has nothing to replay: the button is off, and a click says why.
+    clean = tmp_path / "clean"
+    shutil.copytree(DATA / "nccl_fr" / "clean", clean)
+    panel.load(clean)
+    assert panel.replay.disabled and panel.replay_info.value == ""
+    panel.replay.click()
+    assert "no divergence found in clean" in "".join(o["text"] for o in panel.errors.outputs)
+    assert not (clean / "repro.py").exists()

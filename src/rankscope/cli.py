@@ -3,6 +3,7 @@
 rankscope run [options] SCRIPT [ARGS...]   start a job, watch every rank, capture a stall
 rankscope diagnose PATH [--json]           explain a run directory or a folder of artifacts
 rankscope status RUN_DIR                   state and per-rank progress of a job
+rankscope replay PATH [-o repro.py]        a small CPU job that freezes the way PATH's job did
 rankscope capture RUN_DIR                  capture evidence from a running job now
 rankscope stop RUN_DIR                     stop a running job
 rankscope presets                          the debug presets and what each one sets
@@ -30,6 +31,16 @@ def _positive(text: str) -> float:
     value = float(text)
     if value <= 0:
         raise argparse.ArgumentTypeError(f"must be positive, got {text}")
+    return value
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {text}")
     return value
 
 
@@ -141,6 +152,40 @@ def build_parser() -> argparse.ArgumentParser:
     )
     diag.add_argument("path", metavar="PATH")
     diag.add_argument("--json", action="store_true", help="print the diagnosis as JSON")
+
+    rep = sub.add_parser(
+        "replay",
+        help="write a standalone torch script that freezes the way a job did, on CPU",
+        description="Read the flight-recorder dumps (and the probe's events, when the run has "
+        "them) of PATH, a run directory or a folder of dumps from another machine, and write a "
+        "plain torch script (no rankscope import) that, run under torchrun on CPU (gloo), "
+        "issues every rank's collectives in the recorded order, on the same process groups, "
+        "with the same ops, dtypes and shapes, and freezes (or fails) where the original did. "
+        "Its docstring says what was kept, dropped and remapped.",
+    )
+    rep.add_argument("path", metavar="PATH", help="run directory or folder of dumps")
+    rep.add_argument(
+        "-o",
+        "--output",
+        default="repro.py",
+        metavar="FILE",
+        help="where to write the script (repro.py; a folder gets repro.py inside; - prints it)",
+    )
+    rep.add_argument(
+        "--ranks",
+        type=_count,
+        default=None,
+        metavar="K",
+        help="keep at most K ranks that still show the divergence (the culprits, ranks waiting "
+        "on them, the ranks they wait for), renumbered from 0; the others are dropped",
+    )
+    rep.add_argument(
+        "--scale-down",
+        type=_count,
+        default=None,
+        metavar="N",
+        help="cap every tensor at N elements (shapes that differed still differ)",
+    )
 
     for name, text in (
         ("status", "state and per-rank progress of a job"),
@@ -365,6 +410,28 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_replay(args: argparse.Namespace) -> int:
+    path = Path(args.path)
+    if not path.exists():
+        raise FileNotFoundError(
+            f"{path} does not exist; pass a run directory or a folder of flight-recorder dumps"
+        )
+    from rankscope.replay import build
+
+    replay = build(path, ranks=args.ranks, scale_down=args.scale_down)
+    if args.output == "-":
+        print(replay.script, end="")
+        return 0
+    out = replay.write(args.output)
+    print(replay.header)
+    print(
+        f"\nrankscope replay: wrote {_rel(out)} ({replay.world_size} ranks); run it with:\n"
+        f"    {replay.command(out)}\n"
+        f"    rankscope run --nproc-per-node {replay.world_size} {_rel(out)}"
+    )
+    return 0
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     job = Job.attach(args.run_dir)
     info = job.info()
@@ -432,6 +499,7 @@ def cmd_lab(args: argparse.Namespace) -> int:
 COMMANDS = {
     "run": cmd_run,
     "diagnose": cmd_diagnose,
+    "replay": cmd_replay,
     "status": cmd_status,
     "capture": cmd_capture,
     "stop": cmd_stop,

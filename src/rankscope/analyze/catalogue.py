@@ -204,6 +204,26 @@ _CAUSES = (
         "torch.cuda.set_device(int(os.environ['LOCAL_RANK'])).",
     ),
     Cause(
+        name="rendezvous_timeout",
+        verdict="launch_error",
+        recipe="D2",
+        title="the rendezvous timed out",
+        reason="torchrun gave up waiting for the other nodes to join its rendezvous: {error}",
+        fix="Start every node with the same --rdzv-id, the same --rdzv-endpoint (reachable "
+        "from every node) and the same --nnodes, all within the join timeout; a single node "
+        "needs none of it: torchrun --standalone.",
+    ),
+    Cause(
+        name="hostfile_invalid",
+        verdict="launch_error",
+        recipe="D6",
+        title="the DeepSpeed hostfile is invalid",
+        reason="the deepspeed launcher refused its hostfile before starting any process: {error}",
+        fix="Write one line per node in MPI style, `<hostname> slots=<processes on that node>` "
+        "(not `host:N`), each host once; on a single node, drop the hostfile and pass "
+        "--num_gpus instead.",
+    ),
+    Cause(
         name="launch_failed",
         verdict="launch_error",
         recipe=None,
@@ -222,6 +242,8 @@ LAUNCH_KINDS: Mapping[str, str] = {
     "env_missing": "env_contract_missing",
     "address_in_use": "address_in_use",
     "invalid_device_ordinal": "invalid_device_ordinal",
+    "deepspeed_hostfile": "hostfile_invalid",
+    "rendezvous_timeout": "rendezvous_timeout",
 }
 
 #: Error kinds that are a primary failure of the rank that logged them, by cause.

@@ -164,6 +164,30 @@ SIGNATURES: tuple[Signature, ...] = (
         regex=_re(r"(?:port: (?P<port>\d+).*?)?[Aa]ddress already in use"),
         doc="the rendezvous port is taken, usually by another job on the same host",
     ),
+    # torch.distributed.elastic.rendezvous.api.RendezvousTimeoutError
+    # (a torchrun agent whose rendezvous round did not fill within join_timeout; the exception
+    # has no message, and the traceback line "raise RendezvousTimeoutError" is left out)
+    Signature(
+        kind="rendezvous_timeout",
+        recipe="D2",
+        literal="RendezvousTimeoutError",
+        regex=_re(r"^\s*(?:[\w.]+\.)?RendezvousTimeoutError\b:?\s*(?P<detail>.*)$"),
+        doc="torchrun's agents waited out the join timeout for nodes that never joined",
+    ),
+    # ValueError: Hostfile contains a bad entry: localhost:2, unable to proceed with launching
+    # (DeepSpeed's launcher, before it starts any process; the traceback above it quotes the
+    # raising source line, "raise ValueError(f\"Hostfile ...", which the ": " leaves out)
+    Signature(
+        kind="deepspeed_hostfile",
+        recipe="D6",
+        literal="ValueError: Hostfile",
+        regex=_re(
+            r"ValueError: Hostfile (?P<problem>contains a bad entry: (?P<entry>.*?), unable to "
+            r"proceed with launching|contains multiple entries for (?P<host>\S+), unable to "
+            r"proceed with launching|is empty or not formatted correctly.*)"
+        ),
+        doc="DeepSpeed's launcher refused its hostfile (each line must read '<host> slots=<n>')",
+    ),
     # torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB. GPU 0 has a total
     # capacity of 79.15 GiB of which 10.81 MiB is free. ...
     Signature(

@@ -1,4 +1,5 @@
-"""A running torchrun job: start it without blocking, watch every rank, stop it, re-attach."""
+"""A running job (torchrun, or another launcher): start it without blocking, watch every rank,
+stop it, re-attach."""
 
 from __future__ import annotations
 
@@ -15,9 +16,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from rankscope.launch.evidence import capture_evidence
 from rankscope.launch.procs import pid_alive, terminate
-from rankscope.launch.spec import JobSpec, free_port, torchrun_commands
+from rankscope.launch.spec import JobSpec, free_port, launch_commands, launch_files
 from rankscope.rundir import (
     FINAL_STATES,
     EventTail,
@@ -30,6 +33,12 @@ from rankscope.rundir import (
 )
 
 POLL_S = 0.1
+#: A live rank outside every collective that used at least this share of a core since the last
+#: look is busy (computing, loading, saving), not stuck: the others wait for a straggler.
+BUSY_CPU_SHARE = 0.2
+#: How long a busy rank may keep the others waiting before it counts as a stall anyway (a rank
+#: spinning in a loop it never leaves), in multiples of the stall timeout.
+BUSY_LIMIT = 10.0
 
 
 @dataclass
@@ -95,6 +104,7 @@ class RankTracker:
         self.run = run
         self.tails: dict[int, EventTail] = {}
         self.states: dict[int, RankState] = {}
+        self._cpu: dict[int, tuple[float, float]] = {}  # rank -> (monotonic time, CPU seconds)
 
     def update(self) -> bool:
         """Read new events; return True if any rank made progress (started, completed, stepped)."""
@@ -118,14 +128,54 @@ class RankTracker:
             if s.pid is not None and (not alive_only or (not s.ended and pid_alive(s.pid)))
         }
 
+    def busy_outside_collectives(self) -> bool:
+        """Some live rank outside every collective used CPU on its main thread since the last
+        call (see :data:`BUSY_CPU_SHARE`): it is working, and the ranks waiting for it are not
+        stuck."""
+        busy = False
+        now = time.monotonic()
+        for rank, state in self.states.items():
+            if state.ended or state.pid is None or _in_collective(state):
+                self._cpu.pop(rank, None)
+                continue
+            # The main thread only: the probe's own threads (its first flight-recorder dump
+            # imports a good part of torch) are not the rank's work.
+            if _main_thread_runs(state.pid):  # running or runnable, or in disk I/O, right now
+                busy = True
+                continue
+            try:
+                main = [t for t in psutil.Process(state.pid).threads() if t.id == state.pid]
+            except psutil.Error:
+                continue
+            if not main:
+                continue
+            cpu = main[0].user_time + main[0].system_time
+            last = self._cpu.get(rank)
+            self._cpu[rank] = (now, cpu)
+            if last is not None and now > last[0]:
+                busy |= (cpu - last[1]) / (now - last[0]) >= BUSY_CPU_SHARE
+        return busy
+
     def waiting_in_collective(self) -> bool:
         """A live rank is inside a collective: one the probe saw it enter, or one the flight
         recorder has enqueued but not completed (issued from C++: DDP, FSDP)."""
-        return any(
-            not s.ended
-            and (s.in_collective_since is not None or any(e > c for e, c in (s.fr or {}).values()))
-            for s in self.states.values()
-        )
+        return any(not s.ended and _in_collective(s) for s in self.states.values())
+
+
+def _main_thread_runs(pid: int) -> bool:
+    """Linux: the scheduler state of the process's main thread is R (running or waiting for a
+    core: on a loaded machine a computing rank gets little CPU but stays runnable) or D (disk).
+    False where /proc does not say."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return False
+    return stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3] in (b"R", b"D")
+
+
+def _in_collective(state: RankState) -> bool:
+    return state.in_collective_since is not None or any(e > c for e, c in (state.fr or {}).values())
 
 
 def _apply(state: RankState, ev: dict[str, Any]) -> bool:
@@ -169,7 +219,7 @@ def _apply(state: RankState, ev: dict[str, Any]) -> bool:
 
 
 class Job:
-    """A torchrun job in the background.
+    """A job in the background, started by the spec's launcher (torchrun by default).
 
     ``Job(spec).start()`` returns at once. The job lives in its own run directory; ``attach``
     picks it up again from another process (a restarted notebook kernel). Unless started with
@@ -206,6 +256,7 @@ class Job:
         if self.run is not None:
             raise RuntimeError("this job was already started; create a new Job to run again")
         spec = self.spec
+        spec.check_launcher_installed()
         backend = spec.resolve_backend()
         if self._run_dir_arg is not None:
             self.run = claim_run_dir(self._run_dir_arg)
@@ -213,8 +264,12 @@ class Job:
             stem = spec.name or Path(spec.script or spec.module or "job").stem
             self.run = new_run_dir(self._runs_root, name=stem)
         run = self.run
-        port = free_port()
-        commands = torchrun_commands(spec, run_dir=run.path, port=port, run_id=run.path.name)
+        port: int | None = None  # the bare interpreter listens on nothing
+        if spec.launcher != "python":
+            port = spec.master_port if spec.master_port is not None else free_port()
+        commands = launch_commands(spec, run_dir=run.path, port=port, run_id=run.path.name)
+        for name, text in launch_files(spec, port=port).items():
+            (run.path / name).write_text(text)
         env = spec.rank_env(run.path, backend)
         overrides = {k: v for k, v in env.items() if k in os.environ and os.environ[k] != v}
         run.write_run(
@@ -226,6 +281,7 @@ class Job:
                 "nnodes": spec.nnodes,
                 "nproc_per_node": spec.nproc_per_node,
                 "port": port,
+                "launcher": spec.launcher,
                 "commands": commands,
                 "env": env,
                 "env_overrides": overrides,
@@ -424,7 +480,8 @@ class Job:
         run, tracker, spec = self.run, self._tracker, self.spec
         assert run is not None and tracker is not None
         started = time.monotonic()
-        last_progress = started
+        last_progress = last_busy = started
+        next_cpu_look = 0.0
         stalled = False
         known: set[int] = set()
         while not self._closing.is_set():
@@ -453,8 +510,16 @@ class Job:
                 all_up = len(tracker.states) >= spec.world_size
                 if not all_up and now - started > spec.startup_timeout_s:
                     stall = "startup"
-                elif all_up and tracker.waiting_in_collective() and idle > spec.stall_timeout_s:
-                    stall = "no_progress"
+                elif all_up and tracker.waiting_in_collective():
+                    if now >= next_cpu_look:  # CPU counters tick coarsely: look twice a second
+                        next_cpu_look = now + 0.5
+                        if tracker.busy_outside_collectives():
+                            last_busy = now
+                    quiet = now - last_busy > spec.stall_timeout_s
+                    if idle > spec.stall_timeout_s and (
+                        quiet or idle > BUSY_LIMIT * spec.stall_timeout_s
+                    ):
+                        stall = "no_progress"
             if stall is not None:
                 stalled = True
                 self._on_stall(stall, idle)

@@ -1,8 +1,21 @@
-"""What to run: :class:`JobSpec`, the debug presets, and the torchrun command lines."""
+"""What to run: :class:`JobSpec`, the debug presets, and the launchers' command lines.
+
+Four launchers start the ranks; each one runs ``python -m rankscope.probe.bootstrap`` in every
+process, so the probe records the same events whatever started it:
+
+- ``torchrun`` (the default): one ``python -m torch.distributed.run`` agent per (simulated) node.
+- ``python``: the bare interpreter, one process, no torch.distributed environment at all, as
+  ``python train.py`` typed in a shell (recipe D1).
+- ``accelerate``: ``accelerate launch`` with a config file written into the run directory
+  (recipe D5); it hands multi-process jobs to torch's elastic launcher.
+- ``deepspeed``: DeepSpeed's own launcher, with an optional hostfile (recipe D6).
+"""
 
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
+import json
 import os
 import socket
 import sys
@@ -14,6 +27,30 @@ from typing import Any, Literal
 
 Backend = Literal["auto", "gloo", "nccl"]
 OnStall = Literal["keep", "stop"]
+Launcher = Literal["torchrun", "python", "accelerate", "deepspeed"]
+LAUNCHERS: tuple[str, ...] = ("torchrun", "python", "accelerate", "deepspeed")
+
+#: torch.distributed's environment contract, as launchers set it for every process. A job
+#: started with the ``python`` launcher inherits none of it from the caller (only what ``env``
+#: sets), so a bare start is bare even in a shell that was itself started by a launcher.
+DIST_ENV = (
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "GROUP_WORLD_SIZE",
+    "ROLE_RANK",
+    "ROLE_NAME",
+    "ROLE_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+)
+
+#: Files that a launcher reads, written into the run directory before the job starts. Their
+#: suffixes keep the collectors from taking them for logs.
+ACCELERATE_CONFIG = "accelerate_config.yaml"
+DEEPSPEED_HOSTFILE = "hostfile.cfg"
 
 
 @dataclass(frozen=True)
@@ -60,9 +97,11 @@ DEFAULT_PRESETS = ("flight_recorder",)
 
 @dataclass(frozen=True, kw_only=True)
 class JobSpec:
-    """A small torchrun job.
+    """A small distributed job.
 
     Exactly one of ``script`` and ``module`` is given; ``args`` follow it on the command line.
+    ``launcher`` picks what starts the ranks (see the module's docstring); the default,
+    ``torchrun``, is what every other part of rankscope assumes unless told otherwise.
     """
 
     script: str | None = None
@@ -89,6 +128,23 @@ class JobSpec:
     """Hard limit for the whole job; it is stopped after this many seconds."""
     name: str | None = None
     cwd: str | None = None
+    launcher: Launcher = "torchrun"
+    """``torchrun``, ``python`` (one bare process: nproc_per_node=1, nnodes=1), ``accelerate``
+    or ``deepspeed`` (both with nnodes=1)."""
+    master_port: int | None = None
+    """The rendezvous port (torchrun's --master-port, or the c10d endpoint's port with several
+    nodes; accelerate's main_process_port; deepspeed's --master_port). None: a port that is
+    free now, picked for this job, so that jobs on one host never collide (recipe D4)."""
+    launcher_args: Sequence[str] = ()
+    """Extra arguments for the launcher on every node, after rankscope's own (argparse keeps
+    the last value of an option given twice, so these win) and before the script."""
+    launcher_args_by_node: Sequence[Sequence[str]] = ()
+    """Extra launcher arguments per simulated node (index = node), after ``launcher_args``:
+    how one node's command line comes to differ from the others' (recipe D2)."""
+    hostfile: str | None = None
+    """deepspeed only: the text of the hostfile (one ``<host> slots=<n>`` line per node), written
+    to the run directory and passed with --hostfile; its slots then set the number of processes
+    (keep nproc_per_node equal to them). None: no hostfile, --num_gpus=nproc_per_node."""
 
     def __post_init__(self) -> None:
         if (self.script is None) == (self.module is None):
@@ -117,6 +173,61 @@ class JobSpec:
             value = getattr(self, name)
             if value is not None and value <= 0:
                 raise ValueError(f"{name} must be positive, got {value}")
+        self._validate_launch()
+
+    def _validate_launch(self) -> None:
+        if self.launcher not in LAUNCHERS:
+            raise ValueError(
+                f"launcher must be one of {', '.join(LAUNCHERS)}, got {self.launcher!r}"
+            )
+        port = self.master_port
+        if port is not None and (
+            isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535
+        ):
+            raise ValueError(
+                f"master_port must be a TCP port number (1-65535) or None for a free port, "
+                f"got {port!r}"
+            )
+        object.__setattr__(self, "launcher_args", _strings("launcher_args", self.launcher_args))
+        by_node = self.launcher_args_by_node
+        if isinstance(by_node, str):
+            raise ValueError("launcher_args_by_node must be one list of arguments per node")
+        by_node = tuple(_strings(f"launcher_args_by_node[{i}]", a) for i, a in enumerate(by_node))
+        if len(by_node) > self.nnodes:
+            raise ValueError(
+                f"launcher_args_by_node has {len(by_node)} entries for {self.nnodes} node(s); "
+                "give at most one list of arguments per node"
+            )
+        object.__setattr__(self, "launcher_args_by_node", by_node)
+        if self.launcher == "python":
+            if self.nproc_per_node != 1 or self.nnodes != 1:
+                raise ValueError(
+                    "launcher='python' starts one plain process, as `python train.py` does; set "
+                    f"nproc_per_node=1 and nnodes=1 (got {self.nproc_per_node} and "
+                    f"{self.nnodes}), or use launcher='torchrun' for several ranks"
+                )
+            if self.master_port is not None:
+                raise ValueError(
+                    "launcher='python' sets no MASTER_PORT (it sets no torch.distributed "
+                    "variable at all); leave master_port=None, or put MASTER_PORT in env="
+                )
+        elif self.launcher in ("accelerate", "deepspeed") and self.nnodes != 1:
+            raise ValueError(
+                f"launcher={self.launcher!r} runs on one node here (nnodes=1, got "
+                f"{self.nnodes}); simulated nodes are torchrun agents joined by c10d "
+                "rendezvous, so use launcher='torchrun' for nnodes > 1"
+            )
+        if self.hostfile is not None:
+            if self.launcher != "deepspeed":
+                raise ValueError(
+                    f"hostfile is read by DeepSpeed's launcher only, not by {self.launcher!r}; "
+                    "use launcher='deepspeed' or leave hostfile=None"
+                )
+            if not isinstance(self.hostfile, str):
+                raise ValueError(
+                    "hostfile must be the text of the hostfile (lines like 'localhost slots=2'), "
+                    f"not {type(self.hostfile).__name__}"
+                )
 
     @property
     def world_size(self) -> int:
@@ -133,6 +244,17 @@ class JobSpec:
     def from_dict(cls, data: Mapping[str, Any]) -> JobSpec:
         known = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in known})
+
+    def check_launcher_installed(self) -> None:
+        """Raise ValueError, saying what to install, if the launcher's package is missing here."""
+        package = {"accelerate": "accelerate", "deepspeed": "deepspeed"}.get(self.launcher)
+        if package is not None and importlib.util.find_spec(package) is None:
+            raise ValueError(
+                f"launcher={self.launcher!r} needs the {package} package, which is not "
+                f"installed in this environment; install it (pip install "
+                f"'rankscope[deepspeed]' brings accelerate and deepspeed) or use "
+                "launcher='torchrun'"
+            )
 
     def resolve_backend(self) -> str:
         """The backend the ranks will use; nccl only when there is a GPU for every local rank."""
@@ -186,11 +308,129 @@ def free_port(host: str = "127.0.0.1") -> int:
     raise RuntimeError("no free TCP port found on the loopback interface")
 
 
+def _strings(name: str, values: Any) -> tuple[str, ...]:
+    if isinstance(values, str) or not isinstance(values, Sequence):
+        raise ValueError(f"{name} must be a list of strings, not {type(values).__name__}")
+    return tuple(str(v) for v in values)
+
+
+def _user_target(spec: JobSpec) -> list[str]:
+    """The script (or ``-m module``) and its arguments, as the bootstrap takes them."""
+    target = [spec.script] if spec.script is not None else ["-m", spec.module]
+    return [*target, *spec.args]  # type: ignore[list-item]
+
+
+def _node_args(spec: JobSpec, node: int) -> list[str]:
+    extra = list(spec.launcher_args)
+    if node < len(spec.launcher_args_by_node):
+        extra += spec.launcher_args_by_node[node]
+    return extra
+
+
+def launch_commands(
+    spec: JobSpec, *, run_dir: Path, port: int | None, run_id: str
+) -> list[list[str]]:
+    """The command line of every (simulated) node for the spec's launcher.
+
+    Files that the command names (accelerate's config, DeepSpeed's hostfile) are those of
+    :func:`launch_files`, to be written into ``run_dir`` first. ``port`` is None only for the
+    ``python`` launcher.
+    """
+    if spec.launcher == "python":
+        return [[sys.executable, "-m", "rankscope.probe.bootstrap", *_user_target(spec)]]
+    if port is None:
+        raise ValueError(f"launcher {spec.launcher!r} needs a port")
+    if spec.launcher == "accelerate":
+        return [_accelerate_command(spec, run_dir=run_dir)]
+    if spec.launcher == "deepspeed":
+        return [_deepspeed_command(spec, run_dir=run_dir, port=port)]
+    return torchrun_commands(spec, run_dir=run_dir, port=port, run_id=run_id)
+
+
+def launch_files(spec: JobSpec, *, port: int | None) -> dict[str, str]:
+    """Files the launcher reads, by name in the run directory, with their text."""
+    if spec.launcher == "accelerate":
+        return {ACCELERATE_CONFIG: accelerate_config(spec, port=port)}
+    if spec.launcher == "deepspeed" and spec.hostfile is not None:
+        text = spec.hostfile if spec.hostfile.endswith("\n") else spec.hostfile + "\n"
+        return {DEEPSPEED_HOSTFILE: text}
+    return {}
+
+
+def accelerate_config(spec: JobSpec, *, port: int | None) -> str:
+    """The ``accelerate launch`` config for this spec, as YAML.
+
+    Written by rankscope for every accelerate job so that a default config in the user's
+    home (``accelerate config``) cannot change what runs. ``distributed_type: MULTI_GPU`` is
+    accelerate's name for "start the processes with torch.distributed.run"; it is the one
+    type that starts several processes on one host without mpirun, GPUs or not (``--cpu``
+    and ``MULTI_CPU`` expect mpirun; without it accelerate starts one plain process).
+    """
+    several = spec.world_size > 1
+    settings: dict[str, Any] = {
+        "compute_environment": "LOCAL_MACHINE",
+        "distributed_type": "MULTI_GPU" if several else "NO",
+        "num_processes": spec.world_size,
+        "num_machines": 1,
+        "machine_rank": 0,
+        "main_process_ip": "127.0.0.1",
+        "main_process_port": port,
+        "rdzv_backend": "static",
+        "same_network": True,
+        "gpu_ids": "all",
+        "mixed_precision": "no",
+        "use_cpu": False,
+        "debug": False,
+        "downcast_bf16": False,
+        "enable_cpu_affinity": False,
+    }
+    # JSON scalars are YAML scalars: no YAML library needed to write the file.
+    lines = ["# written by rankscope for this run: what `accelerate launch` read"]
+    lines += [f"{key}: {json.dumps(value)}" for key, value in settings.items()]
+    return "\n".join(lines) + "\n"
+
+
+def _accelerate_command(spec: JobSpec, *, run_dir: Path) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        f"--config_file={run_dir / ACCELERATE_CONFIG}",
+        # torch.distributed.run's settings, as torchrun jobs get them (used on its path only)
+        "--max_restarts=0",
+        "--monitor_interval=0.1",
+        f"--log_dir={run_dir / 'logs' / 'node0'}",
+        "--tee=3",
+        *_node_args(spec, 0),
+        "--module",
+        "rankscope.probe.bootstrap",
+        *_user_target(spec),
+    ]
+
+
+def _deepspeed_command(spec: JobSpec, *, run_dir: Path, port: int) -> list[str]:
+    cmd = [
+        sys.executable,
+        "-m",
+        "deepspeed.launcher.runner",
+        "--master_addr=127.0.0.1",
+        f"--master_port={port}",
+    ]
+    if spec.hostfile is None:
+        cmd.append(f"--num_gpus={spec.nproc_per_node}")
+    else:
+        # One host, no ssh: the launcher reads the hostfile and starts this node's slots.
+        cmd += [f"--hostfile={run_dir / DEEPSPEED_HOSTFILE}", "--no_ssh", "--node_rank=0"]
+    # DeepSpeed puts --local_rank=N right after the module it runs, where the bootstrap expects
+    # the script: the ranks read LOCAL_RANK from the environment instead, as under torchrun.
+    cmd.append("--no_local_rank")
+    cmd += _node_args(spec, 0)
+    return [*cmd, "--module", "rankscope.probe.bootstrap", *_user_target(spec)]
+
+
 def torchrun_commands(spec: JobSpec, *, run_dir: Path, port: int, run_id: str) -> list[list[str]]:
     """One ``python -m torch.distributed.run`` command per (simulated) node."""
-    target = ["-m", "rankscope.probe.bootstrap"]
-    target += [spec.script] if spec.script is not None else ["-m", spec.module]  # type: ignore[list-item]
-    target += list(spec.args)
+    target = ["-m", "rankscope.probe.bootstrap", *_user_target(spec)]
     commands = []
     for node in range(spec.nnodes):
         cmd = [
@@ -215,5 +455,5 @@ def torchrun_commands(spec: JobSpec, *, run_dir: Path, port: int, run_id: str) -
                 f"--rdzv-conf=is_host={'true' if node == 0 else 'false'},join_timeout=60",
                 "--local-addr=127.0.0.1",
             ]
-        commands.append(cmd + target)
+        commands.append(cmd + _node_args(spec, node) + target)
     return commands

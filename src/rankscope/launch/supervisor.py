@@ -1,6 +1,6 @@
-"""The supervisor: a small process between the owner and torchrun.
+"""The supervisor: a small process between the owner and the launcher (torchrun by default).
 
-``python -m rankscope.launch.supervisor RUN_DIR`` starts one torchrun agent per (simulated) node,
+``python -m rankscope.launch.supervisor RUN_DIR`` starts one launcher per (simulated) node,
 waits for them, enforces the hard time limit, ends the job when its owner dies (unless the job is
 detached) and writes the final state and per-rank exit codes to run.json. Being the agents' parent
 is what lets it know their exit codes; keeping it out of the job's environment is what lets
@@ -20,6 +20,7 @@ import time
 from typing import Any
 
 from rankscope.launch.procs import terminate
+from rankscope.launch.spec import DIST_ENV
 from rankscope.rundir import FINAL_STATES, RunDir, rank_table, torchrun_failures
 
 
@@ -33,6 +34,7 @@ class Supervisor:
         self.stop_reason: str | None = None
         self.killed: set[int] = set()
         self._stop = threading.Event()
+        self.launcher = str(self.data.get("launcher") or "torchrun")
 
     def request_stop(self, reason: str) -> None:
         if self.stop_reason is None:
@@ -41,6 +43,11 @@ class Supervisor:
 
     def launch(self) -> bool:
         env = dict(os.environ)
+        dropped: list[str] = []
+        if self.launcher == "python":  # a bare start inherits no launcher's contract
+            dropped = sorted(k for k in env if k in DIST_ENV or k.startswith("TORCHELASTIC_"))
+            for key in dropped:
+                del env[key]
         env.update(self.data["env"])
         cwd = self.data.get("cwd") or None
         try:
@@ -59,11 +66,13 @@ class Supervisor:
                 )
                 log.close()
         except OSError as exc:
-            self._finish_failed(f"could not start torchrun: {exc}")
+            self._finish_failed(f"could not start {self.launcher}: {exc}")
             return False
         pids = [p.pid for p in self.agents]
 
         def started(d: dict[str, Any]) -> None:
+            if dropped:
+                d["env_dropped"] = dropped
             d["state"] = "running"
             d["started_at"] = time.time()
             d["agents"] = [{"node": i, "pid": pid} for i, pid in enumerate(pids)]
@@ -137,7 +146,9 @@ class Supervisor:
         failures = torchrun_failures(text)
         ranks = rank_table(self.run)
         world = int(self.data["world_size"])
-        stopped = self.stop_reason is not None or self.run.read_run().get("stop_reason")
+        now = self.run.read_run()
+        stopped = self.stop_reason is not None or now.get("stop_reason")
+        never_started = self._never_started(now) if stopped and not ranks else None
 
         def final(d: dict[str, Any]) -> None:
             d["agents"] = [
@@ -158,12 +169,15 @@ class Supervisor:
                 info["exit_code"] = code
                 table[str(r)] = info
             d["ranks"] = table
-            if stopped:
+            if never_started is not None:
+                d["state"] = "failed_to_start"
+                d["error"] = never_started
+            elif stopped:
                 d["state"] = "stopped"
             elif not ranks and any(c != 0 for c in codes):
                 d["state"] = "failed_to_start"
                 d["error"] = (
-                    f"torchrun exited with {codes} before any rank started; "
+                    f"{self.launcher} exited with {codes} before any rank started; "
                     f"see {self.run.launcher_log().name}"
                 )
             else:
@@ -174,6 +188,22 @@ class Supervisor:
             d["ended_at"] = time.time()
 
         self.run.update_run(final)
+
+    def _never_started(self, data: dict[str, Any]) -> str | None:
+        """Why a job that the startup watchdog stopped never ran: no rank reported its start
+        in time, so the launcher never got its workers going. None if the stop had another
+        reason."""
+        startup = [s for s in data.get("stalls") or [] if s.get("kind") == "startup"]
+        if not startup:
+            return None
+        limit = self.data["spec"].get("startup_timeout_s")
+        logs = ", ".join(self.run.launcher_log(n).name for n in range(len(self.agents)))
+        return (
+            f"the startup watchdog stopped the job after {limit:g} s with no rank started: the "
+            f"{self.launcher} launcher never got its workers going. With several nodes that is "
+            "usually a rendezvous that never completed (every node needs the same --rdzv-id, "
+            f"--rdzv-endpoint and --nnodes); see {logs}"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:

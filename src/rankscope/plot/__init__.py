@@ -8,6 +8,7 @@ one trace per rank. This package imports pandas, numpy and plotly, never ipywidg
 
 from rankscope.plot._common import as_calls
 from rankscope.plot.ladder import LADDER, ladder_table, sequence_ladder
+from rankscope.plot.memory import memory_by_rank
 from rankscope.plot.nccl import nccl_view
 from rankscope.plot.progress import progress
 from rankscope.plot.stacks import latest_stacks, merged_stacks, where_groups, where_is_everyone
@@ -20,6 +21,7 @@ __all__ = [
     "ladder_table",
     "latest_stacks",
     "log_tail",
+    "memory_by_rank",
     "merged_stacks",
     "nccl_view",
     "progress",

@@ -52,6 +52,7 @@ COLLECTIVES: dict[str, str | None] = {
     "all_gather": None,
     "all_gather_coalesced": None,
     "all_gather_into_tensor": None,
+    "all_gather_single": None,  # FSDP2's all-gather (torch 2.13)
     "all_gather_object": None,
     "all_to_all": None,
     "all_to_all_single": None,
@@ -61,6 +62,7 @@ COLLECTIVES: dict[str, str | None] = {
     "broadcast_object_list": "src",
     "reduce": "dst",
     "reduce_scatter": None,
+    "reduce_scatter_single": None,  # FSDP2's reduce-scatter (torch 2.13)
     "reduce_scatter_tensor": None,
     "gather": "dst",
     "gather_object": "dst",

@@ -4,10 +4,17 @@ Each scenario is a plain torch script under ``scripts/`` (no rankscope import: i
 under bare torchrun) with a ``--fix`` switch that applies the recipe's fix. ``catalogue.json`` is
 the data: what goes wrong, the fix, how many ranks show it, and the diagnosis the workbench is
 expected to reach. The workbench's scenario picker, the CLI and the tests all read it here.
+
+Where the mistake is in the launch rather than in the script (the launcher recipes D1-D6), the
+entry says how each run is launched: ``launch`` and ``launch_fixed`` hold :class:`JobSpec`
+settings for the broken and the fixed run (a launcher, its arguments, a port, a hostfile), and
+``fix_flag`` is false when the script has no ``--fix`` switch because nothing in it changes.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import importlib.util
 import json
 from dataclasses import dataclass, field
 from importlib import resources
@@ -38,17 +45,41 @@ class Scenario:
     args: tuple[str, ...] = ()
     presets: tuple[str, ...] = ()
     stall_timeout_s: float = 5.0
-    expected_fixed: dict[str, Any] = field(default_factory=lambda: {"verdict": "ok"})
+    launch: dict[str, Any] = field(default_factory=dict)
+    """JobSpec settings of the broken run on top of the ones above (``launcher``,
+    ``launcher_args``, ``master_port``, ``hostfile``, a shorter ``startup_timeout_s``, ...)."""
+    launch_fixed: dict[str, Any] = field(default_factory=dict)
+    """JobSpec settings of the fixed run on top of the ones above."""
+    fix_flag: bool = True
+    """Whether the fixed run passes ``--fix`` to the script; false when the fix is all in the
+    launch and the script has no such switch."""
+    requires: tuple[str, ...] = ()
+    """Modules the script imports beyond torch (an optional extra such as ``deepspeed``)."""
+
+    def __post_init__(self) -> None:
+        known = {f.name for f in dataclasses.fields(JobSpec)}
+        for name in ("launch", "launch_fixed"):
+            unknown = sorted(set(getattr(self, name)) - known)
+            if unknown:
+                raise ValueError(
+                    f"scenario {self.id}: {name} has settings that JobSpec does not take: "
+                    f"{unknown}; known: {sorted(known)}"
+                )
 
     @property
     def path(self) -> Path:
         return SCRIPTS / self.script
 
+    def missing(self) -> list[str]:
+        """The modules of ``requires`` that cannot be imported here (the scenario cannot run)."""
+        return [m for m in self.requires if importlib.util.find_spec(m) is None]
+
     def spec(self, *, fix: bool = False, **overrides: Any) -> JobSpec:
-        """The job that runs this scenario (broken, or with ``--fix``)."""
+        """The job that runs this scenario (broken, or fixed: with ``--fix`` and
+        ``launch_fixed``). ``overrides`` win over the catalogue's settings."""
         settings: dict[str, Any] = {
             "script": str(self.path),
-            "args": [*self.args, *(["--fix"] if fix else [])],
+            "args": [*self.args, *(["--fix"] if fix and self.fix_flag else [])],
             "nproc_per_node": self.nproc_per_node,
             "nnodes": self.nnodes,
             "stall_timeout_s": self.stall_timeout_s,
@@ -56,6 +87,7 @@ class Scenario:
         }
         if self.presets:
             settings["presets"] = ("flight_recorder", *self.presets)
+        settings.update(self.launch_fixed if fix else self.launch)
         settings.update(overrides)
         return JobSpec(**settings)
 
@@ -66,8 +98,10 @@ def catalogue() -> list[Scenario]:
     out = []
     for entry in json.loads(text):
         entry = dict(entry)
-        for key in ("args", "presets"):
+        for key in ("args", "presets", "requires"):
             entry[key] = tuple(entry.get(key, ()))
+        for key in ("launch", "launch_fixed"):
+            entry[key] = dict(entry.get(key) or {})
         out.append(Scenario(**entry))
     return out
 

@@ -101,12 +101,20 @@ class LaunchForm(widgets.VBox):
         script = self.script.value.strip()
         if not script:
             raise ValueError("choose a scenario or enter the path of a script to run")
-        return JobSpec(
-            script=script,
-            args=[*shlex.split(self.args.value), *(["--fix"] if self.fix.value else [])],
-            nproc_per_node=self.nproc_per_node.value,
-            nnodes=self.nnodes.value,
-            backend=self.backend.value,
-            presets=[name for name, toggle in self.presets.items() if toggle.value],
-            stall_timeout_s=self.stall_timeout_s.value,
-        )
+        fix = self.fix.value
+        launch: dict[str, object] = {}
+        scenario = self._scenarios.get(self.scenario.value)
+        if scenario is not None and script == str(scenario.path):
+            # A scenario's own launch (another launcher, a fixed port; the fix may live there)
+            launch = dict(scenario.launch_fixed if fix else scenario.launch)
+            fix = fix and scenario.fix_flag
+        settings: dict[str, object] = {
+            "script": script,
+            "args": [*shlex.split(self.args.value), *(["--fix"] if fix else [])],
+            "nproc_per_node": self.nproc_per_node.value,
+            "nnodes": self.nnodes.value,
+            "backend": self.backend.value,
+            "presets": [name for name, toggle in self.presets.items() if toggle.value],
+            "stall_timeout_s": self.stall_timeout_s.value,
+        }
+        return JobSpec(**{**settings, **launch})  # type: ignore[arg-type]

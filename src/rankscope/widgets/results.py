@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import html
 import os
+from pathlib import Path
 
 import ipywidgets as widgets
 import plotly.graph_objects as go
@@ -12,6 +13,8 @@ from rankscope import plot
 from rankscope.analyze import CAUSES, Diagnosis, diagnose
 from rankscope.analyze.diagnosis import compact_ranks
 from rankscope.collect import Run, load_run
+from rankscope.replay import REPRO_NAME
+from rankscope.replay import build as build_replay
 from rankscope.widgets._common import guarded, set_figure
 
 VERDICT_COLOURS = {
@@ -107,6 +110,8 @@ class ResultsPanel(widgets.VBox):
         plots: a Tab of Outputs, one per other plot.
         table_name: which table to show; ``table_ranks``: which ranks ("0,3-5", empty for all).
         show_table: the button that shows them in ``table``.
+        replay: the button that writes ``repro.py`` (a small CPU job that freezes the same way)
+            into the run directory; ``replay_info`` then shows its path and header.
         errors: where errors of this panel are shown.
         run: the :class:`rankscope.collect.Run` shown, and ``diagnosis`` its diagnosis.
     """
@@ -124,17 +129,35 @@ class ResultsPanel(widgets.VBox):
         self.show_table = widgets.Button(description="Show rows", icon="table")
         self.table = widgets.Output()
         self.show_table.on_click(lambda _: guarded(self.errors, self.show_rows)())
+        self.replay = widgets.Button(
+            description="Replay",
+            icon="play",
+            disabled=True,
+            tooltip=f"write {REPRO_NAME}: a small CPU job that freezes the same way",
+        )
+        self.replay_info = widgets.HTML("")
+        self.replay.on_click(lambda _: guarded(self.errors, self.write_replay)())
         self.run: Run | None = None
         self.diagnosis: Diagnosis | None = None
         self._drill = widgets.VBox(
             [widgets.HBox([self.table_name, self.table_ranks, self.show_table]), self.table]
         )
-        super().__init__([self.card, self.timeline, self.plots, *([] if errors else [self.errors])])
+        super().__init__(
+            [
+                self.card,
+                self.replay,
+                self.replay_info,
+                self.timeline,
+                self.plots,
+                *([] if errors else [self.errors]),
+            ]
+        )
 
     def clear(self) -> None:
         """Show nothing: the selected job has no diagnosis yet."""
         self.run = self.diagnosis = None
         self.card.value = NO_DIAGNOSIS
+        self.replay.disabled, self.replay_info.value = True, ""
         self.timeline.outputs = ()
         self.plots.children = []
 
@@ -152,6 +175,9 @@ class ResultsPanel(widgets.VBox):
         if now is None and run.ranks["last_event_s"].notna().any():
             now = float(run.ranks["last_event_s"].max())
         self.card.value = diagnosis_card(d)
+        # A replay needs a collective where the ranks part (a healthy run has none).
+        self.replay.disabled = d.verdict == "ok" or d.collective is None
+        self.replay_info.value = ""
         culprits = d.culprit_ranks
         divergence = d.collective.to_dict() if d.collective else None
         calls = run.collectives if len(run.collectives) else run.flight_recorder
@@ -177,6 +203,19 @@ class ResultsPanel(widgets.VBox):
         self.plots.children = [*(self._plot_outputs[n] for n in figures), self._drill]
         self.plots.titles = [*figures, "tables"]
         self.show_rows()
+
+    def write_replay(self) -> Path:
+        """Write the replay of the run shown into its directory; show its path and header."""
+        if self.run is None or self.diagnosis is None:
+            raise ValueError("nothing to replay yet: diagnose a job or open a run first")
+        replay = build_replay(self.run, diagnosis=self.diagnosis)
+        path = replay.write(Path(self.run.path) / REPRO_NAME)
+        self.replay_info.value = (
+            f"<div class='rankscope-replay'>wrote <code>{html.escape(str(path))}</code>; run it "
+            f"with <code>{html.escape(replay.command(path))}</code>"
+            f"<pre>{html.escape(replay.header)}</pre></div>"
+        )
+        return path
 
     def show_rows(self) -> None:
         """Show the chosen table's rows for the chosen ranks."""
