@@ -112,6 +112,8 @@ def capture_evidence(
         elapsed = time.monotonic() - start
         for rank in waiting:
             if rank not in signalled and elapsed > PROBE_GRACE_S:
+                if _probe_answering(run, rank, stack_offsets[rank], cid):
+                    continue  # its stacks are written; its dumps take longer (first import)
                 signalled[rank] = _signal_stacks(run, rank, pids[rank], cid, reason)
             elif rank in signalled and time.monotonic() - signalled[rank] > 0.3:
                 ranks[rank].update(via="signal", answered_at=time.time(), files=["stacks.txt"])
@@ -146,6 +148,19 @@ def capture_evidence(
     }
     atomic_write_json(out / "manifest.json", manifest)
     return manifest
+
+
+def _probe_answering(run: RunDir, rank: int, offset: int, cid: int) -> bool:
+    """The rank's probe has begun this capture: its stacks marker is written (the flight-recorder
+    dump comes next; a job's first dump with entries imports torch._inductor, a second or two)."""
+    try:
+        with open(run.stacks(rank), "rb") as f:
+            f.seek(offset)
+            text = f.read(1 << 20)
+    except OSError:
+        return False
+    marker = f"# rankscope capture id={cid} ".encode()
+    return any(line.startswith(marker) and b"via=signal" not in line for line in text.splitlines())
 
 
 def _size(path: Path) -> int:

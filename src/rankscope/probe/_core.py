@@ -593,10 +593,6 @@ def _fr_progress() -> dict[str, list[int]] | None:
 
 
 def _warm_up() -> None:
-    # The dump symbolizes its entries' stacks through torch._inductor, imported on the first
-    # dump that has an entry: a dump taken before the first collective imports nothing.
-    with contextlib.suppress(Exception):
-        import torch._inductor  # noqa: F401
     for _, fn in _DUMPS:
         with contextlib.suppress(Exception):
             fn()
