@@ -24,7 +24,7 @@ from typing import Any, TextIO
 
 from rankscope.launch import PRESETS, Job, JobSpec
 from rankscope.launch.spec import DEFAULT_PRESETS
-from rankscope.rundir import FINAL_STATES, RunDirError
+from rankscope.rundir import FINAL_STATES, REPRO, RunDirError
 
 
 def _positive(text: str) -> float:
@@ -167,7 +167,7 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument(
         "-o",
         "--output",
-        default="repro.py",
+        default=REPRO,
         metavar="FILE",
         help="where to write the script (repro.py; a folder gets repro.py inside; - prints it)",
     )

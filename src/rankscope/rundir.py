@@ -18,6 +18,9 @@ only place it is spelled out::
         nccl.log               NCCL_DEBUG output, when the nccl_debug preset is on
       evidence/capture-<id>/   what one capture gathered: manifest.json, copies of the dumps, py-spy
       diagnosis.json           the last verdict
+      accelerate_config.yaml   what `accelerate launch` read (launcher="accelerate")
+      hostfile.cfg             what DeepSpeed's launcher read (launcher="deepspeed", hostfile=...)
+      repro.py                 the replay written from the workbench (rankscope.replay)
 
 This module imports only the standard library: the probe loads it inside every rank.
 """
@@ -55,6 +58,25 @@ FINAL_STATES = frozenset({"exited", "stopped", "failed_to_start"})
 
 RUN_JSON = "run.json"
 ENV_RUN_DIR = "RANKSCOPE_RUN_DIR"
+#: Files of the layout above that other layers name: the launchers' inputs and the replay.
+ACCELERATE_CONFIG = "accelerate_config.yaml"
+DEEPSPEED_HOSTFILE = "hostfile.cfg"
+REPRO = "repro.py"
+#: torch.distributed's environment contract, as launchers set it for every process: the probe
+#: records it in the start event; the ``python`` launcher starts a process without it.
+DIST_ENV = (
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "GROUP_WORLD_SIZE",
+    "ROLE_RANK",
+    "ROLE_NAME",
+    "ROLE_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+)
 
 
 class RunDirError(ValueError):

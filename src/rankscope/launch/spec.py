@@ -25,32 +25,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from rankscope.rundir import ACCELERATE_CONFIG, DEEPSPEED_HOSTFILE
+
 Backend = Literal["auto", "gloo", "nccl"]
 OnStall = Literal["keep", "stop"]
 Launcher = Literal["torchrun", "python", "accelerate", "deepspeed"]
 LAUNCHERS: tuple[str, ...] = ("torchrun", "python", "accelerate", "deepspeed")
-
-#: torch.distributed's environment contract, as launchers set it for every process. A job
-#: started with the ``python`` launcher inherits none of it from the caller (only what ``env``
-#: sets), so a bare start is bare even in a shell that was itself started by a launcher.
-DIST_ENV = (
-    "RANK",
-    "LOCAL_RANK",
-    "WORLD_SIZE",
-    "LOCAL_WORLD_SIZE",
-    "GROUP_RANK",
-    "GROUP_WORLD_SIZE",
-    "ROLE_RANK",
-    "ROLE_NAME",
-    "ROLE_WORLD_SIZE",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-)
-
-#: Files that a launcher reads, written into the run directory before the job starts. Their
-#: suffixes keep the collectors from taking them for logs.
-ACCELERATE_CONFIG = "accelerate_config.yaml"
-DEEPSPEED_HOSTFILE = "hostfile.cfg"
 
 
 @dataclass(frozen=True)

@@ -20,8 +20,7 @@ import time
 from typing import Any
 
 from rankscope.launch.procs import terminate
-from rankscope.launch.spec import DIST_ENV
-from rankscope.rundir import FINAL_STATES, RunDir, rank_table, torchrun_failures
+from rankscope.rundir import DIST_ENV, FINAL_STATES, RunDir, rank_table, torchrun_failures
 
 
 class Supervisor:

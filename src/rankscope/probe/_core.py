@@ -37,7 +37,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
-from rankscope.rundir import ENV_RUN_DIR, RunDir, atomic_write_bytes
+from rankscope.rundir import DIST_ENV, ENV_RUN_DIR, RunDir, atomic_write_bytes
 
 HEARTBEAT_S = 0.5
 POLL_S = 0.02
@@ -83,21 +83,7 @@ COLLECTIVES: dict[str, str | None] = {
 }
 
 #: Environment variables recorded in the start event (plus every TORCH*/NCCL_*/RANKSCOPE_* one).
-ENV_CONTRACT = (
-    "RANK",
-    "LOCAL_RANK",
-    "WORLD_SIZE",
-    "LOCAL_WORLD_SIZE",
-    "GROUP_RANK",
-    "GROUP_WORLD_SIZE",
-    "ROLE_RANK",
-    "ROLE_NAME",
-    "ROLE_WORLD_SIZE",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-    "OMP_NUM_THREADS",
-    "CUDA_VISIBLE_DEVICES",
-)
+ENV_CONTRACT = (*DIST_ENV, "OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES")
 ENV_PREFIXES = ("TORCH", "NCCL_", "RANKSCOPE_", "GLOO_")
 
 # Frames in these files are not a call site: torch itself, the probe's wrappers, runpy.

@@ -28,9 +28,10 @@ from rankscope.analyze.evidence import Evidence
 from rankscope.replay import _plan
 from rankscope.replay._plan import WORLD, Plan
 from rankscope.replay._script import DEFAULT_TIMEOUT_S, Writer, clean
+from rankscope.rundir import REPRO
 
 #: The file name the workbench writes into a run directory.
-REPRO_NAME = "repro.py"
+REPRO_NAME = REPRO
 
 __all__ = ["REPRO_NAME", "Replay", "build"]
 
