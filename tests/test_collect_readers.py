@@ -175,6 +175,21 @@ def test_nccl_chunks_join_at_line_ends(tmp_path, monkeypatch):
     assert list(out["line_no"]) == list(range(1, 51))
 
 
+def test_nccl_many_distinct_headers(tmp_path):
+    # Thousands of processes in one file: the scan's header table grows several times, and two
+    # headers that differ only in their last byte stay apart.
+    lines = [f"node{i % 7}:{1000 + i}:{i} [{i % 8}] NCCL INFO from {i}" for i in range(3000)]
+    lines += ["node0:1000:0 [0] NCCL WARN again", "node0:1000:0 [1] NCCL WARN other device"]
+    path = tmp_path / "nccl.log"
+    path.write_text("\n".join(lines) + "\n")
+    out = read_nccl([path])
+    assert len(out) == 3002
+    assert list(out["pid"][:3000]) == [1000 + i for i in range(3000)]
+    assert list(out["tid"][:3000]) == list(range(3000))
+    assert list(out["host"][:14]) == [f"node{i % 7}" for i in range(14)]
+    assert list(out["device"][-2:]) == [0, 1] and list(out["level"][-2:]) == ["WARN", "WARN"]
+
+
 # --- flight recorder -----------------------------------------------------------------------------
 def test_gloo_dump_quirks():
     fr = read_flight_recorder(ranked(CLEAN, "fr.pkl"))

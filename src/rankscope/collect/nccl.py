@@ -11,18 +11,20 @@ Line formats (NCCL's ``debug.cc``)::
     host:pid:tid NCCL CALL ncclSend(...)
 
 Logs of hundreds of megabytes are normal, so lines are never handled one by one in Python: each
-chunk of the file is scanned with NumPy for line ends and the ``NCCL <LEVEL>`` keyword, messages
-are cut out by Arrow without decoding, and only the distinct line headers (``host:pid:tid
-[dev]``: a few per process) are parsed in Python. Chunks run on a thread pool (NumPy and Arrow
-release the GIL).
+chunk of the file goes through one compiled pass (:mod:`rankscope.collect._nccl_scan`) that
+finds the NCCL lines, their level and header and copies their messages into an Arrow buffer;
+only the distinct line headers (``host:pid:tid [dev]``: a few per process) are parsed in Python.
+Chunks run on a thread pool (the pass releases the GIL).
 """
 
 from __future__ import annotations
 
+import mmap
+import os
 import re
 import threading
 from collections import deque
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,7 +32,6 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from rankscope.collect._common import (
     Problems,
@@ -44,9 +45,8 @@ from rankscope.collect._common import (
 from rankscope.collect.logs import line_time
 
 READER = "nccl"
-CHUNK_BYTES = 4 << 20
+CHUNK_BYTES = 16 << 20
 LEVELS = ("INFO", "WARN", "TRACE", "CALL", "ABORT", "VERSION")
-_WORDS = tuple(w.encode() for w in ("INFO", "WARN", "TRACE", "CALL", "ABORT", "version"))
 
 #: What comes before ``NCCL <LEVEL>``: torchrun/torch prefixes, NCCL's WARN timestamp, then
 #: ``host:pid:tid``, the device, the TRACE clock, ``file:line`` and ``(function)``.
@@ -150,16 +150,16 @@ def load_nccl(
             while len(pending) > 2 * threads:  # bounded read-ahead: memory stays a few chunks
                 parts.append(pending.popleft().result())
         parts.extend(f.result() for f in pending)
-    for index in sorted({p.source for p in parts if p.not_utf8}):
-        problems.add(
-            sources[index], READER, "not UTF-8 text; undecodable bytes are shown as U+FFFD"
-        )
-    found = {p.source for p in parts if len(p.level)}
-    for index, source in enumerate(sources):
-        if source.stream is None and index not in found and _has_content(source):
-            # A file of its own (NCCL_DEBUG_FILE) without one NCCL line is not what it claims.
-            problems.add(source, READER, "no NCCL_DEBUG line in the file")
-    return _tables(parts, sources, heads, pid_ranks or {})
+        for index in sorted({p.source for p in parts if p.not_utf8}):
+            problems.add(
+                sources[index], READER, "not UTF-8 text; undecodable bytes are shown as U+FFFD"
+            )
+        found = {p.source for p in parts if len(p.level)}
+        for index, source in enumerate(sources):
+            if source.stream is None and index not in found and _has_content(source):
+                # A file of its own (NCCL_DEBUG_FILE) without one NCCL line is not what it claims.
+                problems.add(source, READER, "no NCCL_DEBUG line in the file")
+        return _tables(parts, sources, heads.parsed, pid_ranks or {}, pool)
 
 
 def _has_content(source: Source) -> bool:
@@ -191,147 +191,87 @@ class _Heads:
         return np.array([self.ids[raw] for raw in raws] + [-1], dtype=np.int32)
 
 
+def _ints(values: Sequence[Any]) -> np.ndarray:
+    """Ints with -1 for none (no real value is negative)."""
+    return np.array([-1 if v is None or v < 0 else v for v in values], dtype=np.int64)
+
+
+def _categories(values: Sequence[Any]) -> tuple[list[Any], np.ndarray]:
+    """Distinct values (None left out) and each value's code in them, in the smallest int type
+    (what pandas keeps for a categorical's codes)."""
+    table: dict[Any, int] = {}
+    codes = [-1 if v is None else table.setdefault(v, len(table)) for v in values]
+    dtype = np.int8 if len(table) < 127 else np.int16 if len(table) < 32767 else np.int32
+    return list(table), np.array(codes, dtype=dtype)
+
+
 def _chunks(sources: list[Source], problems: Problems) -> Iterator[tuple[int, memoryview]]:
-    """(source index, bytes ending at a line end) in file order, each in a fresh buffer."""
+    """(source index, bytes ending at a line end) in file order.
+
+    Files are memory-mapped, so a chunk is a view of the page cache, not a copy; only a last line
+    without its newline is copied, to add one.
+    """
     for index, source in enumerate(sources):
         try:
-            f = open(source.path, "rb", buffering=0)  # noqa: SIM115  (closed by the with below)
-        except OSError as exc:
-            problems.add(source, READER, f"cannot read the file: {exc.strerror or exc}")
+            with open(source.path, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
+        except (OSError, ValueError) as exc:
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+            problems.add(source, READER, f"cannot read the file: {reason}")
             continue
-        with f:
-            carry = b""
-            while True:
-                buf = bytearray(len(carry) + CHUNK_BYTES)
-                buf[: len(carry)] = carry
-                try:
-                    got = f.readinto(memoryview(buf)[len(carry) :])
-                except OSError as exc:
-                    problems.add(source, READER, f"read failed: {exc.strerror or exc}")
-                    break
-                size = len(carry) + (got or 0)
-                if not got:
-                    if carry:
-                        yield index, memoryview(carry + b"\n")
-                    break
-                cut = buf.rfind(b"\n", 0, size) + 1
-                carry = bytes(buf[cut:size])
-                if cut:
-                    yield index, memoryview(buf)[:cut]
+        view, n, start = memoryview(data), len(data), 0
+        while start < n:
+            cut = n
+            if start + CHUNK_BYTES < n:
+                cut = data.rfind(b"\n", start, start + CHUNK_BYTES) + 1
+                if cut <= start:  # a line longer than a chunk
+                    cut = data.find(b"\n", start + CHUNK_BYTES) + 1 or n
+            if data[cut - 1] == 10:
+                yield index, view[start:cut]
+            else:
+                yield index, memoryview(bytes(view[start:cut]) + b"\n")
+            start = cut
 
 
 def _parse_chunk(index: int, data: memoryview, heads: _Heads) -> _Part:
+    from rankscope.collect import _nccl_scan  # Numba: loaded on first use, not on import
+
     a = np.frombuffer(data, dtype=np.uint8)
-    n = len(a)
-    ends = np.flatnonzero(a == 10)
-    part = _Part(source=index, n_lines=len(ends))
-    starts = np.empty_like(ends)
-    starts[:1] = 0
-    starts[1:] = ends[:-1] + 1
-    # "NCCL " where a word starts: after a space, a line start, a prefix's ':' or a stamp's ']'.
-    words = _words(data, n)
-    c = np.flatnonzero(a == 78)
-    c = c[c + 6 < n]
-    c = c[words[c + 1] == _CCL]
-    before = a[np.maximum(c - 1, 0)]
-    c = c[(c == 0) | (before == 32) | (before == 10) | (before == 58) | (before == 93)]
-    if not len(c):
-        return part
-    k = np.searchsorted(c, starts)
-    has = k < len(c)
-    key = c[np.minimum(k, len(c) - 1)]
-    has &= key < ends
-    rows = np.flatnonzero(has)
-    key, s, e = key[has], starts[has], ends[has]
-    # The level: the word after "NCCL ", compared four bytes at a time.
-    word = key + 5
-    first4 = words[np.minimum(word, n - 4)]
-    level = np.full(len(rows), -1, dtype=np.int8)
-    for code, (head, width) in enumerate(_LEVEL_WORDS):
-        fits = first4 == head
-        if width > 4:  # TRACE, ABORT, version: the bytes after the first four
-            for i, ch in enumerate(_WORDS[code][4:], 4):
-                fits &= a[np.minimum(word + i, n - 1)] == ch
-        end = word + width
-        after = a[np.minimum(end, n - 1)]
-        fits &= (end <= e) & ((end == e) | (after == 32) | (after == 13))
-        level[fits & (level < 0)] = code
-    buffer = pa.py_buffer(data)
-    encoded = pc.dictionary_encode(_slices(buffer, s, np.maximum(key - 1, s), n))
-    ids = heads.lookup(encoded.dictionary.to_pylist())
-    header = ids[encoded.indices.to_numpy(zero_copy_only=False)]
-    # A line is NCCL's if its header parses (the bare version line has none).
-    keep = (level >= 0) & ((header >= 0) | (level == _VERSION))
-    rows, key, e, level, header = rows[keep], key[keep], e[keep], level[keep], header[keep]
+    rows, level, local, flags, offsets, text, head_at, head_len, n_lines, not_ascii = (
+        _nccl_scan.scan(a)
+    )
+    part = _Part(source=index, n_lines=n_lines)
     if not len(rows):
         return part
-    widths = np.array([len(w) for w in _WORDS], dtype=np.int64)
-    msg = np.minimum(key + 5 + widths[level] + 1, e)
-    e = e - ((e > msg) & (a[np.maximum(e - 1, 0)] == 13))  # a CRLF file
-    messages = _slices(buffer, msg, e, n)
-    try:
-        part.message = messages.cast(pa.large_string())
-    except pa.ArrowInvalid:
-        part.message = pa.array(
-            [b.decode("utf-8", "replace") for b in messages.to_pylist()], type=pa.large_string()
-        )
-        part.not_utf8 = True
-    part.rows, part.level, part.header = rows, level, header
-    part.init_lines = _init_lines(words, msg, e, data)
+    ids = heads.lookup(
+        [bytes(data[s : s + n]) for s, n in zip(head_at.tolist(), head_len.tolist(), strict=True)]
+    )
+    header = ids[local]
+    buffers = [None, pa.py_buffer(offsets), pa.py_buffer(text)]
+    if not_ascii:  # Arrow checks the UTF-8
+        messages = pa.Array.from_buffers(pa.large_binary(), len(rows), buffers)
+        try:
+            messages = messages.cast(pa.large_string())
+        except pa.ArrowInvalid:
+            messages = pa.array(
+                [b.decode("utf-8", "replace") for b in messages.to_pylist()],
+                type=pa.large_string(),
+            )
+            part.not_utf8 = True
+    else:
+        messages = pa.Array.from_buffers(pa.large_string(), len(rows), buffers)
+    # A line is NCCL's if its header parses (the bare version line has none).
+    keep = (header >= 0) | (level == _VERSION)
+    if not keep.all():
+        rows, level, header, flags = rows[keep], level[keep], header[keep], flags[keep]
+        messages = messages.filter(pa.array(keep))
+    part.rows, part.level, part.header, part.message = rows, level, header, messages
+    maybe = np.flatnonzero(flags & _nccl_scan.MAY_ANNOUNCE)
+    part.init_lines = list(
+        zip(maybe.tolist(), messages.take(pa.array(maybe)).to_pylist(), strict=True)
+    )
     return part
-
-
-def _slices(buffer: pa.Buffer, begin: np.ndarray, end: np.ndarray, n: int) -> pa.Array:
-    """The byte ranges [begin, end) of one buffer as a binary array, copied once by Arrow.
-
-    The ranges are laid out as every other value of a zero-copy array over the buffer
-    (offsets begin0, end0, begin1, end1, ..., n) and the even values are taken.
-    """
-    offsets = np.empty(2 * len(begin) + 1, dtype=np.int64)
-    offsets[0:-1:2] = begin
-    offsets[1::2] = end
-    offsets[-1] = n
-    whole = pa.Array.from_buffers(
-        pa.large_binary(), len(offsets) - 1, [None, pa.py_buffer(offsets), buffer]
-    )
-    return pc.take(whole, pa.array(np.arange(0, len(offsets) - 1, 2, dtype=np.int64)))
-
-
-def _codes(values: pa.Array) -> tuple[np.ndarray, list[bytes]]:
-    encoded = pc.dictionary_encode(values)
-    return (
-        encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64),
-        encoded.dictionary.to_pylist(),
-    )
-
-
-def _words(data: memoryview, n: int) -> np.ndarray:
-    """Every position's next four bytes as one little-endian uint32 (an overlapping view)."""
-    if n < 4:
-        return np.zeros(max(n, 1), dtype="<u4")
-    return np.ndarray(shape=(n - 3,), dtype="<u4", buffer=data, strides=(1,))
-
-
-def _u32(text: bytes) -> int:
-    return int.from_bytes(text[:4], "little")
-
-
-_CCL = _u32(b"CCL ")
-_LEVEL_WORDS = tuple((_u32(w), len(w)) for w in _WORDS)
-#: How messages that announce a communicator begin (init.cc): "comm 0x...", "ncclCommInitRank
-#: comm ...", "ncclCommSplit comm ...", newest "[Rank 3] ncclCommInitRankConfig comm ...".
-_INIT_STARTS = np.array([_u32(b"comm"), _u32(b"nccl"), _u32(b"[Ran")], dtype="<u4")
-
-
-def _init_lines(
-    words: np.ndarray, msg: np.ndarray, end: np.ndarray, data: memoryview
-) -> list[tuple[int, str]]:
-    """(index among the chunk's NCCL lines, message) of the lines that may announce a
-    communicator, picked by their first four bytes; the regex runs on those few only."""
-    room = msg + 4 <= end
-    starts = words[np.minimum(msg, len(words) - 1)]
-    maybe = np.flatnonzero(room & np.isin(starts, _INIT_STARTS))
-    return [(int(i), bytes(data[msg[i] : end[i]]).decode("utf-8", "replace")) for i in maybe]
 
 
 # --- assembling the tables ----------------------------------------------------------------------
@@ -365,64 +305,101 @@ def _parse_head(raw: bytes) -> tuple[Any, ...] | None:
 def _tables(
     parts: list[_Part],
     sources: list[Source],
-    heads: _Heads,
+    parsed: list[tuple[Any, ...]],
     pid_ranks: Mapping[tuple[str, int], int],
+    pool: ThreadPoolExecutor,
 ) -> NcclTables:
-    header = _join([p.header for p in parts])
-    level = _join([p.level for p in parts])
-    source = _join([np.full(len(p.level), p.source, dtype=np.int32) for p in parts])
-    # Line numbers: a chunk's row plus the lines of the earlier chunks of the same file.
-    first = {}
-    line_no = []
-    for part in parts:
-        base = first.get(part.source, 1)
-        line_no.append(part.rows + base)
-        first[part.source] = base + part.n_lines
-    line_no = _join(line_no)
-    table = [*heads.parsed, _NO_HEAD]  # code -1 (no header) picks the last
-    fields = [list(col) for col in zip(*table, strict=True)]
-    prefix, pid, tid, device, line = (_ints(fields[i], header) for i in (0, 2, 3, 4, 6))
-    stamps = np.array([np.nan if v is None else v for v in fields[7]], dtype=np.float64)[header]
-    file_rank = np.array([_rank(s) for s in sources] + [-1], dtype=np.int64)[source]
-    rank = np.where(prefix >= 0, prefix, file_rank)
+    """Both tables from the chunks' parts.
 
-    offsets = np.cumsum([0] + [len(p.level) for p in parts])
-    messages = pa.chunked_array([p.message for p in parts], type=pa.large_string())
+    Every per-line column is allocated once at its final size and each part fills its slice on
+    the pool: millions of lines cost one write per column, no concatenation.
+    """
+    from rankscope.collect import _nccl_scan
+
+    head = [*parsed, _NO_HEAD]  # code -1 (no header) picks the last
+    fields = list(zip(*head, strict=True))
+    pid_of = _ints(fields[2])
+    sizes = [len(p.level) for p in parts]
+    offsets = np.cumsum([0, *sizes])
     comm_rows = [
-        (int(offsets[i] + pos), m)
+        (int(offsets[i] + pos), int(part.header[pos]), m)
         for i, part in enumerate(parts)
         for pos, text in part.init_lines
         if (m := _COMM.search(text))
     ]
-    comm_at = np.array([pos for pos, _ in comm_rows], dtype=np.int64)
-    comm_host = [table[h][1] for h in header[comm_at]]
     # A process without a rank: the rank it has in its largest communicator (the world's).
     known = dict(pid_ranks)
-    by_size = sorted(range(len(comm_rows)), key=lambda i: -int(comm_rows[i][1]["nranks"]))
-    for i in by_size:
-        known.setdefault((comm_host[i], int(pid[comm_at[i]])), int(comm_rows[i][1]["rank"]))
-    if known and (rank < 0).any():
-        process = np.array([known.get((h[1], h[2]), -1) for h in table], dtype=np.int64)
-        rank = np.where(rank >= 0, rank, process[header])
-    rank = _fill_from_file(rank, source)
+    for _, h, m in sorted(comm_rows, key=lambda row: -int(row[2]["nranks"])):
+        known.setdefault((head[h][1], int(pid_of[h])), int(m["rank"]))
+    process = np.array([known.get((h[1], h[2]), -1) for h in head], dtype=np.int64)
+    prefix = _ints(fields[0])
+    hosts, host_code = _categories(fields[1])
+    files, file_code = _categories(fields[5])
+    stamps = np.array([np.nan if v is None else v for v in fields[7]], dtype=np.float64)
+    # Integer columns per header: the rank (a [rankN]: prefix, else the file's, else the
+    # process's, known above; one table per file rank), pid, tid, device, line.
+    ints = ("rank", "pid", "tid", "device", "line")
+    rest = np.stack([pid_of, _ints(fields[3]), _ints(fields[4]), _ints(fields[6])], axis=1)
+    per_file = {
+        r: np.column_stack([np.where(prefix >= 0, prefix, r if r >= 0 else process), rest])
+        for r in {_rank(sources[p.source]) for p in parts}
+    }
+    line_base, next_line = [], {}
+    for part in parts:  # a chunk's rows count on from the lines of the file's earlier chunks
+        line_base.append(next_line.get(part.source, 1))
+        next_line[part.source] = line_base[-1] + part.n_lines
+
+    n = int(offsets[-1])
+    out = {k: np.empty(n, dtype=np.int64) for k in ints}
+    missing = {k: np.empty(n, dtype=bool) for k in ints}
+    t_s, t_missing = np.empty(n, dtype=np.float64), np.empty(n, dtype=bool)
+    host, file = np.empty(n, dtype=host_code.dtype), np.empty(n, dtype=file_code.dtype)
+    line_no = np.empty(n, dtype=np.int64)
+    source = np.empty(n, dtype=np.int32)
+
+    def fill(i: int) -> None:
+        part, at = parts[i], slice(offsets[i], offsets[i + 1])
+        _nccl_scan.fill(
+            part.header,
+            per_file[_rank(sources[part.source])],
+            stamps,
+            host_code,
+            file_code,
+            tuple(out[k][at] for k in ints),
+            tuple(missing[k][at] for k in ints),
+            t_s[at],
+            t_missing[at],
+            host[at],
+            file[at],
+        )
+        np.add(part.rows, line_base[i], out=line_no[at])
+        source[at] = part.source
+
+    list(pool.map(fill, range(len(parts))))
+    rank = _fill_from_file(out["rank"], source, missing["rank"])
+    messages = pa.chunked_array([p.message for p in parts], type=pa.large_string())
     lines = finish(
         "nccl",
         {
-            "rank": _int64(rank),
-            "host": categorical(header, fields[1]),
-            "pid": _int64(pid),
-            "tid": _int64(tid),
-            "device": _int64(device),
-            "level": pd.Categorical.from_codes(level.astype(np.int64), categories=list(LEVELS)),
-            "t_s": pd.array(stamps, dtype="Float64"),
-            "file": categorical(header, fields[5]),
-            "line": _int64(line),
+            "rank": pd.arrays.IntegerArray(rank, missing["rank"]),
+            "host": pd.Categorical.from_codes(host, categories=hosts),
+            **{k: pd.arrays.IntegerArray(out[k], missing[k]) for k in ("pid", "tid", "device")},
+            "level": pd.Categorical.from_codes(
+                _join([p.level for p in parts], np.int8), categories=list(LEVELS)
+            ),
+            "t_s": pd.arrays.FloatingArray(t_s, t_missing),
+            "file": pd.Categorical.from_codes(file, categories=files),
+            "line": pd.arrays.IntegerArray(out["line"], missing["line"]),
             "message": pd.arrays.ArrowStringArray(messages),
             "source": categorical(source, [s.name for s in sources]),
-            "line_no": _int64(line_no),
+            "line_no": pd.arrays.IntegerArray(line_no, np.zeros(n, dtype=bool)),
         },
     )
-    versions = _versions(messages, level, source)
+    pid = out["pid"]
+    comm_at = np.array([pos for pos, _, _ in comm_rows], dtype=np.int64)
+    comm_host = [head[h][1] for _, h, _ in comm_rows]
+    comm_rows = [(pos, m) for pos, _, m in comm_rows]
+    versions = _versions(parts)
     comms = finish(
         "nccl_comms",
         {
@@ -444,39 +421,40 @@ def _tables(
     return NcclTables(lines=lines, comms=comms)
 
 
-def _fill_from_file(rank: np.ndarray, source: np.ndarray) -> np.ndarray:
-    """Lines without a process (the version line) take the rank of their file's one process."""
-    missing = rank < 0
-    if not missing.any():
+def _fill_from_file(rank: np.ndarray, source: np.ndarray, missing: np.ndarray) -> np.ndarray:
+    """Lines without a process (the version line) take the rank of their file's one process.
+
+    A file's lines are one run of ``source`` (chunks are parsed in file order); the few lines
+    without a rank are filled in place, in ``rank`` and its ``missing`` mask.
+    """
+    lost = np.flatnonzero(missing)
+    if not len(lost):
         return rank
-    known = pd.DataFrame({"source": source[~missing], "rank": rank[~missing]})
-    ranks = known.groupby("source")["rank"].agg(["min", "max"])
-    single = ranks[ranks["min"] == ranks["max"]]["min"]
-    lookup = np.full(int(source.max()) + 1 if len(source) else 1, -1, dtype=np.int64)
-    lookup[single.index.to_numpy()] = single.to_numpy()
-    return np.where(missing, lookup[source], rank)
+    starts = np.flatnonzero(np.r_[True, source[1:] != source[:-1]])
+    ends = np.r_[starts[1:], len(source)]
+    for i in np.unique(np.searchsorted(starts, lost, side="right") - 1):
+        lines = rank[starts[i] : ends[i]]
+        top = lines.max()
+        if top >= 0 and ((lines == top) | (lines < 0)).all():  # one process in the file
+            gap = lines < 0
+            lines[gap] = top
+            missing[starts[i] : ends[i]][gap] = False
+    return rank
 
 
-def _versions(messages: pa.ChunkedArray, level: np.ndarray, source: np.ndarray) -> dict[int, str]:
+def _versions(parts: list[_Part]) -> dict[int, str]:
     """The NCCL version each file announced first (``NCCL version 2.21.5+cuda12.4``)."""
-    at = np.flatnonzero(level == _VERSION)
     found: dict[int, str] = {}
-    for pos, text in zip(at, messages.take(pa.array(at)).to_pylist(), strict=True):
-        if text:
-            found.setdefault(int(source[pos]), text.split()[0])
+    for part in parts:
+        at = np.flatnonzero(part.level == _VERSION)
+        for text in part.message.take(pa.array(at)).to_pylist() if len(at) else ():
+            if text:
+                found.setdefault(part.source, text.split()[0])
     return found
 
 
-def _join(arrays: list[np.ndarray]) -> np.ndarray:
-    return np.concatenate(arrays) if arrays else np.zeros(0, dtype=np.int64)
-
-
-def _ints(values: list[Any], codes: np.ndarray) -> np.ndarray:
-    """Per-line ints from per-header values; -1 stands for none (no real value is negative)."""
-    per_head = np.array([-1 if v is None or v < 0 else v for v in values], dtype=np.int64)
-    if (per_head == per_head[0]).all():  # no header has one (or all agree): no per-line lookup
-        return np.full(len(codes), per_head[0], dtype=np.int64)
-    return per_head[codes]
+def _join(arrays: list[np.ndarray], dtype: Any) -> np.ndarray:
+    return np.concatenate(arrays) if arrays else np.zeros(0, dtype=dtype)
 
 
 def _rank(source: Source) -> int:
