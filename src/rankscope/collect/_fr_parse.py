@@ -17,7 +17,8 @@ import re
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from operator import itemgetter
+from itertools import repeat
+from operator import itemgetter, methodcaller
 from typing import Any
 
 import numpy as np
@@ -71,17 +72,17 @@ class _Chunk:
 
     def code(self, name: str, values: Sequence[Any]) -> np.ndarray:
         """Codes of ``values`` in this chunk's table for ``name`` (None: -1)."""
-        table = self.categories.setdefault(name, {})
+        table = self.categories.setdefault(name, {None: -1})  # None first, never a category
         try:
             if values and values.count(values[0]) == len(values):  # one value: most columns
                 first = values[0]
-                code = -1 if first is None else table.setdefault(first, len(table))
+                code = table.setdefault(first, len(table) - 1)
                 return np.full(len(values), code, dtype=np.int32)
-            codes = [-1 if v is None else table.setdefault(v, len(table)) for v in values]
+            for v in dict.fromkeys(values):  # the distinct values, new ones numbered
+                table.setdefault(v, len(table) - 1)
+            return np.fromiter(map(table.__getitem__, values), dtype=np.int32, count=len(values))
         except TypeError:  # an unhashable value where a string belongs
-            codes = [
-                -1 if (s := as_str(v)) is None else table.setdefault(s, len(table)) for v in values
-            ]
+            codes = [table.setdefault(as_str(v), len(table) - 1) for v in values]
         return np.array(codes, dtype=np.int32)
 
     def packed(self) -> dict[str, Any]:
@@ -98,7 +99,7 @@ class _Chunk:
         categories = {}
         for key, table in self.categories.items():
             fix = _json_category if key in JSON_FIELDS else as_str
-            lookup, uniques = normalise(list(table), fix)
+            lookup, uniques = normalise(list(table)[1:], fix)  # [0] is None
             arrays[f"code:{key}"] = lookup[_cat(self.codes.get(key, []), np.int32)]
             categories[key] = uniques
         meta = {"categories": categories, "pg_status": self.pg_status, "problems": self.problems}
@@ -158,7 +159,7 @@ def _entries(index: int, dump: dict[str, Any], problems: list[tuple[int, str]]) 
     if not isinstance(entries, list):
         problems.append((index, f"'entries' is a {type(entries).__name__}, not a list"))
         return []
-    kept = [e for e in entries if type(e) is dict]
+    kept = entries if set(map(type, entries)) <= {dict} else [e for e in entries if type(e) is dict]
     if len(kept) < len(entries):
         problems.append((index, f"{len(entries) - len(kept)} entries are not dicts (skipped)"))
     return kept
@@ -196,7 +197,7 @@ def _add_dump(chunk: _Chunk, index: int, dump: dict[str, Any]) -> None:
     for k in TIME_FIELDS:
         values, mask = ints[k]
         ints[k] = (values, mask | (values == 0))
-    duration = _float_column([e.get("duration_ms") for e in entries])
+    duration = _float_column(list(map(_DURATION, entries)))
     bools = {k: _bool_column(cols[k]) for k in BOOL_FIELDS}
     codes = {k: chunk.code(k, cols[k]) for k in TEXT_FIELDS}
     for k in JSON_FIELDS:
@@ -234,6 +235,7 @@ def _hashable_pair(group: Any) -> tuple[str | None, str | None]:
     return as_str(name), as_str(desc)
 
 
+_DURATION = methodcaller("get", "duration_ms")  # a key torch leaves out while it is None
 _ENTRY_KEYS = (*INT_FIELDS, *BOOL_FIELDS, *TEXT_FIELDS, *JSON_FIELDS, "process_group")
 
 
@@ -262,6 +264,15 @@ def _int_column(values: list[Any]) -> tuple[np.ndarray, np.ndarray]:
             return arr, np.zeros(len(arr), dtype=bool)
     except (TypeError, ValueError, OverflowError):
         pass
+    try:  # ints and None (timestamps not known yet): still no Python loop
+        obj = np.array(values, dtype=object)
+        if obj.ndim == 1:
+            mask = np.equal(obj, None)
+            obj[mask] = 0
+            if all(type(v) is int for v in obj[~mask][:1]):
+                return obj.astype(np.int64), mask
+    except (TypeError, ValueError, OverflowError):
+        pass
     clean = [as_int(v) for v in values]
     clean = [v if v is not None and -(2**63) < v < 2**63 else None for v in clean]
     mask = np.array([v is None for v in clean], dtype=bool)
@@ -285,17 +296,22 @@ def _bool_column(values: list[Any]) -> np.ndarray:
 
 
 def _hashable(values: Sequence[Any], *, flat: bool) -> list[Any]:
-    """Keys for coding nested lists: a tuple for a flat list of names (dtypes: cheap), else the
-    ``str()`` (sizes: much cheaper than ``json.dumps``); :func:`_json_category` turns each
-    distinct key into JSON once."""
-    if flat:
-        try:
+    """Keys for coding nested lists, built without a Python-level loop: a tuple for a flat list
+    of names (dtypes), a tuple of tuples for a list of lists (sizes), else the ``str()``;
+    :func:`_json_category` turns each distinct key into JSON once."""
+    try:
+        if flat:
             keys = list(map(tuple, values))
-            hash(tuple(keys))
-            return keys
-        except TypeError:  # a None, a number or a nested list where names belong
-            pass
-    return [None if v is None else str(v) for v in values]
+        else:  # [[4, 8], [2]] -> ((4, 8), (2,))
+            keys = list(map(tuple, map(map, repeat(tuple), values)))
+        hash(tuple(keys))
+        return keys
+    except TypeError:  # a None, a number or a deeper list where lists belong
+        return list(map(_str_or_none, values))
+
+
+def _str_or_none(value: Any) -> str | None:
+    return None if value is None else str(value)
 
 
 def _json_category(key: Any) -> str | None:
@@ -304,6 +320,8 @@ def _json_category(key: Any) -> str | None:
     if isinstance(key, tuple):
         if all(type(x) in (str, int) for x in key):
             return json.dumps(list(key))
+        if all(type(x) is tuple and all(type(y) is int for y in x) for x in key):
+            return json.dumps(key)
         if all(type(x) is list for x in key):
             key = str(list(key))
         else:
