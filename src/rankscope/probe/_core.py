@@ -2,7 +2,10 @@
 
 It imports only the standard library and torch. A recorded call costs the rank a few
 microseconds: the wrapper takes the call's facts (group, sequence number, tensor shapes, call
-site, both cached where possible) into a tuple and queues it. The probe's daemon thread looks
+site, both cached where possible) into a tuple and queues it. Those microseconds are measured
+right after a collective returns, when the rank's caches are cold: a step that takes 0.1 us in a
+warm loop takes several times that there, so the hot path is kept to few steps (one tensor read
+directly, the call site cached per code object and instruction, ids from ``itertools.count``). The probe's daemon thread looks
 every ``POLL_S`` for a capture request and for a call still in flight since its last look; only
 then, or every ``FLUSH_S``, does it turn the queue into JSON lines and append them with one
 ``os.write`` on an ``O_APPEND`` descriptor. Waking is cheap; formatting holds the GIL, and on a
@@ -20,6 +23,7 @@ import datetime
 import faulthandler
 import functools
 import inspect
+import itertools
 import json
 import os
 import pickle
@@ -115,20 +119,20 @@ class Probe:
         self._fd = os.open(run.events(rank), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         self._stacks = open(run.stacks(rank), "a")  # noqa: SIM115  (faulthandler keeps the fd)
         self._local = threading.local()
-        self._lock = threading.Lock()  # guards _next_id / _seq across threads that call collectives
         self._write_lock = threading.Lock()
         self._capture_lock = threading.Lock()
         self._queue: deque[tuple[Any, ...]] = deque()
         self._entered: set[int] = set()  # calls whose enter line is written, exit not yet
         self._static: dict[Any, str] = {}  # JSON fragments of enter/exit lines, see _enter_line
         self._stop = threading.Event()
-        self._next_id = 0
+        self._ids = itertools.count(1)  # call ids; per-group sequence numbers in _seqs
         self._done = 0
         self._step: int | None = None
         self._current: _Call | None = None
-        self._seq: dict[str | None, int] = {}
+        self._seqs: dict[str | None, itertools.count[int]] = {}
         self._pg_cache: dict[Any, tuple[str | None, str | None, list[int] | None]] = {}
-        self._site_cache: dict[Any, bool] = {}
+        self._sites: dict[tuple[Any, int], tuple[str | None, int | None, str | None]] = {}
+        self._internal: dict[Any, bool] = {}  # code object -> in torch or rankscope
         self._served_capture = _pending_capture_id(run)  # requests older than this rank
         self._request_stamp: tuple[int, int] | None = None
         self._originals: list[tuple[Any, str, Any]] = []
@@ -175,9 +179,7 @@ class Probe:
         key = (
             call.op,
             call.pg,
-            call.file,
-            call.line,
-            call.func,
+            call.site,
             tuple(call.shapes),
             tuple(call.dtypes),
             call.async_op,
@@ -197,9 +199,9 @@ class Probe:
                     "shapes": [list(s) for s in call.shapes],
                     "dtypes": [str(d).removeprefix("torch.") for d in call.dtypes],
                     "async_op": call.async_op,
-                    "file": call.file,
-                    "line": call.line,
-                    "func": call.func,
+                    "file": call.site[0],
+                    "line": call.site[1],
+                    "func": call.site[2],
                 },
                 separators=(",", ":"),
                 default=str,
@@ -381,13 +383,23 @@ class Probe:
 
     def _wrap(self, name: str, fn: Any, peer: str | None) -> Any:
         params = list(inspect.signature(fn).parameters)
-        group_at = params.index("group") if "group" in params else None
-        peer_at = params.index(peer) if peer in params else None
-        async_at = params.index("async_op") if "async_op" in params else None
+        spec = _Spec(
+            name=name,
+            group_at=params.index("group") if "group" in params else None,
+            peer=peer,
+            peer_at=params.index(peer) if peer in params else None,
+            async_at=params.index("async_op") if "async_op" in params else None,
+            always_async=name in ("isend", "irecv", "batch_isend_irecv"),
+            # The only tensor argument is the first one, named "tensor": all_reduce, broadcast,
+            # reduce, send, recv and friends take the short path.
+            one_tensor=params[:1] == ["tensor"]
+            and not any(p in _TENSOR_PARAMS for p in params[1:]),
+        )
         local = self._local
         inject_timeout = name == "init_process_group"
         changes_groups = name in ("init_process_group", "destroy_process_group")
-        always_async = name in ("isend", "irecv", "batch_isend_irecv")
+        queue = self._queue
+        clock = time.time
 
         @functools.wraps(fn)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -398,9 +410,7 @@ class Probe:
                 if inject_timeout:
                     _default_timeout(kwargs, args, params)
                 try:
-                    call = self._enter(
-                        name, args, kwargs, group_at, peer, peer_at, async_at, always_async
-                    )
+                    call = self._enter(spec, args, kwargs)
                 except Exception:  # the probe must never break the user's collective
                     call = None
                 try:
@@ -412,8 +422,10 @@ class Probe:
                 finally:
                     if changes_groups:
                         self._pg_cache.clear()
-                if call is not None:
-                    self._exit(call, True, None)
+                if call is not None:  # self._exit(call, True, None), inline: the hot path
+                    queue.append((call, clock(), True, None))
+                    self._done += 1
+                    self._current = None
                 return result
             finally:
                 local.busy = False
@@ -421,56 +433,64 @@ class Probe:
         wrapper.__rankscope__ = True  # type: ignore[attr-defined]
         return wrapper
 
-    def _enter(
-        self,
-        name: str,
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-        group_at: int | None,
-        peer: str | None,
-        peer_at: int | None,
-        async_at: int | None,
-        always_async: bool,
-    ) -> _Call:
-        group = kwargs.get("group")
-        if group is None and group_at is not None and len(args) > group_at:
-            group = args[group_at]
-        tensors: list[Any] = []
-        peer_val = kwargs.get(peer) if peer else None
-        if peer_val is None and peer_at is not None and len(args) > peer_at:
-            peer_val = args[peer_at]
-        if name == "batch_isend_irecv" and args:
-            ops = list(args[0])
-            tensors = [op.tensor for op in ops]
-            peer_val = [f"{op.op.__name__}:{op.peer}" for op in ops]
-            if ops and group is None:
-                group = ops[0].group
+    def _enter(self, spec: _Spec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> _Call:
+        # The hot path of every collective. Right after a collective returns the rank's caches
+        # are cold and each Python step here costs several times what it costs in a warm loop,
+        # so the common case (one tensor, a cached group, a cached call site) takes few steps.
+        group = kwargs.get("group") if kwargs else None
+        if group is None and spec.group_at is not None and len(args) > spec.group_at:
+            group = args[spec.group_at]
+        peer_val = None
+        if spec.peer is not None:
+            peer_val = kwargs.get(spec.peer)
+            if peer_val is None and spec.peer_at is not None and len(args) > spec.peer_at:
+                peer_val = args[spec.peer_at]
+        if spec.one_tensor:
+            tensor = args[0] if args else kwargs.get("tensor")
+            if isinstance(tensor, torch.Tensor):
+                shapes, dtypes = [tensor.shape], [tensor.dtype]
+            else:
+                shapes, dtypes = [], []
         else:
-            _collect_tensors(args, tensors)
-            if kwargs:
-                _collect_tensors(kwargs.values(), tensors)
-        pg, pg_desc, pg_ranks = self._describe_group(group)
-        with self._lock:
-            self._next_id += 1
-            cid = self._next_id
-            seq = self._seq.get(pg, 0) + 1
-            self._seq[pg] = seq
-        async_op = kwargs.get("async_op")
-        if async_op is None and async_at is not None and len(args) > async_at:
-            async_op = args[async_at]
-        call = _Call(
-            cid,
-            name,
-            pg,
-            pg_desc,
-            pg_ranks,
-            seq,
-            peer_val,
-            [t.shape for t in tensors[:8]],
-            [t.dtype for t in tensors[:8]],
-            always_async or bool(async_op),
-            *self._call_site(),
-            time.time(),
+            if spec.name == "batch_isend_irecv" and args:
+                ops = list(args[0])
+                tensors = [op.tensor for op in ops]
+                peer_val = [f"{op.op.__name__}:{op.peer}" for op in ops]
+                if ops and group is None:
+                    group = ops[0].group
+            else:
+                tensors = []
+                _collect_tensors(args, tensors)
+                if kwargs:
+                    _collect_tensors(kwargs.values(), tensors)
+            shapes, dtypes = [t.shape for t in tensors[:8]], [t.dtype for t in tensors[:8]]
+        try:
+            pg, pg_desc, pg_ranks = self._pg_cache[group]
+        except (KeyError, TypeError):
+            pg, pg_desc, pg_ranks = self._describe_group(group)
+        seqs = self._seqs.get(pg) or self._seqs.setdefault(pg, itertools.count(1))
+        async_op = kwargs.get("async_op") if kwargs else None
+        if async_op is None and spec.async_at is not None and len(args) > spec.async_at:
+            async_op = args[spec.async_at]
+        frame = sys._getframe(2)  # the wrapper's caller
+        site = self._sites.get((frame.f_code, frame.f_lasti)) or self._call_site(frame)
+        # next() on a count is atomic under the GIL: ids stay unique across calling threads.
+        call = tuple.__new__(
+            _Call,
+            (
+                next(self._ids),
+                spec.name,
+                pg,
+                pg_desc,
+                pg_ranks,
+                next(seqs),
+                peer_val,
+                shapes,
+                dtypes,
+                spec.always_async or bool(async_op),
+                site,
+                time.time(),
+            ),
         )
         self._current = call
         return call
@@ -503,23 +523,62 @@ class Probe:
             self._pg_cache[key] = info
         return info
 
-    def _call_site(self) -> tuple[str | None, int | None, str | None]:
-        frame = sys._getframe(3)
-        cache = self._site_cache
+    def _call_site(self, frame: Any) -> tuple[str | None, int | None, str | None]:
+        """(file, line, function) of the first frame from ``frame`` outwards outside torch and
+        rankscope; cached per code object and instruction, so a loop pays for it once."""
+        sites, internal = self._sites, self._internal
         while frame is not None:
             code = frame.f_code
-            internal = cache.get(code)
-            if internal is None:
-                internal = code.co_filename.startswith(_INTERNAL_DIRS)
-                cache[code] = internal
-            if not internal:
-                return code.co_filename, frame.f_lineno, code.co_name
+            key = (code, frame.f_lasti)
+            site = sites.get(key)
+            if site is not None:
+                return site
+            inside = internal.get(code)
+            if inside is None:
+                inside = internal[code] = code.co_filename.startswith(_INTERNAL_DIRS)
+            if not inside:
+                if len(sites) > 50_000:  # generated code that never repeats: stay bounded
+                    sites.clear()
+                site = sites[key] = (code.co_filename, frame.f_lineno, code.co_name)
+                return site
             frame = frame.f_back
         return None, None, None
 
     def step(self, n: int | None = None) -> None:
         self._step = (self._step or 0) + 1 if n is None else int(n)
         self.emit("step", step=self._step)
+
+
+class _Spec(NamedTuple):
+    """What a wrapper knows about its function, worked out once when it is wrapped."""
+
+    name: str
+    group_at: int | None
+    peer: str | None
+    peer_at: int | None
+    async_at: int | None
+    always_async: bool
+    one_tensor: bool
+
+
+#: Parameters of torch.distributed's functions that hold tensors or lists of tensors.
+_TENSOR_PARAMS = frozenset(
+    {
+        "tensor",
+        "tensors",
+        "tensor_list",
+        "input_tensor_list",
+        "output_tensor_list",
+        "output_tensor_lists",
+        "input_tensor",
+        "output_tensor",
+        "input",
+        "output",
+        "input_list",
+        "gather_list",
+        "scatter_list",
+    }
+)
 
 
 class _Call(NamedTuple):
@@ -535,9 +594,7 @@ class _Call(NamedTuple):
     shapes: list[Any]  # torch.Size objects
     dtypes: list[Any]  # torch.dtype objects
     async_op: bool
-    file: str | None
-    line: int | None
-    func: str | None
+    site: tuple[str | None, int | None, str | None]  # file, line, function
     t: float
 
 
