@@ -262,6 +262,24 @@ def test_foreign_nccl_dumps():
     assert status.loc[2, "last_enqueued_collective"] == 6
 
 
+def test_worker_processes_take_bounded_shares(monkeypatch):
+    # More shares than workers (each share bounded in bytes): the same table as in-process.
+    from rankscope.collect import flight_recorder as module
+
+    files = [*sorted(FOREIGN.glob("nccl_trace_rank_*")), FOREIGN / "comm_lib_trace_rank_3"]
+    alone = read_flight_recorder(files, workers=1)
+    monkeypatch.setattr(module, "SHARE_MAX_BYTES", 1)
+    shared = read_flight_recorder(files, workers=2)
+    key = ["rank", "record_id"]
+    pd.testing.assert_frame_equal(
+        shared.sort_values(key).reset_index(drop=True),
+        alone.sort_values(key).reset_index(drop=True),
+        check_categorical=False,
+    )
+    frames = module.read_fr_frames(files, workers=2)
+    assert len(frames) == len(module.read_fr_frames(files, workers=1))
+
+
 def test_frames_are_their_own_table():
     frames = read_fr_frames(ranked(HANG, "fr.pkl"))
     schema.validate("fr_frames", frames)

@@ -48,6 +48,9 @@ from rankscope.collect._fr_parse import (
 READER = "flight_recorder"
 #: Below this many bytes in all, worker processes cost more than they save.
 POOL_MIN_BYTES = 32 << 20
+#: At most this many bytes of dumps go to one worker process: it holds their columns and sends
+#: them back in one archive, so this bounds its memory (16384 ranks are 6 GiB of dumps).
+SHARE_MAX_BYTES = 1 << 30
 _SRC = str(Path(__file__).resolve().parents[2])  # the folder that holds the rankscope package
 
 __all__ = [
@@ -68,22 +71,25 @@ def _cpu_count() -> int:
 
 
 def _run(what: str, sources: list[Source], workers: int | None) -> list[dict[str, Any]]:
-    """Parts for the files: in this process for small loads, else one worker process per core.
+    """Parts for the files: in this process for small loads, else in worker processes (one per
+    core at a time, each reading a share of at most ``SHARE_MAX_BYTES``).
 
     Workers are fresh interpreters (``python -m rankscope.collect._fr_parse``), not forks: they
     re-run nothing of the caller's script and inherit none of its threads, and they send back
     ``.npz`` bytes, not pickles. A worker that fails has its share redone here.
     """
     items = [(i, str(s.path)) for i, s in enumerate(sources)]
+    size = sum(_size(s) for s in sources)
     if workers is None:
-        size = sum(_size(s) for s in sources)
         workers = _cpu_count() if size >= POOL_MIN_BYTES else 1
     workers = max(1, min(workers, len(items)))
     task = _fr_parse.TASKS[what]
     if workers == 1:
         return [task(items)]
-    # Interleaved shares: neighbouring ranks' dumps are alike in size.
-    shares = [items[i::workers] for i in range(workers)]
+    # Interleaved shares (neighbouring ranks' dumps are alike in size), at least one per worker
+    # and small enough that a worker's memory stays bounded whatever the number of ranks.
+    count = min(len(items), max(workers, -(-size // SHARE_MAX_BYTES)))
+    shares = [items[i::count] for i in range(count)]
     with ThreadPoolExecutor(workers) as pool:
         return list(pool.map(lambda share: _in_worker(what, share), shares))
 
