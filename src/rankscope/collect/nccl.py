@@ -321,7 +321,7 @@ def _tables(
     pid_of = _ints(fields[2])
     sizes = [len(p.level) for p in parts]
     offsets = np.cumsum([0, *sizes])
-    comm_rows = [
+    announced = [  # (row, header id, match) of every communicator line
         (int(offsets[i] + pos), int(part.header[pos]), m)
         for i, part in enumerate(parts)
         for pos, text in part.init_lines
@@ -329,7 +329,7 @@ def _tables(
     ]
     # A process without a rank: the rank it has in its largest communicator (the world's).
     known = dict(pid_ranks)
-    for _, h, m in sorted(comm_rows, key=lambda row: -int(row[2]["nranks"])):
+    for _, h, m in sorted(announced, key=lambda row: -int(row[2]["nranks"])):
         known.setdefault((head[h][1], int(pid_of[h])), int(m["rank"]))
     process = np.array([known.get((h[1], h[2]), -1) for h in head], dtype=np.int64)
     prefix = _ints(fields[0])
@@ -395,24 +395,22 @@ def _tables(
             "line_no": pd.arrays.IntegerArray(line_no, np.zeros(n, dtype=bool)),
         },
     )
-    pid = out["pid"]
-    comm_at = np.array([pos for pos, _, _ in comm_rows], dtype=np.int64)
-    comm_host = [head[h][1] for _, h, _ in comm_rows]
-    comm_rows = [(pos, m) for pos, _, m in comm_rows]
+    comm_at = np.array([pos for pos, _, _ in announced], dtype=np.int64)
+    matches = [m for _, _, m in announced]
     versions = _versions(parts)
     comms = finish(
         "nccl_comms",
         {
             "rank": _int64(rank[comm_at]),
-            "host": pd.array(comm_host, dtype="string"),
-            "pid": _int64(pid[comm_at]),
-            "comm": [m["comm"] for _, m in comm_rows],
-            "comm_id": [m["comm_id"] for _, m in comm_rows],
-            "nccl_rank": [int(m["rank"]) for _, m in comm_rows],
-            "nranks": [int(m["nranks"]) for _, m in comm_rows],
-            "cuda_dev": [int(m["dev"]) for _, m in comm_rows],
-            "bus_id": [m["bus"] for _, m in comm_rows],
-            "state": [m["state"] if m["what"] == "Init" else "DESTROYED" for _, m in comm_rows],
+            "host": pd.array([head[h][1] for _, h, _ in announced], dtype="string"),
+            "pid": _int64(out["pid"][comm_at]),
+            "comm": [m["comm"] for m in matches],
+            "comm_id": [m["comm_id"] for m in matches],
+            "nccl_rank": [int(m["rank"]) for m in matches],
+            "nranks": [int(m["nranks"]) for m in matches],
+            "cuda_dev": [int(m["dev"]) for m in matches],
+            "bus_id": [m["bus"] for m in matches],
+            "state": [m["state"] if m["what"] == "Init" else "DESTROYED" for m in matches],
             "nccl_version": [versions.get(int(source[p])) for p in comm_at],
             "source": [sources[int(source[p])].name for p in comm_at],
             "line_no": _int64(line_no[comm_at]),
