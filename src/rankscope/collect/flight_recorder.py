@@ -13,12 +13,13 @@ read only when :func:`read_fr_frames` is asked for them.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
 import zipfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -138,9 +139,9 @@ def load_flight_recorder(
     sources = as_sources(sources)
     parts = _run("entries", sources, workers)
     _report(parts, sources, problems)
-    return FlightRecorderTables(
-        entries=_entries_table(parts, sources), pg_status=_pg_status_table(parts, sources)
-    )
+    with _small_pages():
+        entries = _entries_table(parts, sources)
+    return FlightRecorderTables(entries=entries, pg_status=_pg_status_table(parts, sources))
 
 
 def read_flight_recorder(
@@ -226,6 +227,29 @@ def read_fr_frames(
     )
 
 
+@contextlib.contextmanager
+def _small_pages() -> Iterator[None]:
+    """NumPy asks the kernel for transparent huge pages for every array of 4 MiB or more. Where
+    the kernel must compact memory to find them (``defrag=madvise``, a host that has run for a
+    while), each such array stalls; the entries table is a few dozen of them, and was measured
+    three times slower to build with huge pages than without. Off while it is built."""
+    try:
+        from numpy._core.multiarray import _set_madvise_hugepage
+    except ImportError:  # NumPy 1.x
+        try:
+            from numpy.core.multiarray import _set_madvise_hugepage
+        except ImportError:
+            _set_madvise_hugepage = None
+    if _set_madvise_hugepage is None:
+        yield
+        return
+    previous = _set_madvise_hugepage(False)
+    try:
+        yield
+    finally:
+        _set_madvise_hugepage(previous)
+
+
 def _report(parts: list[dict[str, Any]], sources: list[Source], problems: Problems) -> None:
     for part in parts:
         for index, reason in part["meta"]["problems"]:
@@ -288,7 +312,8 @@ def _entries_table(parts: list[dict[str, Any]], sources: list[Source]) -> pd.Dat
         out[k] = pd.arrays.IntegerArray(
             _joined(parts, f"int:{k}", np.int64), _joined(parts, f"mask:{k}", bool)
         )
-    out["duration_ms"] = pd.array(_joined(parts, "duration_ms", np.float64), dtype="Float64")
+    duration = _joined(parts, "duration_ms", np.float64)
+    out["duration_ms"] = pd.arrays.FloatingArray(duration, np.isnan(duration))
     for k in BOOL_FIELDS:
         flag = _joined(parts, f"bool:{k}", np.int8)
         out[k] = pd.arrays.BooleanArray(flag == 1, flag < 0)
