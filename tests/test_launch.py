@@ -122,6 +122,18 @@ def test_rank_conditional_barrier_stalls_with_evidence_then_stops(start_job):
     assert not job_processes(job.run)
 
 
+def test_progress_read_by_a_live_panel_still_reaches_the_watchdog(start_job):
+    # A live panel (the CLI's, the workbench's) reads the ranks' events as fast as it likes;
+    # the watchdog must still see every collective that completed, or a job that makes
+    # progress twice a second is called stalled.
+    job = start_job("launch/slow_peer.py", nproc_per_node=2, stall_timeout_s=2)
+    deadline = time.monotonic() + 60
+    while job.poll() is None:
+        job.ranks()
+        assert time.monotonic() < deadline, "the job did not end"
+    assert job.info()["stalls"] == [] and job.wait(timeout=10) == 0
+
+
 def test_capture_on_request_and_keep_policy(start_job):
     job = start_job(
         "launch/conditional_barrier.py", nproc_per_node=2, stall_timeout_s=2, on_stall="keep"

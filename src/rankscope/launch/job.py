@@ -105,9 +105,13 @@ class RankTracker:
         self.tails: dict[int, EventTail] = {}
         self.states: dict[int, RankState] = {}
         self._cpu: dict[int, tuple[float, float]] = {}  # rank -> (monotonic time, CPU seconds)
+        #: When an update last read progress (monotonic). Whoever reads the events (the
+        #: watchdog, a live panel through ``Job.ranks()``), the watchdog sees it here.
+        self.progressed_at = time.monotonic()
 
     def update(self) -> bool:
-        """Read new events; return True if any rank made progress (started, completed, stepped)."""
+        """Read new events; return True if any rank made progress (started, completed,
+        stepped), and then stamp :attr:`progressed_at`."""
         progress = False
         for rank in self.run.rank_ids():
             if rank not in self.tails:
@@ -119,6 +123,8 @@ class RankTracker:
                     progress |= _apply(state, ev)
                 except (TypeError, ValueError, AttributeError):
                     continue  # a malformed event must not stop the watchdog
+        if progress:
+            self.progressed_at = time.monotonic()
         return progress
 
     def pids(self, *, alive_only: bool = True) -> dict[int, int]:
@@ -479,10 +485,9 @@ class Job:
     def _watch(self) -> None:
         run, tracker, spec = self.run, self._tracker, self.spec
         assert run is not None and tracker is not None
-        started = time.monotonic()
-        last_progress = last_busy = started
+        started = last_busy = time.monotonic()
         next_cpu_look = 0.0
-        stalled = False
+        stalled, stalled_at = False, 0.0
         known: set[int] = set()
         while not self._closing.is_set():
             try:
@@ -493,18 +498,19 @@ class Job:
             if data["state"] in FINAL_STATES:
                 break
             with self._lock:
-                progressed = tracker.update()
+                tracker.update()
                 new = set(tracker.states) - known
             now = time.monotonic()
             if new:
                 known |= new
                 self._record_pids(tracker)
-            if progressed:
-                last_progress = now
-                if stalled:
-                    stalled = False
-                    self._set_state("running", only_from="stalled")
-            idle = now - last_progress
+                # A rank coming up is progress (its start event may not be written yet): on a
+                # loaded machine the last rank may start after the stall timeout.
+                tracker.progressed_at = last_busy = now
+            if stalled and tracker.progressed_at > stalled_at:
+                stalled = False
+                self._set_state("running", only_from="stalled")
+            idle = now - tracker.progressed_at
             stall = None
             if not stalled and data["state"] in ("running", "stalled"):
                 all_up = len(tracker.states) >= spec.world_size
@@ -521,7 +527,7 @@ class Job:
                     ):
                         stall = "no_progress"
             if stall is not None:
-                stalled = True
+                stalled, stalled_at = True, now
                 self._on_stall(stall, idle)
             time.sleep(POLL_S)
 
