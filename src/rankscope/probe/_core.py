@@ -413,20 +413,19 @@ class Probe:
                     call = self._enter(spec, args, kwargs)
                 except Exception:  # the probe must never break the user's collective
                     call = None
+                error = None
                 try:
-                    result = fn(*args, **kwargs)
+                    return fn(*args, **kwargs)
                 except BaseException as exc:
-                    if call is not None:
-                        self._exit(call, False, f"{type(exc).__name__}: {exc}")
+                    error = f"{type(exc).__name__}: {exc}"
                     raise
                 finally:
                     if changes_groups:
                         self._pg_cache.clear()
-                if call is not None:  # self._exit(call, True, None), inline: the hot path
-                    queue.append((call, clock(), True, None))
-                    self._done += 1
-                    self._current = None
-                return result
+                    if call is not None:  # the exit record, inline: the hot path
+                        queue.append((call, clock(), error is None, error))
+                        self._done += 1
+                        self._current = None
             finally:
                 local.busy = False
 
@@ -495,17 +494,9 @@ class Probe:
         self._current = call
         return call
 
-    def _exit(self, call: _Call, ok: bool, error: str | None) -> None:
-        self._queue.append((call, time.time(), ok, error))
-        self._done += 1
-        self._current = None
-
     def _describe_group(self, group: Any) -> tuple[str | None, str | None, list[int] | None]:
-        # The default group is cached under None; init/destroy_process_group clear the cache.
-        try:
-            return self._pg_cache[group]
-        except (KeyError, TypeError):
-            pass
+        # On a miss of the cache _enter looks in first. The default group is cached under None;
+        # init/destroy_process_group clear the cache.
         key = group
         if group is None:
             if not c10d.is_initialized():

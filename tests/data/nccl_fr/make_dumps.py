@@ -88,10 +88,12 @@ def _groups(world: int, subgroups: bool) -> dict[str, tuple[str, list[int]]]:
     return groups
 
 
-class _Entries:
-    """Builds one rank's entry dicts, sharing the repeated parts between entries."""
+class Entries:
+    """Builds one rank's entry dicts, sharing the repeated parts between entries (also used by
+    ``tests/data/nccl_fr64/make_dumps.py``). ``t0``: when the rank's first record was created."""
 
-    def __init__(self) -> None:
+    def __init__(self, t0: int = T0_NS) -> None:
+        self.t0 = t0
         self.out: list[dict[str, Any]] = []
         self._shared: dict[Any, Any] = {}
 
@@ -125,7 +127,7 @@ class _Entries:
         done: bool,
     ) -> None:
         record_id = len(self.out)
-        t = T0_NS + record_id * STEP_NS
+        t = self.t0 + record_id * STEP_NS
         dtypes = self._share(("dtypes", dtype), [dtype])
         self.out.append(
             {
@@ -174,7 +176,7 @@ def build_dump(
     groups = _groups(world, subgroups)
     mine = [name for name, (_, members) in groups.items() if rank in members]
     seqs = dict.fromkeys(mine, 0)
-    rec = _Entries()
+    rec = Entries()
     hang = divergence != "none"
     # With subgroups the culprit diverges in its half's last collective; the other half finishes
     # its own and waits in the next world collective, where the culprit's half never arrives.

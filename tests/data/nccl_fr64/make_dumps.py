@@ -26,21 +26,31 @@ the output is deterministic)::
 
 from __future__ import annotations
 
+import importlib.util
 import pickle
 import shutil
 import sys
 from pathlib import Path
 from typing import Any
 
+
+def _small_fixtures() -> Any:
+    """``tests/data/nccl_fr/make_dumps.py``, whose entry layout these dumps share."""
+    path = Path(__file__).resolve().parent.parent / "nccl_fr" / "make_dumps.py"
+    spec = importlib.util.spec_from_file_location("nccl_fr_make_dumps", path)
+    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    return module
+
+
+_FR = _small_fixtures()
+T0_NS, Entries = _FR.T0_NS, _FR.Entries
+
 PREFIX = "nccl_trace_rank_"
 WORLD = 64
 TP = 8
 STEPS = 2
 CULPRIT = 37
-TORCH_FILE = "/usr/local/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py"
-USER_FILE = "/srv/job/train.py"
-T0_NS = 1_700_000_000_000_000_000
-STEP_NS = 1_000_000
 ODD_LINE = 70
 
 
@@ -118,45 +128,20 @@ def simulate() -> dict[int, list[tuple[dict[str, Any], int, bool]]]:
 
 def build_dump(rank: int, issued: list[tuple[dict[str, Any], int, bool]]) -> dict[str, Any]:
     by_name = groups()
-    shared: dict[Any, Any] = {}
-    entries = []
-    for record_id, (call, seq, done) in enumerate(issued):
-        t = T0_NS + record_id * STEP_NS + rank * 1000
-        frames = shared.setdefault(
-            ("frames", call["op"], call["line"]),
-            [
-                {"name": call["op"], "filename": TORCH_FILE, "line": 2800},
-                {"name": "train_step", "filename": USER_FILE, "line": call["line"]},
-                {"name": "main", "filename": USER_FILE, "line": 90},
-            ],
+    rec = Entries(t0=T0_NS + rank * 1000)
+    for call, seq, done in issued:
+        rec.add(
+            pg=(call["pg"], by_name[call["pg"]][0]),
+            seq=seq,
+            p2p_seq=0,
+            name=f"nccl:{call['op']}",
+            inp=rec.sizes(*call["inp"]),
+            out=rec.sizes(*call["out"]),
+            dtype=call["dtype"],
+            frames=rec.frames(call["op"], call["line"]),
+            done=done,
         )
-        dtypes = shared.setdefault(("dtype", call["dtype"]), [call["dtype"]])
-        entries.append(
-            {
-                "record_id": record_id,
-                "pg_id": int(call["pg"]),
-                "process_group": (call["pg"], by_name[call["pg"]][0]),
-                "collective_seq_id": seq,
-                "p2p_seq_id": 0,
-                "op_id": record_id + 1,
-                "profiling_name": f"nccl:{call['op']}",
-                "time_created_ns": t,
-                "duration_ms": 0.25 if done else None,
-                "input_sizes": shared.setdefault(("s", tuple(call["inp"])), [call["inp"]]),
-                "input_dtypes": dtypes,
-                "output_sizes": shared.setdefault(("s", tuple(call["out"])), [call["out"]]),
-                "output_dtypes": dtypes,
-                "state": "completed" if done else "started",
-                "time_discovered_started_ns": t + 1000,
-                "time_discovered_completed_ns": t + 250_000 if done else None,
-                "retired": done,
-                "timeout_ms": 600_000,
-                "is_p2p": False,
-                "frames": frames,
-                "thread_name": "pt_main_thread",
-                "thread_id": "140000000000000",
-            }
-        )
+    entries = rec.out
     mine = [n for n, (_, members) in by_name.items() if rank in members]
     status = {}
     for name in mine:
