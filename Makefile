@@ -10,7 +10,7 @@ STAMP := $(VENV)/.rankscope-installed
 
 .PHONY: install lab test lint format bench clean
 
-$(STAMP): pyproject.toml Makefile
+$(STAMP): pyproject.toml setup.py src/rankscope/probe/_fast.c Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q $(TORCH)
 	$(PY) -m pip install -q -e ".[dev,lab,deepspeed]"

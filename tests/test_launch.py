@@ -16,6 +16,7 @@ import pytest
 
 from rankscope.launch import Job, JobSpec
 from rankscope.launch.procs import job_processes, pid_alive
+from rankscope.probe import _core
 from rankscope.rundir import RunDir, RunDirError
 
 from .conftest import SCRIPTS, leftover_processes
@@ -267,8 +268,12 @@ def test_two_simulated_nodes_form_one_world(start_job):
     assert job.run.launcher_log(1).exists()
 
 
-def test_probe_records_every_kind_of_call(start_job):
-    job = start_job("launch/many_ops.py", nproc_per_node=2)
+@pytest.mark.parametrize("wrapper", ["c", "python"])
+def test_probe_records_every_kind_of_call(start_job, wrapper):
+    if wrapper == "c" and _core._fast is None:
+        pytest.skip("the probe's C extension is not built here (no C compiler at install)")
+    env = {"RANKSCOPE_PYTHON_PROBE": "1"} if wrapper == "python" else {}
+    job = start_job("launch/many_ops.py", nproc_per_node=2, env=env)
     assert job.wait(timeout=60) == 0
     enters = [e for e in events(job.run, 1) if e["ev"] == "enter"]
     ops = [e["op"] for e in enters]
@@ -288,7 +293,9 @@ def test_probe_records_every_kind_of_call(start_job):
         "destroy_process_group",
     ]
     recv = enters[ops.index("recv")]
-    assert recv["peer"] == 0
+    assert recv["peer"] == 0 and recv["shapes"] == [[2]] and recv["dtypes"] == ["float32"]
+    reduce = enters[ops.index("all_reduce")]
+    assert reduce["file"].endswith("many_ops.py") and reduce["line"] == 12
     sub = enters[9]
     assert sub["pg"] != "0" and sub["seq"] == 1 and sub["dtypes"] == ["float64"]
     exits = [e for e in events(job.run, 1) if e["ev"] == "exit"]

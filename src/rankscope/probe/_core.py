@@ -4,15 +4,21 @@ It imports only the standard library and torch. A recorded call costs the rank a
 microseconds: the wrapper takes the call's facts (group, sequence number, tensor shapes, call
 site, both cached where possible) into a tuple and queues it. Those microseconds are measured
 right after a collective returns, when the rank's caches are cold: a step that takes 0.1 us in a
-warm loop takes several times that there, so the hot path is kept to few steps (one tensor read
-directly, the call site cached per code object and instruction, ids from ``itertools.count``). The probe's daemon thread looks
-every ``POLL_S`` for a capture request and for a call still in flight since its last look; only
-then, or every ``FLUSH_S``, does it turn the queue into JSON lines and append them with one
-``os.write`` on an ``O_APPEND`` descriptor. Waking is cheap; formatting holds the GIL, and on a
-busy machine a thread holding the GIL when the main thread's collective returns delays every
-rank, so completed calls are written in batches. A call in flight at two looks in a row gets its
-``enter`` line at once, so a blocked rank is visible within ``2 * POLL_S``. Capture, exception
-and exit flush the queue first; only a SIGKILL can lose the last ``FLUSH_S`` of completed calls.
+warm loop takes several times that there, so the hot path is kept to few steps. The wrapper is a
+C type (``_fast.c``, built at install where a C compiler exists) that takes one-tensor calls
+(all_reduce, broadcast, send, ...) in C and hands the others to ``Probe._enter``; without it the
+same steps run in ``Probe._python_wrapper``. Records are kept out of the garbage collector's
+reach in C, since thousands of them waiting for the next flush would otherwise bring full
+collections of torch's heap.
+
+The probe's daemon thread looks every ``POLL_S`` for a capture request and for a call still in
+flight since its last look; only then, or every ``FLUSH_S``, does it turn the queue into JSON
+lines (in C where built) and append them with one ``os.write`` on an ``O_APPEND`` descriptor.
+Waking is cheap; formatting holds the GIL, and on a busy machine a thread holding the GIL when
+the main thread's collective returns delays every rank, so completed calls are written in
+batches. A call in flight at two looks in a row gets its ``enter`` line at once, so a blocked
+rank is visible within ``2 * POLL_S``. Capture, exception and exit flush the queue first; only
+a SIGKILL can lose the last ``FLUSH_S`` of completed calls.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ import threading
 import time
 import traceback
 from collections import deque
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -42,6 +49,13 @@ import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
 from rankscope.rundir import DIST_ENV, ENV_RUN_DIR, RunDir, atomic_write_bytes
+
+#: The wrapper in C (``_fast.c``), built at install where a compiler exists; without it, or with
+#: ``RANKSCOPE_PYTHON_PROBE=1`` in the environment, the same steps run in Python.
+_fast: Any = None
+if not os.environ.get("RANKSCOPE_PYTHON_PROBE"):
+    with contextlib.suppress(ImportError):
+        from rankscope.probe import _fast
 
 HEARTBEAT_S = 0.5
 POLL_S = 0.02
@@ -151,37 +165,52 @@ class Probe:
     def flush(self) -> None:
         """Write everything queued, and the enter line of a call that is still in flight."""
         with self._write_lock:
-            lines = []
-            queue = self._queue
-            while queue:
-                item = queue.popleft()
-                if len(item) == 1:
-                    lines.append(_line(item[0]))
-                    continue
-                call, t_end, ok, error = item
-                if call.cid in self._entered:
-                    self._entered.discard(call.cid)
-                else:
-                    lines.append(self._enter_line(call))
-                lines.append(self._exit_line(call, t_end, ok, error))
+            if _fast is not None:
+                data = _fast.lines(
+                    self._queue,
+                    self._entered,
+                    self._static,
+                    self._enter_line,
+                    self._exit_line,
+                    _line,
+                    self.rank,
+                )
+            else:
+                data = "".join(self._lines()).encode()
             cur = self._current
             if cur is not None and cur.cid not in self._entered:
                 self._entered.add(cur.cid)
-                lines.append(self._enter_line(cur))
-            if lines:
+                data += self._enter_line(cur).encode()
+            if data:
                 with contextlib.suppress(OSError):
-                    os.write(self._fd, "".join(lines).encode())
+                    os.write(self._fd, data)
+
+    def _lines(self) -> Iterator[str]:
+        """The queue's records as JSON lines (``_fast.lines`` does the same in C)."""
+        queue = self._queue
+        while queue:
+            item = queue.popleft()
+            if len(item) == 1:
+                yield _line(item[0])
+                continue
+            call, t_end, ok, error = item
+            if call.cid in self._entered:
+                self._entered.discard(call.cid)
+            else:
+                yield self._enter_line(call)
+            yield self._exit_line(call, t_end, ok, error)
 
     def _enter_line(self, call: _Call) -> str:
         # Everything but the id, sequence number and time repeats from call to call at a given
-        # call site: it is encoded once per distinct value and reused.
+        # call site: it is encoded once per distinct value and reused. _fast.c looks the
+        # fragments up under the same keys (here and in _exit_line).
         peer = call.peer if isinstance(call.peer, (int, str, type(None))) else repr(call.peer)
         key = (
             call.op,
             call.pg,
             call.site,
-            tuple(call.shapes),
-            tuple(call.dtypes),
+            call.shapes,
+            call.dtypes,
             call.async_op,
             peer,
         )
@@ -395,22 +424,39 @@ class Probe:
             one_tensor=params[:1] == ["tensor"]
             and not any(p in _TENSOR_PARAMS for p in params[1:]),
         )
+        before = after = None
+        if name == "init_process_group":
+
+            def before(args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+                _default_timeout(kwargs, args, params)
+
+        if name in ("init_process_group", "destroy_process_group"):
+            after = self._pg_cache.clear
+        if _fast is not None:
+            wrapper = _fast.Wrapper(
+                fn, spec, self, before, after, torch.Tensor, _Call, itertools.count
+            )
+        else:
+            wrapper = self._python_wrapper(fn, spec, before, after)
+        functools.update_wrapper(wrapper, fn)
+        wrapper.__rankscope__ = True
+        return wrapper
+
+    def _python_wrapper(self, fn: Any, spec: _Spec, before: Any, after: Any) -> Any:
+        """The wrapper without the C extension; ``_fast.c`` does the same steps."""
         local = self._local
-        inject_timeout = name == "init_process_group"
-        changes_groups = name in ("init_process_group", "destroy_process_group")
         queue = self._queue
         clock = time.time
 
-        @functools.wraps(fn)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             if getattr(local, "busy", False):  # a call made by another recorded call
                 return fn(*args, **kwargs)
             local.busy = True
             try:
-                if inject_timeout:
-                    _default_timeout(kwargs, args, params)
+                if before is not None:
+                    before(args, kwargs)
                 try:
-                    call = self._enter(spec, args, kwargs)
+                    call = self._enter(spec, args, kwargs, sys._getframe(1))
                 except Exception:  # the probe must never break the user's collective
                     call = None
                 error = None
@@ -420,8 +466,8 @@ class Probe:
                     error = f"{type(exc).__name__}: {exc}"
                     raise
                 finally:
-                    if changes_groups:
-                        self._pg_cache.clear()
+                    if after is not None:
+                        after()
                     if call is not None:  # the exit record, inline: the hot path
                         queue.append((call, clock(), error is None, error))
                         self._done += 1
@@ -429,10 +475,11 @@ class Probe:
             finally:
                 local.busy = False
 
-        wrapper.__rankscope__ = True  # type: ignore[attr-defined]
         return wrapper
 
-    def _enter(self, spec: _Spec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> _Call:
+    def _enter(
+        self, spec: _Spec, args: tuple[Any, ...], kwargs: dict[str, Any] | None, frame: Any
+    ) -> _Call:
         # The hot path of every collective. Right after a collective returns the rank's caches
         # are cold and each Python step here costs several times what it costs in a warm loop,
         # so the common case (one tensor, a cached group, a cached call site) takes few steps.
@@ -447,9 +494,9 @@ class Probe:
         if spec.one_tensor:
             tensor = args[0] if args else kwargs.get("tensor")
             if isinstance(tensor, torch.Tensor):
-                shapes, dtypes = [tensor.shape], [tensor.dtype]
+                shapes, dtypes = (tensor.shape,), (tensor.dtype,)
             else:
-                shapes, dtypes = [], []
+                shapes, dtypes = (), ()
         else:
             if spec.name == "batch_isend_irecv" and args:
                 ops = list(args[0])
@@ -462,7 +509,8 @@ class Probe:
                 _collect_tensors(args, tensors)
                 if kwargs:
                     _collect_tensors(kwargs.values(), tensors)
-            shapes, dtypes = [t.shape for t in tensors[:8]], [t.dtype for t in tensors[:8]]
+            shapes = tuple(t.shape for t in tensors[:8])
+            dtypes = tuple(t.dtype for t in tensors[:8])
         try:
             pg, pg_desc, pg_ranks = self._pg_cache[group]
         except (KeyError, TypeError):
@@ -471,7 +519,6 @@ class Probe:
         async_op = kwargs.get("async_op") if kwargs else None
         if async_op is None and spec.async_at is not None and len(args) > spec.async_at:
             async_op = args[spec.async_at]
-        frame = sys._getframe(2)  # the wrapper's caller
         site = self._sites.get((frame.f_code, frame.f_lasti)) or self._call_site(frame)
         # next() on a count is atomic under the GIL: ids stay unique across calling threads.
         call = tuple.__new__(
@@ -582,8 +629,8 @@ class _Call(NamedTuple):
     pg_ranks: list[int] | None
     seq: int
     peer: Any
-    shapes: list[Any]  # torch.Size objects
-    dtypes: list[Any]  # torch.dtype objects
+    shapes: tuple[Any, ...]  # torch.Size objects
+    dtypes: tuple[Any, ...]  # torch.dtype objects
     async_op: bool
     site: tuple[str | None, int | None, str | None]  # file, line, function
     t: float

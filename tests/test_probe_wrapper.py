@@ -1,0 +1,148 @@
+"""The probe's wrapper, in C and in Python, on stand-ins with torch.distributed's signatures.
+
+In this process and without a process group: the Probe is made but not started, so nothing in
+torch.distributed is patched. The real jobs in test_launch.py cover the wrappers under torchrun.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import json
+import os
+import sys
+
+import pytest
+import torch
+
+from rankscope.probe import _core
+from rankscope.rundir import RunDir
+
+
+def all_reduce(tensor, op=None, group=None, async_op=False):
+    if isinstance(tensor, torch.Tensor) and tensor.numel() == 0:
+        raise RuntimeError('empty "tensor"')
+
+
+def send(tensor, dst=None, group=None, tag=0):
+    return None
+
+
+def all_gather(tensor_list, tensor, group=None, async_op=False):
+    return None
+
+
+@pytest.fixture(params=["c", "python"])
+def probe(request, tmp_path, monkeypatch):
+    if request.param == "c" and _core._fast is None:
+        pytest.skip("the probe's C extension is not built here (no C compiler at install)")
+    if request.param == "python":
+        monkeypatch.setattr(_core, "_fast", None)
+    p = _core.Probe(RunDir(tmp_path / "run"), rank=0)
+    yield p
+    os.close(p._fd)
+    p._stacks.close()
+
+
+def records(p: _core.Probe) -> list[dict]:
+    p.flush()
+    return [json.loads(line) for line in p.run.events(0).read_text().splitlines()]
+
+
+def line_of(marker: str) -> int:
+    lines = inspect.getsource(sys.modules[__name__]).splitlines()
+    return next(i for i, text in enumerate(lines, 1) if marker in text)
+
+
+def test_records_the_call_its_site_and_its_outcome(probe):
+    reduce = probe._wrap("all_reduce", all_reduce, None)
+    sender = probe._wrap("send", send, "dst")
+    x = torch.ones(2, 3, dtype=torch.float16)
+    for _ in range(3):
+        reduce(x, async_op=True)  # site: the loop
+    sender(torch.zeros(4), 1, tag=7)
+    sender(torch.zeros(4), dst="peer")
+    with pytest.raises(RuntimeError, match='empty "tensor"'):
+        reduce(torch.ones(0))
+    assert probe._current is None and probe._done == 6
+    evs = records(probe)
+    enters = [e for e in evs if e["ev"] == "enter"]
+    exits = [e for e in evs if e["ev"] == "exit"]
+    assert [e["op"] for e in enters] == ["all_reduce"] * 3 + ["send"] * 2 + ["all_reduce"]
+    first = enters[0]
+    assert first["shapes"] == [[2, 3]] and first["dtypes"] == ["float16"]
+    assert first["async_op"] is True and first["peer"] is None and first["pg"] is None
+    assert first["file"] == __file__ and first["line"] == line_of("# site: the loop")
+    assert first["func"] == "test_records_the_call_its_site_and_its_outcome"
+    assert [e["seq"] for e in enters] == [1, 2, 3, 4, 5, 6]  # one group: the default
+    assert [e["peer"] for e in enters[3:5]] == [1, "peer"]
+    assert enters[5]["shapes"] == [[0]] and enters[5]["async_op"] is False
+    assert [e["id"] for e in exits] == [e["id"] for e in enters]
+    assert [e["ok"] for e in exits] == [True] * 5 + [False]
+    assert exits[5]["error"] == 'RuntimeError: empty "tensor"'
+    assert all(x["dur_s"] >= 0 and x["t"] >= e["t"] for e, x in zip(enters, exits, strict=True))
+
+
+def test_calls_made_inside_a_recorded_call_are_not_recorded(probe):
+    inner = probe._wrap("all_reduce", all_reduce, None)
+
+    def gather_then_reduce(tensor_list, tensor, group=None, async_op=False):
+        inner(tensor)
+
+    outer = probe._wrap("all_gather", gather_then_reduce, None)
+    outer([torch.ones(1), torch.ones(1)], torch.ones(1, dtype=torch.int64))
+    inner(torch.ones(1))
+    enters = [e for e in records(probe) if e["ev"] == "enter"]
+    assert [e["op"] for e in enters] == ["all_gather", "all_reduce"]
+    assert enters[0]["shapes"] == [[1], [1], [1]]
+    assert enters[0]["dtypes"] == ["float32", "float32", "int64"]
+
+
+def test_odd_arguments_never_break_the_call(probe):
+    reduce = probe._wrap("all_reduce", all_reduce, None)
+    reduce([1, 2, 3], group=["unhashable"])  # not a tensor, a group that cannot be a key
+    reduce(tensor=torch.ones(1), group=None)
+    enters = [e for e in records(probe) if e["ev"] == "enter"]
+    assert enters[0]["shapes"] == [] and enters[0]["pg"] == "['unhashable']"
+    assert enters[1]["shapes"] == [[1]]
+
+
+def test_the_wrapper_looks_like_the_function(probe):
+    reduce = probe._wrap("all_reduce", all_reduce, None)
+    assert reduce.__wrapped__ is all_reduce and reduce.__name__ == "all_reduce"
+    assert reduce.__rankscope__ is True
+    assert inspect.signature(reduce) == inspect.signature(all_reduce)
+    assert functools.partial(reduce, torch.ones(1))() is None
+
+
+def test_c_lines_match_python_lines(tmp_path):
+    """The probe thread's formatting in C writes what the Python formatting writes."""
+    if _core._fast is None:
+        pytest.skip("the probe's C extension is not built here (no C compiler at install)")
+    p = _core.Probe(RunDir(tmp_path / "run"), rank=3)
+    try:
+        reduce = p._wrap("all_reduce", all_reduce, None)
+        sender = p._wrap("send", send, "dst")
+        gather = p._wrap("all_gather", all_gather, None)
+        for i in range(20):
+            reduce(torch.ones(i % 3 + 1))
+            sender(torch.ones(1), dst=[1])  # a peer that is no JSON key
+            gather([torch.ones(1)] * 2, torch.ones(1), async_op=True)
+            with pytest.raises(RuntimeError):
+                reduce(torch.ones(0))
+            p.step(i)
+        queued = list(p._queue)
+        p._entered.add(queued[5][0].cid)  # as if the thread had written this enter line early
+        entered = set(p._entered)
+        c = _core._fast.lines(
+            p._queue, p._entered, p._static, p._enter_line, p._exit_line, _core._line, p.rank
+        )
+        p._queue.extend(queued)
+        p._entered.clear()
+        p._entered.update(entered)
+        python = "".join(p._lines()).encode()
+        assert c == python and len(c.splitlines()) == 20 * 9 - 1
+        assert all(json.loads(line) for line in c.splitlines())
+    finally:
+        os.close(p._fd)
+        p._stacks.close()
