@@ -588,7 +588,9 @@ class Probe:
 
 
 class _Spec(NamedTuple):
-    """What a wrapper knows about its function, worked out once when it is wrapped."""
+    """What a wrapper knows about its function, worked out once when it is wrapped.
+
+    ``_fast.c`` reads the fields by position: keep their order."""
 
     name: str
     group_at: int | None
@@ -620,7 +622,9 @@ _TENSOR_PARAMS = frozenset(
 
 
 class _Call(NamedTuple):
-    """One recorded call, as taken on the rank's hot path (formatted later, off it)."""
+    """One recorded call, as taken on the rank's hot path (formatted later, off it).
+
+    ``_fast.c`` builds and reads these by position: keep the order of the fields."""
 
     cid: int
     op: str

@@ -571,27 +571,18 @@ fail:
     return out;
 }
 
+/* Every object a wrapper holds: traverse and clear walk this one list, and the site slots. */
+#define WRAPPER_REFS(X)                                                                        \
+    X(fn) X(spec) X(name) X(peer) X(probe) X(probe_dict) X(enter) X(append) X(pg_cache)        \
+    X(describe_group) X(seqs) X(sites) X(call_site) X(ids) X(tensor_type) X(call_type)         \
+    X(count_type) X(before) X(after) X(dict)
+
 static int
 wrapper_traverse(Wrapper *w, visitproc visit, void *arg)
 {
-    Py_VISIT(w->fn);
-    Py_VISIT(w->spec);
-    Py_VISIT(w->probe);
-    Py_VISIT(w->probe_dict);
-    Py_VISIT(w->enter);
-    Py_VISIT(w->append);
-    Py_VISIT(w->pg_cache);
-    Py_VISIT(w->describe_group);
-    Py_VISIT(w->seqs);
-    Py_VISIT(w->sites);
-    Py_VISIT(w->call_site);
-    Py_VISIT(w->ids);
-    Py_VISIT(w->tensor_type);
-    Py_VISIT(w->call_type);
-    Py_VISIT(w->count_type);
-    Py_VISIT(w->before);
-    Py_VISIT(w->after);
-    Py_VISIT(w->dict);
+#define VISIT(field) Py_VISIT(w->field);
+    WRAPPER_REFS(VISIT)
+#undef VISIT
     for (int i = 0; i < SITE_SLOTS; i++) {
         Py_VISIT(w->sites_seen[i].code);
         Py_VISIT(w->sites_seen[i].site);
@@ -602,26 +593,9 @@ wrapper_traverse(Wrapper *w, visitproc visit, void *arg)
 static int
 wrapper_clear(Wrapper *w)
 {
-    Py_CLEAR(w->fn);
-    Py_CLEAR(w->spec);
-    Py_CLEAR(w->name);
-    Py_CLEAR(w->peer);
-    Py_CLEAR(w->probe);
-    Py_CLEAR(w->probe_dict);
-    Py_CLEAR(w->enter);
-    Py_CLEAR(w->append);
-    Py_CLEAR(w->pg_cache);
-    Py_CLEAR(w->describe_group);
-    Py_CLEAR(w->seqs);
-    Py_CLEAR(w->sites);
-    Py_CLEAR(w->call_site);
-    Py_CLEAR(w->ids);
-    Py_CLEAR(w->tensor_type);
-    Py_CLEAR(w->call_type);
-    Py_CLEAR(w->count_type);
-    Py_CLEAR(w->before);
-    Py_CLEAR(w->after);
-    Py_CLEAR(w->dict);
+#define CLEAR(field) Py_CLEAR(w->field);
+    WRAPPER_REFS(CLEAR)
+#undef CLEAR
     for (int i = 0; i < SITE_SLOTS; i++) {
         Py_CLEAR(w->sites_seen[i].code);
         Py_CLEAR(w->sites_seen[i].site);
@@ -635,12 +609,6 @@ wrapper_dealloc(Wrapper *w)
     PyObject_GC_UnTrack(w);
     wrapper_clear(w);
     Py_TYPE(w)->tp_free((PyObject *)w);
-}
-
-static PyObject *
-attr(PyObject *obj, const char *name)
-{
-    return PyObject_GetAttrString(obj, name);
 }
 
 static PyObject *
@@ -680,19 +648,33 @@ wrapper_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     w->dtype = find_getter(tensor_type, s_dtype);
     if (w->dtype.get == NULL)
         w->shape.get = NULL;
-    PyObject *queue = attr(probe, "_queue");
-    w->append = queue ? attr(queue, "append") : NULL;
-    Py_XDECREF(queue);
-    /* _current and _done are set in the instance's dict directly (no attribute lookup) */
-    w->probe_dict = attr(probe, "__dict__");
-    w->enter = attr(probe, "_enter");
-    w->pg_cache = attr(probe, "_pg_cache");
-    w->describe_group = attr(probe, "_describe_group");
-    w->seqs = attr(probe, "_seqs");
-    w->sites = attr(probe, "_sites");
-    w->call_site = attr(probe, "_call_site");
-    w->ids = attr(probe, "_ids");
-    if (PyErr_Occurred()) {
+    /* What it shares with the probe. _current and _done are set in the instance's dict
+     * directly (no attribute lookup). */
+    PyObject *queue = NULL;
+    struct {
+        PyObject **slot;
+        const char *name;
+    } shared[] = {
+        {&queue, "_queue"},
+        {&w->probe_dict, "__dict__"},
+        {&w->enter, "_enter"},
+        {&w->pg_cache, "_pg_cache"},
+        {&w->describe_group, "_describe_group"},
+        {&w->seqs, "_seqs"},
+        {&w->sites, "_sites"},
+        {&w->call_site, "_call_site"},
+        {&w->ids, "_ids"},
+    };
+    for (size_t i = 0; i < sizeof shared / sizeof *shared; i++) {
+        if ((*shared[i].slot = PyObject_GetAttrString(probe, shared[i].name)) == NULL) {
+            Py_XDECREF(queue);
+            Py_DECREF(w);
+            return NULL;
+        }
+    }
+    w->append = PyObject_GetAttrString(queue, "append");
+    Py_DECREF(queue);
+    if (w->append == NULL) {
         Py_DECREF(w);
         return NULL;
     }
