@@ -8,6 +8,11 @@ from setuptools import Extension, setup
 
 setup(
     ext_modules=[
-        Extension("rankscope.probe._fast", ["src/rankscope/probe/_fast.c"], optional=True)
+        Extension(
+            "rankscope.probe._fast",
+            ["src/rankscope/probe/_fast.c"],
+            libraries=["m"],
+            optional=True,
+        )
     ]
 )

@@ -115,6 +115,18 @@ def test_the_wrapper_looks_like_the_function(probe):
     assert functools.partial(reduce, torch.ones(1))() is None
 
 
+#: (t, t_end) of calls whose lines the C and Python formatters must write alike: ties of the
+#: microsecond, negative durations (a clock stepped back), a time that is no number.
+TIMES = [
+    (1763812345.1234565, 1763812345.1234575),
+    (0.0000005, 0.0000015),
+    (2.5e-6, -2.5e-6),
+    (-0.4e-6, 0.4e-6),
+    (1e300, float("nan")),
+    (float("inf"), 1.0),
+]
+
+
 def test_c_lines_match_python_lines(tmp_path):
     """The probe thread's formatting in C writes what the Python formatting writes."""
     if _core._fast is None:
@@ -131,6 +143,9 @@ def test_c_lines_match_python_lines(tmp_path):
             with pytest.raises(RuntimeError):
                 reduce(torch.ones(0))
             p.step(i)
+        call, _, ok, error = p._queue[0]
+        for t, t_end in TIMES:  # the times' formatting, at its edges
+            p._queue.append((call._replace(t=t), t_end, ok, error))
         queued = list(p._queue)
         p._entered.add(queued[5][0].cid)  # as if the thread had written this enter line early
         entered = set(p._entered)
@@ -141,7 +156,7 @@ def test_c_lines_match_python_lines(tmp_path):
         p._entered.clear()
         p._entered.update(entered)
         python = "".join(p._lines()).encode()
-        assert c == python and len(c.splitlines()) == 20 * 9 - 1
+        assert c == python and len(c.splitlines()) == 20 * 9 - 1 + 2 * len(TIMES)
         assert all(json.loads(line) for line in c.splitlines())
     finally:
         os.close(p._fd)

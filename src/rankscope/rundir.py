@@ -40,7 +40,8 @@ from pathlib import Path
 from typing import Any
 
 #: Event kinds the probe writes to ``events.jsonl``. Every event has ``ev`` (the kind), ``t``
-#: (wall-clock seconds since the epoch) and ``rank``.
+#: (wall-clock seconds since the epoch; to the microsecond in enter and exit events, as is
+#: their ``dur_s``) and ``rank``.
 EVENT_KINDS = {
     "start": "pid, host, argv, python, torch and the torchrun env contract (env: dict)",
     "heartbeat": "done (collectives completed), step, coll (id of the collective in flight or null)",

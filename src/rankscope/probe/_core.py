@@ -14,11 +14,13 @@ collections of torch's heap.
 The probe's daemon thread looks every ``POLL_S`` for a capture request and for a call still in
 flight since its last look; only then, or every ``FLUSH_S``, does it turn the queue into JSON
 lines (in C where built) and append them with one ``os.write`` on an ``O_APPEND`` descriptor.
-Waking is cheap; formatting holds the GIL, and on a busy machine a thread holding the GIL when
-the main thread's collective returns delays every rank, so completed calls are written in
-batches. A call in flight at two looks in a row gets its ``enter`` line at once, so a blocked
-rank is visible within ``2 * POLL_S``. Capture, exception and exit flush the queue first; only
-a SIGKILL can lose the last ``FLUSH_S`` of completed calls.
+Whatever the thread does holds the GIL, and a thread holding the GIL when the main thread's
+collective returns delays that rank and every rank waiting on it. So it looks ten times a
+second, one ``stat`` each, and formats completed calls in batches, about half a microsecond a
+call in C: times are written to the microsecond with integer arithmetic, not ``repr``. A call
+in flight at two looks in a row gets its ``enter`` line at once, so a blocked rank is visible
+within ``2 * POLL_S``. Capture, exception and exit flush the queue first; only a SIGKILL can
+lose the last ``FLUSH_S`` of completed calls.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import contextlib
 import datetime
 import faulthandler
 import functools
+import gc
 import inspect
 import itertools
 import json
@@ -58,7 +61,7 @@ if not os.environ.get("RANKSCOPE_PYTHON_PROBE"):
         from rankscope.probe import _fast
 
 HEARTBEAT_S = 0.5
-POLL_S = 0.02
+POLL_S = 0.1
 FLUSH_S = 0.25
 DEFAULT_FR_BUFFER = "2000"
 
@@ -148,6 +151,7 @@ class Probe:
         self._sites: dict[tuple[Any, int], tuple[str | None, int | None, str | None]] = {}
         self._internal: dict[Any, bool] = {}  # code object -> in torch or rankscope
         self._served_capture = _pending_capture_id(run)  # requests older than this rank
+        self._request_path = str(run.capture_request)  # stat()ed at every look
         self._request_stamp: tuple[int, int] | None = None
         self._originals: list[tuple[Any, str, Any]] = []
         self._ended = False
@@ -237,7 +241,7 @@ class Probe:
             )[1:-1]
             self._static[key] = static
         return (
-            f'{{"id":{call.cid},"seq":{call.seq},{static},"ev":"enter","t":{call.t!r},'
+            f'{{"id":{call.cid},"seq":{call.seq},{static},"ev":"enter","t":{_seconds(call.t)},'
             f'"rank":{self.rank}}}\n'
         )
 
@@ -248,9 +252,9 @@ class Probe:
             static = f'"op":"{call.op}","pg":{_js(call.pg)}'
             self._static[key] = static
         return (
-            f'{{"id":{call.cid},{static},"seq":{call.seq},"dur_s":{t_end - call.t!r},'
+            f'{{"id":{call.cid},{static},"seq":{call.seq},"dur_s":{_seconds(t_end - call.t)},'
             f'"ok":{"true" if ok else "false"},"error":{_js(error)},"ev":"exit",'
-            f'"t":{t_end!r},"rank":{self.rank}}}\n'
+            f'"t":{_seconds(t_end)},"rank":{self.rank}}}\n'
         )
 
     # --- lifecycle --------------------------------------------------------------------------
@@ -341,16 +345,15 @@ class Probe:
             self._stop.wait(POLL_S)
 
     def _poll_request(self) -> None:
-        path = self.run.capture_request
         try:
-            st = path.stat()
+            st = os.stat(self._request_path)
         except FileNotFoundError:
             return
         stamp = (st.st_mtime_ns, st.st_size)
         if stamp == self._request_stamp:
             return
         self._request_stamp = stamp
-        req = json.loads(path.read_text())
+        req = json.loads(self.run.capture_request.read_text())
         if int(req.get("id", 0)) > self._served_capture:
             self.capture(reason=str(req.get("reason", "request")), capture_id=int(req["id"]))
 
@@ -652,6 +655,15 @@ def _line(fields: dict[str, Any]) -> str:
     return json.dumps(fields, separators=(",", ":"), default=str) + "\n"
 
 
+def _seconds(x: float) -> str:
+    """Seconds to the microsecond, as JSON (``_fast.c``'s ``put_seconds`` writes the same)."""
+    us = x * 1e6
+    if not abs(us) < 9e18:  # NaN too
+        return "null"
+    n = abs(round(us))
+    return f"{'-' if us < 0 and n else ''}{n // 1_000_000}.{n % 1_000_000:06d}"
+
+
 def _fr_enabled() -> bool:
     size = os.environ.get("TORCH_FR_BUFFER_SIZE") or os.environ.get("TORCH_NCCL_TRACE_BUFFER_SIZE")
     return size not in (None, "", "0")
@@ -681,6 +693,10 @@ def _warm_up() -> None:
     for _, fn in _DUMPS:
         with contextlib.suppress(Exception):
             fn()
+    # The import leaves a few hundred thousand new objects, and the first full collection
+    # after it walks them all (tens of milliseconds with the GIL held). Take it here, at
+    # start-up, rather than in the middle of some later collective.
+    gc.collect()
 
 
 def _pending_capture_id(run: RunDir) -> int:

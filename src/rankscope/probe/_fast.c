@@ -14,6 +14,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <frameobject.h>
+#include <math.h>
 #include <stddef.h>
 #include <string.h>
 #include <time.h>
@@ -416,25 +417,48 @@ put_str(Buffer *b, PyObject *text) /* a str of JSON (ASCII) */
     return s == NULL ? -1 : put(b, s, n);
 }
 
-static int
-put_int(Buffer *b, PyObject *v)
+/* Decimal digits of v, right-aligned to end at end (at least width of them); the first one. */
+static char *
+digits(char *end, unsigned long long v, int width)
 {
-    char tmp[32];
-    long long x = PyLong_AsLongLong(v);
-    if (x == -1 && PyErr_Occurred())
-        return -1;
-    return put(b, tmp, snprintf(tmp, sizeof tmp, "%lld", x));
+    char *p = end;
+    do {
+        *--p = (char)('0' + v % 10);
+        v /= 10;
+    } while (v || end - p < width);
+    return p;
 }
 
 static int
-put_float(Buffer *b, double x) /* as repr(): what json.dumps writes */
+put_int(Buffer *b, PyObject *v)
 {
-    char *s = PyOS_double_to_string(x, 'r', 0, Py_DTSF_ADD_DOT_0, NULL);
-    if (s == NULL)
+    char tmp[24], *end = tmp + sizeof tmp;
+    long long x = PyLong_AsLongLong(v);
+    if (x == -1 && PyErr_Occurred())
         return -1;
-    int r = put(b, s, (Py_ssize_t)strlen(s));
-    PyMem_Free(s);
-    return r;
+    char *p = digits(end, x < 0 ? 0ULL - (unsigned long long)x : (unsigned long long)x, 1);
+    if (x < 0)
+        *--p = '-';
+    return put(b, p, end - p);
+}
+
+/* Seconds to the microsecond, as _core._seconds writes them: the nearest whole number of
+ * microseconds (ties to even, as Python's round()), then "[-]S.UUUUUU". */
+static int
+put_seconds(Buffer *b, double x)
+{
+    char tmp[32], *end = tmp + sizeof tmp;
+    double us = x * 1e6;
+    if (!(fabs(us) < 9e18)) /* NaN too */
+        return put(b, "null", 4);
+    long long v = (long long)nearbyint(us);
+    unsigned long long a = v < 0 ? 0ULL - (unsigned long long)v : (unsigned long long)v;
+    char *p = digits(end, a % 1000000, 6);
+    *--p = '.';
+    p = digits(p, a / 1000000, 1);
+    if (v < 0)
+        *--p = '-';
+    return put(b, p, end - p);
 }
 
 #define PUT(b, lit) put(b, lit, (Py_ssize_t)sizeof(lit) - 1)
@@ -475,7 +499,7 @@ enter_line(Buffer *b, PyObject *call, PyObject *statics, PyObject *slow, PyObjec
     if (PUT(b, "{\"id\":") || put_int(b, PyTuple_GET_ITEM(call, 0)) || PUT(b, ",\"seq\":") ||
         put_int(b, PyTuple_GET_ITEM(call, 5)) || PUT(b, ",") || put_str(b, fragment) ||
         PUT(b, ",\"ev\":\"enter\",\"t\":") ||
-        put_float(b, PyFloat_AsDouble(PyTuple_GET_ITEM(call, 11))) || PUT(b, ",\"rank\":") ||
+        put_seconds(b, PyFloat_AsDouble(PyTuple_GET_ITEM(call, 11))) || PUT(b, ",\"rank\":") ||
         put_int(b, rank) || PUT(b, "}\n"))
         return -1;
     return 0;
@@ -501,9 +525,9 @@ exit_line(Buffer *b, PyObject *item, PyObject *statics, PyObject *slow, PyObject
     double t = PyFloat_AS_DOUBLE(t_end);
     if (PUT(b, "{\"id\":") || put_int(b, PyTuple_GET_ITEM(call, 0)) || PUT(b, ",") ||
         put_str(b, fragment) || PUT(b, ",\"seq\":") || put_int(b, PyTuple_GET_ITEM(call, 5)) ||
-        PUT(b, ",\"dur_s\":") || put_float(b, t - PyFloat_AsDouble(PyTuple_GET_ITEM(call, 11))) ||
+        PUT(b, ",\"dur_s\":") || put_seconds(b, t - PyFloat_AsDouble(PyTuple_GET_ITEM(call, 11))) ||
         (PyTuple_GET_ITEM(item, 2) == Py_True ? PUT(b, ",\"ok\":true") : PUT(b, ",\"ok\":false")) ||
-        PUT(b, ",\"error\":null,\"ev\":\"exit\",\"t\":") || put_float(b, t) ||
+        PUT(b, ",\"error\":null,\"ev\":\"exit\",\"t\":") || put_seconds(b, t) ||
         PUT(b, ",\"rank\":") || put_int(b, rank) || PUT(b, "}\n"))
         return -1;
     return 0;
