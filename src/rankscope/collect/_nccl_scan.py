@@ -17,6 +17,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, types
 
+from rankscope.collect._common import pooled_empty
+
 # libc's, found by symbol name when the code is linked; addresses are passed as plain integers.
 _memchr = types.ExternalFunction("memchr", types.uintp(types.uintp, types.intc, types.size_t))
 _memcpy = types.ExternalFunction("memcpy", types.uintp(types.uintp, types.uintp, types.size_t))
@@ -76,17 +78,17 @@ def scan(a: np.ndarray) -> tuple[np.ndarray, ...]:
     its first occurrence lies in ``a``; the chunk's line count; whether some message is not
     ASCII (then it may not be UTF-8 either).
 
-    The outputs are allocated here, by NumPy, which asks the kernel for huge pages for large
-    arrays: a 500 MB log's messages would otherwise cost a hundred thousand page faults.
+    The outputs come from Arrow's memory pool (:func:`pooled_empty`): the messages become an
+    Arrow array as they are, and memory freed by an earlier read is reused, not faulted in anew.
     """
     n = len(a)
     cap = n // 10 + 2  # the shortest NCCL line, "NCCL CALL\n", has 10 bytes
-    rows = np.empty(cap, np.int64)
-    levels = np.empty(cap, np.int8)
-    heads = np.empty(cap, np.int32)
-    flags = np.zeros(cap, np.int8)
-    offsets = np.empty(cap + 1, np.int64)
-    messages = np.empty(max(n, 1), np.uint8)
+    rows = pooled_empty(cap, np.int64)
+    levels = pooled_empty(cap, np.int8)
+    heads = pooled_empty(cap, np.int32)
+    flags = pooled_empty(cap, np.int8)
+    offsets = pooled_empty(cap + 1, np.int64)
+    messages = pooled_empty(max(n, 1), np.uint8)
     # The header table: small (a log has a few headers per process), kept at most half full; a
     # chunk with more distinct headers than that is scanned again with a table 16 times larger.
     slots = 1 << 12
@@ -171,11 +173,13 @@ def _scan(a, rows, levels, heads, flags, offsets, messages, table, hashes, head_
         me = e - 1 if e > m0 and a[e - 1] == 13 else e
         size = me - m0
         _memcpy(out + pos, base + m0, size)
+        flag = 0
         if size >= 4:
             for c in range(len(_COMM_STARTS)):
                 if _same_word(a, m0, _COMM_STARTS[c]):
-                    flags[nrow] = MAY_ANNOUNCE
+                    flag = MAY_ANNOUNCE
                     break
+        flags[nrow] = flag
         pos += size
         rows[nrow] = line - 1
         levels[nrow] = lv

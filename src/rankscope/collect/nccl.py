@@ -40,6 +40,7 @@ from rankscope.collect._common import (
     as_sources,
     categorical,
     finish,
+    pooled_empty,
     problem_list,
 )
 from rankscope.collect.logs import line_time
@@ -350,12 +351,12 @@ def _tables(
         next_line[part.source] = line_base[-1] + part.n_lines
 
     n = int(offsets[-1])
-    out = {k: np.empty(n, dtype=np.int64) for k in ints}
-    missing = {k: np.empty(n, dtype=bool) for k in ints}
-    t_s, t_missing = np.empty(n, dtype=np.float64), np.empty(n, dtype=bool)
-    host, file = np.empty(n, dtype=host_code.dtype), np.empty(n, dtype=file_code.dtype)
-    line_no = np.empty(n, dtype=np.int64)
-    source = np.empty(n, dtype=np.int32)
+    out = {k: pooled_empty(n, np.int64) for k in ints}
+    missing = {k: pooled_empty(n, bool) for k in ints}
+    t_s, t_missing = pooled_empty(n, np.float64), pooled_empty(n, bool)
+    host, file = pooled_empty(n, host_code.dtype), pooled_empty(n, file_code.dtype)
+    line_no = pooled_empty(n, np.int64)
+    source = pooled_empty(n, np.int32)
 
     def fill(i: int) -> None:
         part, at = parts[i], slice(offsets[i], offsets[i + 1])
