@@ -353,7 +353,8 @@ class Probe:
         if stamp == self._request_stamp:
             return
         self._request_stamp = stamp
-        req = json.loads(self.run.capture_request.read_text())
+        with open(self._request_path) as f:
+            req = json.load(f)
         if int(req.get("id", 0)) > self._served_capture:
             self.capture(reason=str(req.get("reason", "request")), capture_id=int(req["id"]))
 

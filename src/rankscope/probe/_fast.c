@@ -360,21 +360,16 @@ wrapper_call(Wrapper *w, PyObject *args, PyObject *kwargs)
 
     result = PyObject_Call(w->fn, args, kwargs);
     PyObject *error = result == NULL ? error_text() : NULL;
-    if (w->after != NULL) {
-        PyObject *exc_type, *exc_value, *exc_tb;
-        PyErr_Fetch(&exc_type, &exc_value, &exc_tb);
-        PyObject *r = PyObject_CallNoArgs(w->after);
-        Py_XDECREF(r);
-        PyErr_Clear();
-        PyErr_Restore(exc_type, exc_value, exc_tb);
-    }
-    if (call != NULL) {
-        PyObject *exc_type, *exc_value, *exc_tb;
-        PyErr_Fetch(&exc_type, &exc_value, &exc_tb);
-        if (record_exit(w, call, error))
-            PyErr_Clear();
-        PyErr_Restore(exc_type, exc_value, exc_tb);
-    }
+    /* The hook and the exit record run with the user's exception (if any) set aside, and
+     * their own failures are dropped: the call's outcome is the user's. */
+    PyObject *exc_type, *exc_value, *exc_tb;
+    PyErr_Fetch(&exc_type, &exc_value, &exc_tb);
+    if (w->after != NULL)
+        Py_XDECREF(PyObject_CallNoArgs(w->after));
+    if (call != NULL)
+        record_exit(w, call, error);
+    PyErr_Clear();
+    PyErr_Restore(exc_type, exc_value, exc_tb);
     Py_XDECREF(error);
 
 out:
@@ -595,11 +590,14 @@ fail:
     return out;
 }
 
-/* Every object a wrapper holds: traverse and clear walk this one list, and the site slots. */
+/* Every object a wrapper holds, the site slots' too: traverse and clear walk this one list. */
 #define WRAPPER_REFS(X)                                                                        \
     X(fn) X(spec) X(name) X(peer) X(probe) X(probe_dict) X(enter) X(append) X(pg_cache)        \
     X(describe_group) X(seqs) X(sites) X(call_site) X(ids) X(tensor_type) X(call_type)         \
-    X(count_type) X(before) X(after) X(dict)
+    X(count_type) X(before) X(after) X(dict)                                                   \
+    for (int i = 0; i < SITE_SLOTS; i++) {                                                     \
+        X(sites_seen[i].code) X(sites_seen[i].site)                                            \
+    }
 
 static int
 wrapper_traverse(Wrapper *w, visitproc visit, void *arg)
@@ -607,10 +605,6 @@ wrapper_traverse(Wrapper *w, visitproc visit, void *arg)
 #define VISIT(field) Py_VISIT(w->field);
     WRAPPER_REFS(VISIT)
 #undef VISIT
-    for (int i = 0; i < SITE_SLOTS; i++) {
-        Py_VISIT(w->sites_seen[i].code);
-        Py_VISIT(w->sites_seen[i].site);
-    }
     return 0;
 }
 
@@ -620,10 +614,6 @@ wrapper_clear(Wrapper *w)
 #define CLEAR(field) Py_CLEAR(w->field);
     WRAPPER_REFS(CLEAR)
 #undef CLEAR
-    for (int i = 0; i < SITE_SLOTS; i++) {
-        Py_CLEAR(w->sites_seen[i].code);
-        Py_CLEAR(w->sites_seen[i].site);
-    }
     return 0;
 }
 
