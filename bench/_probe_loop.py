@@ -5,10 +5,14 @@ Under the probe (``--mode probe``), once the probe's one-off warm-up is done, tw
   * per call: torch's own all_reduce, the probe's wrapper and the probe's Python wrapper are
     called in turn, one call each, the order rotating every round, and every call is timed.
     Neighbouring calls see the same machine, so the slow drifts of a shared machine cancel.
-    The probe thread runs during all arms alike: this is the wrapper's cost alone;
-  * in blocks: the probe off (torch's own all_reduce, the probe thread parked) and on (the
-    probe's wrapper, the probe thread running: heartbeats, looks, flushes) alternate in
-    blocks of ``--block`` calls, the order swapped every pair. Everything the probe does counts.
+    The probe thread runs during all arms alike. This shows where a wrapper's time lands on
+    its own rank; what its work after the call costs the peer lands on the next call, which
+    is another arm's, so the wrapper's whole cost is the blocks' figure;
+  * in blocks: the probe off (torch's own all_reduce, the probe thread asleep) and on (the
+    probe's wrapper, the probe thread at work: heartbeats, looks, flushes) alternate in
+    blocks of ``--block`` calls, the order swapped every pair. Short blocks cancel the
+    machine's drifts; a Pacer keeps the thread's rates per second of "on" blocks what they
+    are on a running rank. Everything the probe does counts.
 
 Without the probe (``--mode loop``) it times a plain loop. Rank 0 prints one JSON line.
 """
@@ -25,8 +29,8 @@ import torch.distributed as dist
 ap = argparse.ArgumentParser()
 ap.add_argument("--mode", choices=("probe", "loop"), required=True)
 ap.add_argument("--calls", type=int, default=20000, help="per-call rotation: calls per arm")
-ap.add_argument("--blocks", type=int, default=40, help="pairs of off/on blocks")
-ap.add_argument("--block", type=int, default=1000, help="calls per block")
+ap.add_argument("--blocks", type=int, default=400, help="pairs of off/on blocks")
+ap.add_argument("--block", type=int, default=200, help="calls per block")
 args = ap.parse_args()
 
 dist.init_process_group("gloo")
@@ -41,47 +45,78 @@ def summary(ns: list[int]) -> dict:
     return {"mean_us": statistics.fmean(ns) / 1e3, "trim_us": statistics.fmean(kept) / 1e3}
 
 
-class Gate:
-    """Stands in for the probe thread's stop event; while closed, the thread sleeps in wait()."""
+class Pacer:
+    """Stands in for the probe thread's stop event and its clock, so that the thread can be
+    switched off and on between blocks of a few calls and still do, in the "on" blocks, exactly
+    what it does on a running rank.
+
+    Its clock (``monotonic``, read by the thread for its heartbeat and flush deadlines) advances
+    only while an "on" block runs. Its ``wait`` sleeps until the loop lets the thread go; the loop
+    does that, between two calls, once the thread's ``POLL_S`` has passed on that clock. So the
+    thread looks, beats and flushes at its own rates per second of probed loop, never during an
+    "off" block and never during the barriers between blocks.
+    """
 
     def __init__(self, stop: threading.Event):
         self.stop = stop
         self.cond = threading.Condition()
-        self.open = True
-        self.parked = False
+        self.base = time.monotonic()  # the thread's earlier deadlines stay meaningful
+        self.elapsed = 0.0  # seconds of "on" blocks so far
+        self.since: float | None = None  # start of the running "on" block
+        self.due_at: float | None = None  # when the sleeping thread is to go; None: busy
+        self.go = False
+        self.looks = 0  # times the thread was let go
+
+    def monotonic(self) -> float:
+        since = self.since
+        return self.base + self.elapsed + (time.monotonic() - since if since is not None else 0)
 
     def is_set(self) -> bool:
         return self.stop.is_set()
 
     def set(self) -> None:
         self.stop.set()
-        self.reopen()
+        self.release()
 
     def wait(self, timeout: float) -> bool:
-        deadline = time.monotonic() + timeout
         with self.cond:
-            while not self.stop.is_set():
-                left = deadline - time.monotonic()
-                if self.open and left <= 0:
-                    return False
-                self.parked = not self.open
-                self.cond.notify_all()
-                self.cond.wait(left if self.open else None)
-            self.parked = False
-            return True
+            self.due_at = self.monotonic() + timeout
+            while not self.go and not self.stop.is_set():
+                self.cond.wait()
+            self.go = False
+            return self.stop.is_set()
 
-    def close(self) -> None:
-        """Park the thread: return once it sleeps (it finishes what it is doing first)."""
+    def release(self) -> None:
         with self.cond:
-            self.open = False
-            self.cond.notify_all()
-            self.cond.wait_for(lambda: self.parked or self.stop.is_set())
+            self.due_at = None
+            self.go = True
+            self.cond.notify()
 
-    def reopen(self) -> None:
-        with self.cond:
-            self.open = True
-            self.parked = False
-            self.cond.notify_all()
+    def tick(self) -> None:
+        """Called by the loop after every call, in both kinds of block: let the thread go if due."""
+        due = self.due_at
+        if due is not None and self.monotonic() >= due:
+            self.looks += 1
+            self.release()
+
+    def on(self) -> None:
+        self.since = time.monotonic()
+
+    def off(self) -> None:
+        if self.since is not None:
+            self.elapsed += time.monotonic() - self.since
+            self.since = None
+
+
+class _Clock:
+    """``time`` for the probe thread, with the pacer's clock as ``monotonic``."""
+
+    def __init__(self, pacer: Pacer):
+        self.monotonic = pacer.monotonic
+        self.time = time.time
+
+    def __getattr__(self, name: str):
+        return getattr(time, name)
 
 
 def per_call(arms: dict) -> dict:
@@ -97,27 +132,32 @@ def per_call(arms: dict) -> dict:
 
 
 def blocks(probe, torch_fn, barrier) -> dict:
-    gate = Gate(probe._stop)
-    probe._stop = gate
+    pacer = Pacer(probe._stop)
+    probe._stop, _core.time = pacer, _Clock(pacer)
+    tick = pacer.tick
     times: dict[str, list[int]] = {"off": [], "on": []}
     for i in range(args.blocks):
         for mode in ("off", "on") if i % 2 == 0 else ("on", "off"):
-            if mode == "off":
-                gate.close()
-            barrier()
             fn = torch_fn if mode == "off" else dist.all_reduce
+            barrier()
+            if mode == "on":
+                pacer.on()
             start = clock()
             for _ in range(args.block):
                 fn(t)
+                tick()
             times[mode].append(clock() - start)
-            gate.reopen()
-    probe._stop = gate.stop
+            pacer.off()
+    probe._stop, _core.time = pacer.stop, time
+    pacer.release()
     off, on = sum(times["off"]), sum(times["on"])
     pairs = [b / a for a, b in zip(times["off"], times["on"], strict=True)]
     return {
         "off_us": off / (args.blocks * args.block) / 1e3,
         "on_us": on / (args.blocks * args.block) / 1e3,
         "pair_ratios": sorted(pairs),
+        "looks": pacer.looks,
+        "on_s": pacer.elapsed,
     }
 
 

@@ -64,7 +64,7 @@ def test_records_the_call_its_site_and_its_outcome(probe):
     sender(torch.zeros(4), dst="peer")
     with pytest.raises(RuntimeError, match='empty "tensor"'):
         reduce(torch.ones(0))
-    assert probe._current is None and probe._done == 6
+    assert probe._state.current is None and probe._state.done == 6
     evs = records(probe)
     enters = [e for e in evs if e["ev"] == "enter"]
     exits = [e for e in evs if e["ev"] == "exit"]
@@ -81,6 +81,17 @@ def test_records_the_call_its_site_and_its_outcome(probe):
     assert [e["ok"] for e in exits] == [True] * 5 + [False]
     assert exits[5]["error"] == 'RuntimeError: empty "tensor"'
     assert all(x["dur_s"] >= 0 and x["t"] >= e["t"] for e, x in zip(enters, exits, strict=True))
+
+
+def test_a_call_site_records_each_calls_own_shape_and_dtype(probe):
+    reduce = probe._wrap("all_reduce", all_reduce, None)
+    tensors = [torch.ones(1), torch.ones(2), torch.ones(2), torch.ones(2, dtype=torch.int8)]
+    tensors += [torch.ones(1, 2), torch.ones(1)]
+    for x in tensors:
+        reduce(x)  # one site, shapes and dtypes changing now and then
+    enters = [e for e in records(probe) if e["ev"] == "enter"]
+    assert [e["shapes"] for e in enters] == [[list(x.shape)] for x in tensors]
+    assert [e["dtypes"] for e in enters] == [[str(x.dtype)[6:]] for x in tensors]
 
 
 def test_calls_made_inside_a_recorded_call_are_not_recorded(probe):
@@ -143,19 +154,18 @@ def test_c_lines_match_python_lines(tmp_path):
             with pytest.raises(RuntimeError):
                 reduce(torch.ones(0))
             p.step(i)
-        call, _, ok, error = p._queue[0]
+        queued = p._state.queue
+        call, _, ok, error = queued[0]
         for t, t_end in TIMES:  # the times' formatting, at its edges
-            p._queue.append((call._replace(t=t), t_end, ok, error))
-        queued = list(p._queue)
+            queued.append((call._replace(t=t), t_end, ok, error))
         p._entered.add(queued[5][0].cid)  # as if the thread had written this enter line early
         entered = set(p._entered)
         c = _core._fast.lines(
-            p._queue, p._entered, p._static, p._enter_line, p._exit_line, _core._line, p.rank
+            queued, p._entered, p._static, p._enter_line, p._exit_line, _core._line, p.rank
         )
-        p._queue.extend(queued)
         p._entered.clear()
         p._entered.update(entered)
-        python = "".join(p._lines()).encode()
+        python = "".join(p._lines(queued)).encode()
         assert c == python and len(c.splitlines()) == 20 * 9 - 1 + 2 * len(TIMES)
         assert all(json.loads(line) for line in c.splitlines())
     finally:

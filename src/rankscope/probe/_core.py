@@ -42,7 +42,6 @@ import sys
 import threading
 import time
 import traceback
-from collections import deque
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -138,14 +137,12 @@ class Probe:
         self._local = threading.local()
         self._write_lock = threading.Lock()
         self._capture_lock = threading.Lock()
-        self._queue: deque[tuple[Any, ...]] = deque()
+        self._state = _fast.State() if _fast is not None else _State()
         self._entered: set[int] = set()  # calls whose enter line is written, exit not yet
         self._static: dict[Any, str] = {}  # JSON fragments of enter/exit lines, see _enter_line
         self._stop = threading.Event()
         self._ids = itertools.count(1)  # call ids; per-group sequence numbers in _seqs
-        self._done = 0
         self._step: int | None = None
-        self._current: _Call | None = None
         self._seqs: dict[str | None, itertools.count[int]] = {}
         self._pg_cache: dict[Any, tuple[str | None, str | None, list[int] | None]] = {}
         self._sites: dict[tuple[Any, int], tuple[str | None, int | None, str | None]] = {}
@@ -164,14 +161,15 @@ class Probe:
         fields["ev"] = ev
         fields["t"] = time.time()
         fields["rank"] = self.rank
-        self._queue.append((fields,))
+        self._state.queue.append((fields,))
 
     def flush(self) -> None:
         """Write everything queued, and the enter line of a call that is still in flight."""
         with self._write_lock:
+            records, self._state.queue = self._state.queue, []
             if _fast is not None:
                 data = _fast.lines(
-                    self._queue,
+                    records,
                     self._entered,
                     self._static,
                     self._enter_line,
@@ -180,8 +178,8 @@ class Probe:
                     self.rank,
                 )
             else:
-                data = "".join(self._lines()).encode()
-            cur = self._current
+                data = "".join(self._lines(records)).encode()
+            cur = self._state.current
             if cur is not None and cur.cid not in self._entered:
                 self._entered.add(cur.cid)
                 data += self._enter_line(cur).encode()
@@ -189,11 +187,9 @@ class Probe:
                 with contextlib.suppress(OSError):
                     os.write(self._fd, data)
 
-    def _lines(self) -> Iterator[str]:
-        """The queue's records as JSON lines (``_fast.lines`` does the same in C)."""
-        queue = self._queue
-        while queue:
-            item = queue.popleft()
+    def _lines(self, records: list[tuple[Any, ...]]) -> Iterator[str]:
+        """The records' JSON lines (``_fast.lines`` does the same in C)."""
+        for item in records:
             if len(item) == 1:
                 yield _line(item[0])
                 continue
@@ -323,10 +319,10 @@ class Probe:
                 self._warmup = warmup  # published only once started: end() joins it
             now = time.monotonic()
             if now >= next_beat:
-                cur = self._current
+                cur = self._state.current
                 self.emit(
                     "heartbeat",
-                    done=self._done,
+                    done=self._state.done,
                     step=self._step,
                     coll=cur.cid if cur else None,
                     op=cur.op if cur else None,
@@ -335,7 +331,7 @@ class Probe:
                 next_beat = now + HEARTBEAT_S
             with contextlib.suppress(Exception):
                 self._poll_request()
-            cur = self._current
+            cur = self._state.current
             cid = cur.cid if cur is not None else None
             stuck = cid is not None and cid == seen and cid not in self._entered
             seen = cid
@@ -449,7 +445,7 @@ class Probe:
     def _python_wrapper(self, fn: Any, spec: _Spec, before: Any, after: Any) -> Any:
         """The wrapper without the C extension; ``_fast.c`` does the same steps."""
         local = self._local
-        queue = self._queue
+        state = self._state
         clock = time.time
 
         def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -473,9 +469,9 @@ class Probe:
                     if after is not None:
                         after()
                     if call is not None:  # the exit record, inline: the hot path
-                        queue.append((call, clock(), error is None, error))
-                        self._done += 1
-                        self._current = None
+                        state.current = None
+                        state.done += 1
+                        state.queue.append((call, clock(), error is None, error))
             finally:
                 local.busy = False
 
@@ -542,7 +538,7 @@ class Probe:
                 time.time(),
             ),
         )
-        self._current = call
+        self._state.current = call
         return call
 
     def _describe_group(self, group: Any) -> tuple[str | None, str | None, list[int] | None]:
@@ -589,6 +585,17 @@ class Probe:
     def step(self, n: int | None = None) -> None:
         self._step = (self._step or 0) + 1 if n is None else int(n)
         self.emit("step", step=self._step)
+
+
+class _State:
+    """What the wrappers and the probe thread share (``_fast.State`` where the C is built)."""
+
+    __slots__ = ("current", "done", "queue")
+
+    def __init__(self) -> None:
+        self.queue: list[tuple[Any, ...]] = []  # records; the flush takes it, puts an empty one
+        self.current: _Call | None = None  # the call in flight
+        self.done = 0  # calls completed
 
 
 class _Spec(NamedTuple):

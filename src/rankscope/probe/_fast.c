@@ -5,11 +5,16 @@
  * loop; this type takes the common case (one tensor argument: all_reduce, broadcast, send,
  * ...) in a few dozen C steps and hands every other call to the probe's Python ``_enter``.
  *
- * What it shares with the Probe object (looked up once, when the wrapper is made): the queue's
- * ``append``, the group cache and ``_describe_group``, the per-group sequence counters, the
- * call-site cache and ``_call_site``, and the call-id counter. It sets ``probe._current`` and
- * ``probe._done`` as the Python wrapper does. A recorded call is a ``_Call`` tuple; its exit
- * record is ``(call, t_end, ok, error)``.
+ * What it shares with the Probe object (looked up once, when the wrapper is made): the probe's
+ * State (below: the queue, the call in flight, the count of calls done), the group cache and
+ * ``_describe_group``, the per-group sequence counters, the call-site cache and ``_call_site``,
+ * and the call-id counter. A recorded call is a ``_Call`` tuple; its exit record is
+ * ``(call, t_end, ok, error)``.
+ *
+ * Every step here is paid right after a collective returns, and on a busy machine a rank's
+ * microsecond delays its peers by several: a call touches few objects (the State's fields are
+ * plain C, not entries of the probe's __dict__; a call site's shapes are reused while they
+ * repeat) and allocates little.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -24,12 +29,23 @@
 static _Thread_local int busy;
 
 static PyObject *one;
-static PyObject *s_group, *s_tensor, *s_async_op, *s_shape, *s_dtype, *s_current, *s_done;
+static PyObject *s_group, *s_tensor, *s_async_op, *s_shape, *s_dtype;
+
+/* What the wrappers and the probe thread share: Probe._state. */
+typedef struct {
+    PyObject_HEAD
+    PyObject *queue;   /* a list of records; the probe's flush swaps in an empty one */
+    PyObject *current; /* the call in flight (the last one entered), or None */
+    Py_ssize_t done;   /* calls completed */
+} State;
+
+static PyTypeObject StateType;
 
 #define SITE_SLOTS 8
 
+/* A call site seen lately, and the (shape,) and (dtype,) tuples of its last call. */
 typedef struct {
-    PyObject *code, *site;
+    PyObject *code, *site, *shapes, *dtypes;
     long lasti;
 } SiteSlot;
 
@@ -46,7 +62,8 @@ typedef struct {
     PyObject *peer;            /* spec.peer: the keyword naming the peer, or NULL */
     Py_ssize_t group_at, peer_at, async_at; /* positional indexes, -1 when absent */
     int always_async, one_tensor;
-    PyObject *probe, *probe_dict, *enter, *append;
+    PyObject *probe, *enter;
+    State *state;
     PyObject *pg_cache, *describe_group, *seqs, *sites, *call_site, *ids;
     PyObject *tensor_type, *call_type, *count_type;
     PyObject *before, *after;  /* hooks: before(args, kwargs) and after(), or NULL */
@@ -120,7 +137,9 @@ fast_enter(Wrapper *w, PyObject *args, PyObject *kwargs, PyFrameObject *frame)
 {
     PyObject *group, *peer, *tensor, *info, *counter, *seq = NULL, *shapes = NULL, *dtypes = NULL;
     PyObject *site = NULL, *key = NULL, *code = NULL, *lasti = NULL, *cid = NULL, *t = NULL;
-    PyObject *call = NULL, *pg;
+    PyObject *call = NULL, *pg, *shape = NULL, *dtype = NULL;
+    SiteSlot *slot = NULL;
+    long at = -1;
     int async_op;
 
     group = argument(args, kwargs, s_group, w->group_at);
@@ -133,13 +152,24 @@ fast_enter(Wrapper *w, PyObject *args, PyObject *kwargs, PyFrameObject *frame)
     if (tensor == NULL && PyErr_Occurred())
         return NULL;
 
+    /* The call site's slot: a few per wrapper, compared by identity (hashing a code object
+     * hashes its constants and names). */
+    if (frame != NULL) {
+        code = (PyObject *)PyFrame_GetCode(frame);
+        at = frame_lasti(frame);
+        if (at == -1 && PyErr_Occurred())
+            goto done;
+        slot = &w->sites_seen[(((uintptr_t)code >> 4) ^ (uintptr_t)at) % SITE_SLOTS];
+        if (slot->code == code && slot->lasti == at)
+            site = Py_NewRef(slot->site);
+    }
+
     /* Records live until the probe thread's next flush, long enough to leave the collector's
      * youngest generation; in a process holding torch's hundreds of thousands of objects, five
      * more survivors per call bring a full collection every few thousand calls (several
      * microseconds per call). Records are untracked: they hold ints, strings, torch.Size and
      * the probe's own cached values, and no cycle can run through them. */
     if (tensor != NULL && PyObject_TypeCheck(tensor, (PyTypeObject *)w->tensor_type)) {
-        PyObject *shape, *dtype;
         if (Py_TYPE(tensor) == (PyTypeObject *)w->tensor_type && w->shape.get != NULL) {
             /* torch.Tensor itself: its getters, without the attribute lookup */
             shape = w->shape.get(tensor, w->shape.closure);
@@ -149,18 +179,27 @@ fast_enter(Wrapper *w, PyObject *args, PyObject *kwargs, PyFrameObject *frame)
             shape = PyObject_GetAttr(tensor, s_shape);
             dtype = shape ? PyObject_GetAttr(tensor, s_dtype) : NULL;
         }
-        if (dtype != NULL) {
-            shapes = PyTuple_Pack(1, shape);
-            dtypes = PyTuple_Pack(1, dtype);
-        }
-        if (shape != NULL && PyTuple_Check(shape))
-            PyObject_GC_UnTrack(shape);
-        Py_XDECREF(shape);
-        Py_XDECREF(dtype);
-        if (shapes == NULL || dtypes == NULL)
+        if (dtype == NULL)
             goto done;
-        PyObject_GC_UnTrack(shapes);
-        PyObject_GC_UnTrack(dtypes);
+        if (site != NULL && slot->dtypes != NULL && PyTuple_GET_ITEM(slot->dtypes, 0) == dtype) {
+            /* the site's last shapes, if this call's are the same */
+            int same = PyObject_RichCompareBool(shape, PyTuple_GET_ITEM(slot->shapes, 0), Py_EQ);
+            if (same < 0)
+                goto done;
+            if (same) {
+                shapes = Py_NewRef(slot->shapes);
+                dtypes = Py_NewRef(slot->dtypes);
+            }
+        }
+        if (shapes == NULL) {
+            if (PyTuple_Check(shape))
+                PyObject_GC_UnTrack(shape);
+            if ((shapes = PyTuple_Pack(1, shape)) == NULL ||
+                (dtypes = PyTuple_Pack(1, dtype)) == NULL)
+                goto done;
+            PyObject_GC_UnTrack(shapes);
+            PyObject_GC_UnTrack(dtypes);
+        }
     }
     else {
         shapes = PyTuple_New(0);
@@ -211,42 +250,29 @@ fast_enter(Wrapper *w, PyObject *args, PyObject *kwargs, PyFrameObject *frame)
         async_op = a != NULL && PyObject_IsTrue(a) == 1;
     }
 
-    /* The call site, cached per (code object, instruction) of the caller's frame: first in a
-     * few slots of this wrapper (compared by identity; hashing a code object hashes its
-     * constants and names), then in the probe's dict, then worked out by _call_site. */
-    if (frame != NULL) {
-        PyObject *c = (PyObject *)PyFrame_GetCode(frame);
-        long at = frame_lasti(frame);
-        if (at == -1 && PyErr_Occurred()) {
-            Py_DECREF(c);
+    /* A site not in its slot: in the probe's dict, else worked out by _call_site. */
+    if (frame == NULL) {
+        if ((site = PyTuple_Pack(3, Py_None, Py_None, Py_None)) == NULL)
             goto done_info;
-        }
-        SiteSlot *slot = &w->sites_seen[(((uintptr_t)c >> 4) ^ (uintptr_t)at) % SITE_SLOTS];
-        if (slot->code == c && slot->lasti == at) {
-            Py_DECREF(c);
-            site = Py_NewRef(slot->site);
-        }
-        else {
-            code = c;
-            lasti = PyLong_FromLong(at);
-            if (lasti == NULL || (key = PyTuple_Pack(2, code, lasti)) == NULL)
-                goto done_info;
-            site = PyDict_GetItemWithError(w->sites, key);
-            if (site != NULL)
-                Py_INCREF(site);
-            else if (PyErr_Occurred())
-                goto done_info;
-            else if ((site = PyObject_CallOneArg(w->call_site, (PyObject *)frame)) == NULL)
-                goto done_info;
-            Py_XSETREF(slot->code, Py_NewRef(code));
-            Py_XSETREF(slot->site, Py_NewRef(site));
-            slot->lasti = at;
-        }
     }
-    else {
-        site = PyTuple_Pack(3, Py_None, Py_None, Py_None);
-        if (site == NULL)
+    else if (site == NULL) {
+        lasti = PyLong_FromLong(at);
+        if (lasti == NULL || (key = PyTuple_Pack(2, code, lasti)) == NULL)
             goto done_info;
+        site = PyDict_GetItemWithError(w->sites, key);
+        if (site != NULL)
+            Py_INCREF(site);
+        else if (PyErr_Occurred())
+            goto done_info;
+        else if ((site = PyObject_CallOneArg(w->call_site, (PyObject *)frame)) == NULL)
+            goto done_info;
+        Py_XSETREF(slot->code, Py_NewRef(code));
+        Py_XSETREF(slot->site, Py_NewRef(site));
+        slot->lasti = at;
+    }
+    if (slot != NULL && PyTuple_GET_SIZE(shapes) == 1 && slot->shapes != shapes) {
+        Py_XSETREF(slot->shapes, Py_NewRef(shapes));
+        Py_XSETREF(slot->dtypes, Py_NewRef(dtypes));
     }
 
     cid = PyIter_Next(w->ids);
@@ -264,12 +290,13 @@ fast_enter(Wrapper *w, PyObject *args, PyObject *kwargs, PyFrameObject *frame)
         PyTuple_SET_ITEM(call, i, items[i]);
     }
     PyObject_GC_UnTrack(call);
-    if (PyDict_SetItem(w->probe_dict, s_current, call))
-        Py_CLEAR(call);
+    Py_SETREF(w->state->current, Py_NewRef(call));
 
 done_info:
     Py_DECREF(info);
 done:
+    Py_XDECREF(shape);
+    Py_XDECREF(dtype);
     Py_XDECREF(shapes);
     Py_XDECREF(dtypes);
     Py_XDECREF(seq);
@@ -306,6 +333,9 @@ error_text(void)
 static int
 record_exit(Wrapper *w, PyObject *call, PyObject *error)
 {
+    State *st = w->state;
+    Py_SETREF(st->current, Py_NewRef(Py_None));
+    st->done++;
     PyObject *t = PyFloat_FromDouble(now());
     if (t == NULL)
         return -1;
@@ -314,16 +344,9 @@ record_exit(Wrapper *w, PyObject *call, PyObject *error)
     if (item == NULL)
         return -1;
     PyObject_GC_UnTrack(item); /* see fast_enter */
-    PyObject *r = PyObject_CallOneArg(w->append, item);
+    int bad = PyList_Append(st->queue, item);
     Py_DECREF(item);
-    if (r == NULL)
-        return -1;
-    Py_DECREF(r);
-    PyObject *done = PyDict_GetItemWithError(w->probe_dict, s_done);
-    PyObject *next = done ? PyNumber_Add(done, one) : NULL;
-    int bad = next == NULL || PyDict_SetItem(w->probe_dict, s_done, next);
-    Py_XDECREF(next);
-    return bad || PyDict_SetItem(w->probe_dict, s_current, Py_None) ? -1 : 0;
+    return bad;
 }
 
 static PyObject *
@@ -540,25 +563,20 @@ lines(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     if (nargs != 7) {
         PyErr_SetString(PyExc_TypeError,
-                        "lines(queue, entered, statics, enter_line, exit_line, event_line, rank)");
+                        "lines(records, entered, statics, enter_line, exit_line, event_line, rank)");
         return NULL;
     }
-    PyObject *queue = args[0], *entered = args[1], *statics = args[2], *slow_enter = args[3];
+    PyObject *records = args[0], *entered = args[1], *statics = args[2], *slow_enter = args[3];
     PyObject *slow_exit = args[4], *event_line = args[5], *rank = args[6];
-    if (!PySet_Check(entered) || !PyDict_Check(statics)) {
-        PyErr_SetString(PyExc_TypeError, "lines: entered must be a set and statics a dict");
+    if (!PyList_Check(records) || !PySet_Check(entered) || !PyDict_Check(statics)) {
+        PyErr_SetString(PyExc_TypeError,
+                        "lines: records must be a list, entered a set and statics a dict");
         return NULL;
     }
-    PyObject *popleft = PyObject_GetAttrString(queue, "popleft");
-    if (popleft == NULL)
-        return NULL;
     Buffer b = {NULL, 0, 0};
     PyObject *out = NULL;
-    Py_ssize_t n = PyObject_Length(queue);
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *item = PyObject_CallNoArgs(popleft);
-        if (item == NULL)
-            goto fail;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(records); i++) {
+        PyObject *item = Py_NewRef(PyList_GET_ITEM(records, i));
         Py_ssize_t mark = b.len;
         int bad;
         if (PyTuple_Check(item) && PyTuple_GET_SIZE(item) == 1)
@@ -586,17 +604,17 @@ lines(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     out = PyBytes_FromStringAndSize(b.data, b.len);
 fail:
     PyMem_Free(b.data);
-    Py_DECREF(popleft);
     return out;
 }
 
 /* Every object a wrapper holds, the site slots' too: traverse and clear walk this one list. */
 #define WRAPPER_REFS(X)                                                                        \
-    X(fn) X(spec) X(name) X(peer) X(probe) X(probe_dict) X(enter) X(append) X(pg_cache)        \
-    X(describe_group) X(seqs) X(sites) X(call_site) X(ids) X(tensor_type) X(call_type)         \
-    X(count_type) X(before) X(after) X(dict)                                                   \
+    X(fn) X(spec) X(name) X(peer) X(probe) X(state) X(enter) X(pg_cache) X(describe_group)     \
+    X(seqs) X(sites) X(call_site) X(ids) X(tensor_type) X(call_type) X(count_type) X(before)   \
+    X(after) X(dict)                                                                           \
     for (int i = 0; i < SITE_SLOTS; i++) {                                                     \
-        X(sites_seen[i].code) X(sites_seen[i].site)                                            \
+        X(sites_seen[i].code) X(sites_seen[i].site) X(sites_seen[i].shapes)                    \
+        X(sites_seen[i].dtypes)                                                                \
     }
 
 static int
@@ -662,15 +680,12 @@ wrapper_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     w->dtype = find_getter(tensor_type, s_dtype);
     if (w->dtype.get == NULL)
         w->shape.get = NULL;
-    /* What it shares with the probe. _current and _done are set in the instance's dict
-     * directly (no attribute lookup). */
-    PyObject *queue = NULL;
+    /* What it shares with the probe. */
     struct {
         PyObject **slot;
         const char *name;
     } shared[] = {
-        {&queue, "_queue"},
-        {&w->probe_dict, "__dict__"},
+        {(PyObject **)&w->state, "_state"},
         {&w->enter, "_enter"},
         {&w->pg_cache, "_pg_cache"},
         {&w->describe_group, "_describe_group"},
@@ -681,20 +696,14 @@ wrapper_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     };
     for (size_t i = 0; i < sizeof shared / sizeof *shared; i++) {
         if ((*shared[i].slot = PyObject_GetAttrString(probe, shared[i].name)) == NULL) {
-            Py_XDECREF(queue);
             Py_DECREF(w);
             return NULL;
         }
     }
-    w->append = PyObject_GetAttrString(queue, "append");
-    Py_DECREF(queue);
-    if (w->append == NULL) {
-        Py_DECREF(w);
-        return NULL;
-    }
-    if (!PyDict_Check(w->probe_dict) || !PyDict_Check(w->pg_cache) || !PyDict_Check(w->seqs) ||
-        !PyDict_Check(w->sites) || !PyIter_Check(w->ids)) {
-        PyErr_SetString(PyExc_TypeError, "Wrapper: the probe's caches must be dicts");
+    if (!PyObject_TypeCheck(w->state, &StateType) || !PyDict_Check(w->pg_cache) ||
+        !PyDict_Check(w->seqs) || !PyDict_Check(w->sites) || !PyIter_Check(w->ids)) {
+        PyErr_SetString(PyExc_TypeError,
+                        "Wrapper: the probe's state must be a State and its caches dicts");
         Py_DECREF(w);
         return NULL;
     }
@@ -731,10 +740,122 @@ static PyTypeObject WrapperType = {
     .tp_setattro = PyObject_GenericSetAttr,
 };
 
+/* --- State --------------------------------------------------------------------------------- */
+
+static PyObject *
+state_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    if (PyTuple_GET_SIZE(args) || (kwds != NULL && PyDict_GET_SIZE(kwds))) {
+        PyErr_SetString(PyExc_TypeError, "State() takes no arguments");
+        return NULL;
+    }
+    State *st = (State *)type->tp_alloc(type, 0);
+    if (st == NULL)
+        return NULL;
+    st->current = Py_NewRef(Py_None);
+    if ((st->queue = PyList_New(0)) == NULL) {
+        Py_DECREF(st);
+        return NULL;
+    }
+    return (PyObject *)st;
+}
+
+static int
+state_traverse(State *st, visitproc visit, void *arg)
+{
+    Py_VISIT(st->queue);
+    Py_VISIT(st->current);
+    return 0;
+}
+
+static int
+state_clear(State *st)
+{
+    Py_CLEAR(st->queue);
+    Py_CLEAR(st->current);
+    return 0;
+}
+
+static void
+state_dealloc(State *st)
+{
+    PyObject_GC_UnTrack(st);
+    state_clear(st);
+    Py_TYPE(st)->tp_free((PyObject *)st);
+}
+
+static PyObject *
+state_get_queue(State *st, void *closure)
+{
+    return Py_NewRef(st->queue);
+}
+
+static int
+state_set_queue(State *st, PyObject *value, void *closure)
+{
+    if (value == NULL || !PyList_Check(value)) {
+        PyErr_SetString(PyExc_TypeError, "State.queue must be a list");
+        return -1;
+    }
+    Py_SETREF(st->queue, Py_NewRef(value));
+    return 0;
+}
+
+static PyObject *
+state_get_current(State *st, void *closure)
+{
+    return Py_NewRef(st->current);
+}
+
+static int
+state_set_current(State *st, PyObject *value, void *closure)
+{
+    Py_SETREF(st->current, Py_NewRef(value ? value : Py_None));
+    return 0;
+}
+
+static PyObject *
+state_get_done(State *st, void *closure)
+{
+    return PyLong_FromSsize_t(st->done);
+}
+
+static int
+state_set_done(State *st, PyObject *value, void *closure)
+{
+    Py_ssize_t n = value ? PyLong_AsSsize_t(value) : 0;
+    if (n == -1 && PyErr_Occurred())
+        return -1;
+    st->done = n;
+    return 0;
+}
+
+static PyGetSetDef state_getset[] = {
+    {"queue", (getter)state_get_queue, (setter)state_set_queue,
+     "records not yet written (a list; the flush takes it and puts an empty one)"},
+    {"current", (getter)state_get_current, (setter)state_set_current,
+     "the call in flight, or None"},
+    {"done", (getter)state_get_done, (setter)state_set_done, "calls completed"},
+    {NULL},
+};
+
+static PyTypeObject StateType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "rankscope.probe._fast.State",
+    .tp_doc = "State()\n\nWhat the probe's wrappers and its thread share: queue, current, done.",
+    .tp_basicsize = sizeof(State),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_new = state_new,
+    .tp_traverse = (traverseproc)state_traverse,
+    .tp_clear = (inquiry)state_clear,
+    .tp_dealloc = (destructor)state_dealloc,
+    .tp_getset = state_getset,
+};
+
 static PyMethodDef methods[] = {
     {"lines", (PyCFunction)(void (*)(void))lines, METH_FASTCALL,
-     "lines(queue, entered, statics, enter_line, exit_line, event_line, rank) -> bytes\n\n"
-     "Pop every record queued and return their JSON lines, as Probe.flush writes them."},
+     "lines(records, entered, statics, enter_line, exit_line, event_line, rank) -> bytes\n\n"
+     "The records' JSON lines, as Probe.flush writes them."},
     {NULL},
 };
 
@@ -749,7 +870,7 @@ static struct PyModuleDef module = {
 PyMODINIT_FUNC
 PyInit__fast(void)
 {
-    if (PyType_Ready(&WrapperType) < 0)
+    if (PyType_Ready(&WrapperType) < 0 || PyType_Ready(&StateType) < 0)
         return NULL;
 #define INTERN(var, text)                                                                      \
     if ((var = PyUnicode_InternFromString(text)) == NULL)                                      \
@@ -759,17 +880,14 @@ PyInit__fast(void)
     INTERN(s_async_op, "async_op");
     INTERN(s_shape, "shape");
     INTERN(s_dtype, "dtype");
-    INTERN(s_current, "_current");
-    INTERN(s_done, "_done");
     if ((one = PyLong_FromLong(1)) == NULL)
         return NULL;
 #undef INTERN
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)
         return NULL;
-    Py_INCREF(&WrapperType);
-    if (PyModule_AddObject(m, "Wrapper", (PyObject *)&WrapperType) < 0) {
-        Py_DECREF(&WrapperType);
+    if (PyModule_AddObjectRef(m, "Wrapper", (PyObject *)&WrapperType) < 0 ||
+        PyModule_AddObjectRef(m, "State", (PyObject *)&StateType) < 0) {
         Py_DECREF(m);
         return NULL;
     }
