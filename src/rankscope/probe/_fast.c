@@ -19,6 +19,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <frameobject.h>
+#include <structmember.h>
 #include <math.h>
 #include <stddef.h>
 #include <string.h>
@@ -35,7 +36,7 @@ static PyObject *s_group, *s_tensor, *s_async_op, *s_shape, *s_dtype;
 typedef struct {
     PyObject_HEAD
     PyObject *queue;   /* a list of records; the probe's flush swaps in an empty one */
-    PyObject *current; /* the call in flight (the last one entered), or None */
+    PyObject *current; /* the call in flight (the last one entered); None or NULL: none */
     Py_ssize_t done;   /* calls completed */
 } State;
 
@@ -290,7 +291,7 @@ fast_enter(Wrapper *w, PyObject *args, PyObject *kwargs, PyFrameObject *frame)
         PyTuple_SET_ITEM(call, i, items[i]);
     }
     PyObject_GC_UnTrack(call);
-    Py_SETREF(w->state->current, Py_NewRef(call));
+    Py_XSETREF(w->state->current, Py_NewRef(call));
 
 done_info:
     Py_DECREF(info);
@@ -334,7 +335,7 @@ static int
 record_exit(Wrapper *w, PyObject *call, PyObject *error)
 {
     State *st = w->state;
-    Py_SETREF(st->current, Py_NewRef(Py_None));
+    Py_XSETREF(st->current, Py_NewRef(Py_None));
     st->done++;
     PyObject *t = PyFloat_FromDouble(now());
     if (t == NULL)
@@ -635,12 +636,13 @@ wrapper_clear(Wrapper *w)
     return 0;
 }
 
+/* Both types' dealloc: untrack, drop what the object holds, free. */
 static void
-wrapper_dealloc(Wrapper *w)
+gc_dealloc(PyObject *self)
 {
-    PyObject_GC_UnTrack(w);
-    wrapper_clear(w);
-    Py_TYPE(w)->tp_free((PyObject *)w);
+    PyObject_GC_UnTrack(self);
+    Py_TYPE(self)->tp_clear(self);
+    Py_TYPE(self)->tp_free(self);
 }
 
 static PyObject *
@@ -732,7 +734,7 @@ static PyTypeObject WrapperType = {
     .tp_call = (ternaryfunc)wrapper_call,
     .tp_traverse = (traverseproc)wrapper_traverse,
     .tp_clear = (inquiry)wrapper_clear,
-    .tp_dealloc = (destructor)wrapper_dealloc,
+    .tp_dealloc = gc_dealloc,
     .tp_repr = (reprfunc)wrapper_repr,
     .tp_dictoffset = offsetof(Wrapper, dict),
     .tp_getset = wrapper_getset,
@@ -776,14 +778,6 @@ state_clear(State *st)
     return 0;
 }
 
-static void
-state_dealloc(State *st)
-{
-    PyObject_GC_UnTrack(st);
-    state_clear(st);
-    Py_TYPE(st)->tp_free((PyObject *)st);
-}
-
 static PyObject *
 state_get_queue(State *st, void *closure)
 {
@@ -801,41 +795,15 @@ state_set_queue(State *st, PyObject *value, void *closure)
     return 0;
 }
 
-static PyObject *
-state_get_current(State *st, void *closure)
-{
-    return Py_NewRef(st->current);
-}
-
-static int
-state_set_current(State *st, PyObject *value, void *closure)
-{
-    Py_SETREF(st->current, Py_NewRef(value ? value : Py_None));
-    return 0;
-}
-
-static PyObject *
-state_get_done(State *st, void *closure)
-{
-    return PyLong_FromSsize_t(st->done);
-}
-
-static int
-state_set_done(State *st, PyObject *value, void *closure)
-{
-    Py_ssize_t n = value ? PyLong_AsSsize_t(value) : 0;
-    if (n == -1 && PyErr_Occurred())
-        return -1;
-    st->done = n;
-    return 0;
-}
+static PyMemberDef state_members[] = {
+    {"current", T_OBJECT, offsetof(State, current), 0, "the call in flight, or None"},
+    {"done", T_PYSSIZET, offsetof(State, done), 0, "calls completed"},
+    {NULL},
+};
 
 static PyGetSetDef state_getset[] = {
     {"queue", (getter)state_get_queue, (setter)state_set_queue,
      "records not yet written (a list; the flush takes it and puts an empty one)"},
-    {"current", (getter)state_get_current, (setter)state_set_current,
-     "the call in flight, or None"},
-    {"done", (getter)state_get_done, (setter)state_set_done, "calls completed"},
     {NULL},
 };
 
@@ -848,8 +816,9 @@ static PyTypeObject StateType = {
     .tp_new = state_new,
     .tp_traverse = (traverseproc)state_traverse,
     .tp_clear = (inquiry)state_clear,
-    .tp_dealloc = (destructor)state_dealloc,
+    .tp_dealloc = gc_dealloc,
     .tp_getset = state_getset,
+    .tp_members = state_members,
 };
 
 static PyMethodDef methods[] = {
