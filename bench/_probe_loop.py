@@ -113,7 +113,6 @@ class _Clock:
 
     def __init__(self, pacer: Pacer):
         self.monotonic = pacer.monotonic
-        self.time = time.time
 
     def __getattr__(self, name: str):
         return getattr(time, name)

@@ -63,7 +63,7 @@ typedef struct {
     PyObject *peer;            /* spec.peer: the keyword naming the peer, or NULL */
     Py_ssize_t group_at, peer_at, async_at; /* positional indexes, -1 when absent */
     int always_async, one_tensor;
-    PyObject *probe, *enter;
+    PyObject *enter;
     State *state;
     PyObject *pg_cache, *describe_group, *seqs, *sites, *call_site, *ids;
     PyObject *tensor_type, *call_type, *count_type;
@@ -608,33 +608,33 @@ fail:
     return out;
 }
 
-/* Every object a wrapper holds, the site slots' too: traverse and clear walk this one list. */
+/* Every object each type holds (a wrapper's site slots too): its traverse and clear, made by
+ * GC_METHODS, walk this one list. */
 #define WRAPPER_REFS(X)                                                                        \
-    X(fn) X(spec) X(name) X(peer) X(probe) X(state) X(enter) X(pg_cache) X(describe_group)     \
-    X(seqs) X(sites) X(call_site) X(ids) X(tensor_type) X(call_type) X(count_type) X(before)   \
-    X(after) X(dict)                                                                           \
+    X(fn) X(spec) X(name) X(peer) X(state) X(enter) X(pg_cache) X(describe_group) X(seqs)      \
+    X(sites) X(call_site) X(ids) X(tensor_type) X(call_type) X(count_type) X(before) X(after)  \
+    X(dict)                                                                                    \
     for (int i = 0; i < SITE_SLOTS; i++) {                                                     \
         X(sites_seen[i].code) X(sites_seen[i].site) X(sites_seen[i].shapes)                    \
         X(sites_seen[i].dtypes)                                                                \
     }
+#define STATE_REFS(X) X(queue) X(current)
 
-static int
-wrapper_traverse(Wrapper *w, visitproc visit, void *arg)
-{
-#define VISIT(field) Py_VISIT(w->field);
-    WRAPPER_REFS(VISIT)
+#define VISIT(field) Py_VISIT(o->field);
+#define CLEAR(field) Py_CLEAR(o->field);
+#define GC_METHODS(prefix, Type, REFS)                                                         \
+    static int prefix##_traverse(Type *o, visitproc visit, void *arg)                         \
+    {                                                                                          \
+        REFS(VISIT) return 0;                                                                  \
+    }                                                                                          \
+    static int prefix##_clear(Type *o)                                                         \
+    {                                                                                          \
+        REFS(CLEAR) return 0;                                                                  \
+    }
+GC_METHODS(wrapper, Wrapper, WRAPPER_REFS)
+GC_METHODS(state, State, STATE_REFS)
 #undef VISIT
-    return 0;
-}
-
-static int
-wrapper_clear(Wrapper *w)
-{
-#define CLEAR(field) Py_CLEAR(w->field);
-    WRAPPER_REFS(CLEAR)
 #undef CLEAR
-    return 0;
-}
 
 /* Both types' dealloc: untrack, drop what the object holds, free. */
 static void
@@ -672,7 +672,6 @@ wrapper_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     w->async_at = index_of(spec, 4);
     w->always_async = PyObject_IsTrue(PyTuple_GET_ITEM(spec, 5)) == 1;
     w->one_tensor = PyObject_IsTrue(PyTuple_GET_ITEM(spec, 6)) == 1;
-    w->probe = Py_NewRef(probe);
     w->before = before == Py_None ? NULL : Py_NewRef(before);
     w->after = after == Py_None ? NULL : Py_NewRef(after);
     w->tensor_type = Py_NewRef(tensor_type);
@@ -760,22 +759,6 @@ state_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
         return NULL;
     }
     return (PyObject *)st;
-}
-
-static int
-state_traverse(State *st, visitproc visit, void *arg)
-{
-    Py_VISIT(st->queue);
-    Py_VISIT(st->current);
-    return 0;
-}
-
-static int
-state_clear(State *st)
-{
-    Py_CLEAR(st->queue);
-    Py_CLEAR(st->current);
-    return 0;
 }
 
 static PyObject *
