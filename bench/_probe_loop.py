@@ -2,9 +2,9 @@
 
 Under the probe (``--mode probe``), once the probe's one-off warm-up is done, two measurements:
 
-  * per call: torch's own all_reduce, the probe's wrapper and the probe's Python wrapper are
-    called in turn, one call each, the order rotating every round, and every call is timed.
-    Neighbouring calls see the same machine, so the slow drifts of a shared machine cancel.
+  * per call: torch's own all_reduce, the probe's wrapper and a Python wrapper (of a second,
+    idle probe made without the C extension) are called in turn, one call each, the order
+    rotating every round, and every call is timed. Neighbouring calls see the same machine, so the slow drifts of a shared machine cancel.
     The probe thread runs during all arms alike. This shows where a wrapper's time lands on
     its own rank; what its work after the call costs the peer lands on the next call, which
     is another arm's, so the wrapper's whole cost is the blocks' figure;
@@ -19,6 +19,7 @@ Without the probe (``--mode loop``) it times a plain loop. Rank 0 prints one JSO
 
 import argparse
 import json
+import math
 import statistics
 import threading
 import time
@@ -29,7 +30,7 @@ import torch.distributed as dist
 ap = argparse.ArgumentParser()
 ap.add_argument("--mode", choices=("probe", "loop"), required=True)
 ap.add_argument("--calls", type=int, default=20000, help="per-call rotation: calls per arm")
-ap.add_argument("--blocks", type=int, default=400, help="pairs of off/on blocks")
+ap.add_argument("--blocks", type=int, default=1000, help="pairs of off/on blocks")
 ap.add_argument("--block", type=int, default=200, help="calls per block")
 args = ap.parse_args()
 
@@ -54,7 +55,8 @@ class Pacer:
     only while an "on" block runs. Its ``wait`` sleeps until the loop lets the thread go; the loop
     does that, between two calls, once the thread's ``POLL_S`` has passed on that clock. So the
     thread looks, beats and flushes at its own rates per second of probed loop, never during an
-    "off" block and never during the barriers between blocks.
+    "off" block and never during the barriers between blocks. ``tick``, called after every call
+    in both kinds of block, does the same work in both: one clock read and one comparison.
     """
 
     def __init__(self, stop: threading.Event):
@@ -64,6 +66,7 @@ class Pacer:
         self.elapsed = 0.0  # seconds of "on" blocks so far
         self.since: float | None = None  # start of the running "on" block
         self.due_at: float | None = None  # when the sleeping thread is to go; None: busy
+        self.wake_at = math.inf  # due_at in real time while an "on" block runs, else inf
         self.go = False
         self.looks = 0  # times the thread was let go
 
@@ -81,6 +84,7 @@ class Pacer:
     def wait(self, timeout: float) -> bool:
         with self.cond:
             self.due_at = self.monotonic() + timeout
+            self._schedule()
             while not self.go and not self.stop.is_set():
                 self.cond.wait()
             self.go = False
@@ -89,23 +93,32 @@ class Pacer:
     def release(self) -> None:
         with self.cond:
             self.due_at = None
+            self.wake_at = math.inf
             self.go = True
             self.cond.notify()
 
+    def _schedule(self) -> None:
+        due, since = self.due_at, self.since
+        if due is None or since is None:
+            self.wake_at = math.inf
+        else:
+            self.wake_at = since + (due - self.base - self.elapsed)
+
     def tick(self) -> None:
         """Called by the loop after every call, in both kinds of block: let the thread go if due."""
-        due = self.due_at
-        if due is not None and self.monotonic() >= due:
+        if time.monotonic() >= self.wake_at:
             self.looks += 1
             self.release()
 
     def on(self) -> None:
         self.since = time.monotonic()
+        self._schedule()
 
     def off(self) -> None:
         if self.since is not None:
             self.elapsed += time.monotonic() - self.since
             self.since = None
+        self._schedule()
 
 
 class _Clock:
@@ -170,17 +183,21 @@ if args.mode == "loop":
         fn(t)
     out = {"loop_us": (clock() - start) / args.calls / 1e3}
 else:
+    import tempfile
+
     import rankscope.probe
     from rankscope.probe import _core
+    from rankscope.rundir import RunDir
 
     probe = rankscope.probe.current()
     assert probe is not None, "run under rankscope's bootstrap"
     originals = {name: fn for _, name, fn in probe._originals}
     torch_fn = originals["all_reduce"]
     arms = {"torch": torch_fn, "probe": dist.all_reduce}
-    if _core._fast is not None:  # the same probe with its Python wrapper
+    if _core._fast is not None:  # the Python wrapper, on a probe made without the C extension
         fast, _core._fast = _core._fast, None
-        arms["python"] = probe._wrap("all_reduce", torch_fn, None)
+        bare = _core.Probe(RunDir(tempfile.mkdtemp()), probe.rank)  # its thread never runs
+        arms["python"] = bare._wrap("all_reduce", torch_fn, None)
         _core._fast = fast
     deadline = time.monotonic() + 30
     while probe._warmup is None and time.monotonic() < deadline:

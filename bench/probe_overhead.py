@@ -2,8 +2,9 @@
 
 Measured inside one job under the probe, after its one-off warm-up (see _probe_loop.py):
   * per call: torch's own all_reduce, the probe's wrapper (C where the extension is built) and
-    its Python wrapper called in turn, one call each, every call timed: where the wrapper's
-    time lands on its own rank (its peer's share lands on the next call, another arm's);
+    a Python wrapper (of a probe made without the C extension) called in turn, one call each,
+    every call timed: where the wrapper's time lands on its own rank (its peer's share lands on
+    the next call, another arm's);
   * in blocks: the probe off (torch's all_reduce, the probe thread asleep) and on (the wrapper
     and the probe thread at its own pace) alternating in short blocks: everything the probe
     does on a running rank. This is the ratio the requirement is about.
@@ -15,7 +16,7 @@ shared machine, which is printed with them.
 Prints per-call times and ratios (probed / plain). On a shared machine single calls are
 disturbed now and then; the per-call A/B prints the ratio of means and of the fastest 95 %.
 
-    python bench/probe_overhead.py [--calls 20000] [--blocks 400] [--block 200] [--jobs 3]
+    python bench/probe_overhead.py [--calls 20000] [--blocks 1000] [--block 200] [--jobs 3]
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ def launch(*, probe: bool, run_dir: Path, args: list[str]) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--calls", type=int, default=20000, help="per-call A/B: calls per arm")
-    ap.add_argument("--blocks", type=int, default=400, help="pairs of off/on blocks")
+    ap.add_argument("--blocks", type=int, default=1000, help="pairs of off/on blocks")
     ap.add_argument("--block", type=int, default=200, help="calls per block")
     ap.add_argument("--loop", type=int, default=8000, help="calls per separate-job loop")
     ap.add_argument("--jobs", type=int, default=3, help="separate-job pairs (plain, probed)")

@@ -46,7 +46,7 @@ def probe(request, tmp_path, monkeypatch):
 
 def records(p: _core.Probe) -> list[dict]:
     p.flush()
-    return [json.loads(line) for line in p.run.events(0).read_text().splitlines()]
+    return [json.loads(line) for line in p.run.events(p.rank).read_text().splitlines()]
 
 
 def line_of(marker: str) -> int:
@@ -94,6 +94,23 @@ def test_a_call_site_records_each_calls_own_shape_and_dtype(probe):
     assert [e["dtypes"] for e in enters] == [[str(x.dtype)[6:]] for x in tensors]
 
 
+def test_a_new_default_group_is_seen_at_once(probe):
+    """init/destroy_process_group make what is cached about groups stale, call sites' too."""
+    reduce = probe._wrap("all_reduce", all_reduce, None)
+    probe._pg_cache[None] = ("0", "default_pg", [0, 1])
+    named = object()
+    probe._pg_cache[named] = ("7", "tp", [1])
+    for _ in range(2):
+        for group in (None, named, None):
+            reduce(torch.ones(1), group=group)  # one site, two groups
+        probe._groups_changed()  # as after destroy_process_group and init_process_group
+        probe._pg_cache[None] = ("1", "default_pg", [0, 1, 2])
+    enters = [e for e in records(probe) if e["ev"] == "enter"]
+    pgs = [(e["pg"], e["seq"]) for e in enters]
+    assert pgs == [("0", 1), ("7", 1), ("0", 2), ("1", 1), (str(named), 1), ("1", 2)]
+    assert enters[3]["pg_ranks"] == [0, 1, 2]
+
+
 def test_calls_made_inside_a_recorded_call_are_not_recorded(probe):
     inner = probe._wrap("all_reduce", all_reduce, None)
 
@@ -113,9 +130,12 @@ def test_odd_arguments_never_break_the_call(probe):
     reduce = probe._wrap("all_reduce", all_reduce, None)
     reduce([1, 2, 3], group=["unhashable"])  # not a tensor, a group that cannot be a key
     reduce(tensor=torch.ones(1), group=None)
+    reduce(**{"".join(["ten", "sor"]): torch.ones(2)})  # a keyword name that is not interned
+    reduce.__call__(torch.ones(3), None, None, True)  # through tp_call, as C callers call
     enters = [e for e in records(probe) if e["ev"] == "enter"]
     assert enters[0]["shapes"] == [] and enters[0]["pg"] == "['unhashable']"
-    assert enters[1]["shapes"] == [[1]]
+    assert [e["shapes"] for e in enters[1:]] == [[[1]], [[2]], [[3]]]
+    assert enters[3]["async_op"] is True and enters[3]["line"] == line_of("through tp_call")
 
 
 def test_the_wrapper_looks_like_the_function(probe):
@@ -124,6 +144,51 @@ def test_the_wrapper_looks_like_the_function(probe):
     assert reduce.__rankscope__ is True
     assert inspect.signature(reduce) == inspect.signature(all_reduce)
     assert functools.partial(reduce, torch.ones(1))() is None
+
+
+def some_calls(p: _core.Probe) -> None:
+    """Calls of every kind: fast and Python-entered, failing, odd peers, steps in between."""
+    reduce = p._wrap("all_reduce", all_reduce, None)
+    sender = p._wrap("send", send, "dst")
+    gather = p._wrap("all_gather", all_gather, None)
+    for i in range(20):
+        reduce(torch.ones(i % 3 + 1))
+        sender(torch.ones(1), dst=[1])  # a peer that is no JSON key
+        gather([torch.ones(1)] * 2, torch.ones(1), async_op=True)
+        with pytest.raises(RuntimeError):
+            reduce(torch.ones(0))
+        p.step(i)
+
+
+def make_probe(path, monkeypatch, wrapper: str) -> _core.Probe:
+    if _core._fast is None:
+        pytest.skip("the probe's C extension is not built here (no C compiler at install)")
+    with monkeypatch.context() as m:
+        if wrapper == "python":
+            m.setattr(_core, "_fast", None)
+        return _core.Probe(RunDir(path), rank=3)
+
+
+def close(*probes: _core.Probe) -> None:
+    for p in probes:
+        os.close(p._fd)
+        p._stacks.close()
+
+
+def test_c_probe_records_what_the_python_probe_records(tmp_path, monkeypatch):
+    """The C wrapper and records write the Python ones' lines, but for the times."""
+    probes = [make_probe(tmp_path / w, monkeypatch, w) for w in ("c", "python")]
+    try:
+        for p in probes:
+            some_calls(p)
+        c, python = ([_timeless(e) for e in records(p)] for p in probes)
+        assert c == python and len(c) == 20 * 9
+    finally:
+        close(*probes)
+
+
+def _timeless(event: dict) -> dict:
+    return {k: v for k, v in event.items() if k not in ("t", "dur_s")}
 
 
 #: (t, t_end) of calls whose lines the C and Python formatters must write alike: ties of the
@@ -138,36 +203,38 @@ TIMES = [
 ]
 
 
-def test_c_lines_match_python_lines(tmp_path):
+def test_c_lines_match_python_lines(tmp_path, monkeypatch):
     """The probe thread's formatting in C writes what the Python formatting writes."""
-    if _core._fast is None:
-        pytest.skip("the probe's C extension is not built here (no C compiler at install)")
-    p = _core.Probe(RunDir(tmp_path / "run"), rank=3)
+    p = make_probe(tmp_path, monkeypatch, "python")
     try:
-        reduce = p._wrap("all_reduce", all_reduce, None)
-        sender = p._wrap("send", send, "dst")
-        gather = p._wrap("all_gather", all_gather, None)
-        for i in range(20):
-            reduce(torch.ones(i % 3 + 1))
-            sender(torch.ones(1), dst=[1])  # a peer that is no JSON key
-            gather([torch.ones(1)] * 2, torch.ones(1), async_op=True)
-            with pytest.raises(RuntimeError):
-                reduce(torch.ones(0))
-            p.step(i)
+        some_calls(p)
         queued = p._state.queue
         call, _, ok, error = queued[0]
         for t, t_end in TIMES:  # the times' formatting, at its edges
             queued.append((call._replace(t=t), t_end, ok, error))
-        p._entered.add(queued[5][0].cid)  # as if the thread had written this enter line early
-        entered = set(p._entered)
-        c = _core._fast.lines(
-            queued, p._entered, p._static, p._enter_line, p._exit_line, _core._line, p.rank
-        )
-        p._entered.clear()
-        p._entered.update(entered)
-        python = "".join(p._lines(queued)).encode()
+        entered = {queued[5][0].cid}  # as if the thread had written this enter line early
+        c_state = _core._fast.State(_core._Call)
+        for item in queued:
+            c_state.append(item)
+        lines = [p._static, p._enter_line, p._exit_line, _core._line, p.rank]
+        c = c_state.lines(set(entered), *lines)
+        python = p._state.lines(set(entered), *lines)
         assert c == python and len(c.splitlines()) == 20 * 9 - 1 + 2 * len(TIMES)
         assert all(json.loads(line) for line in c.splitlines())
+        assert c_state.lines(set(), *lines) == b""  # taken: the next flush writes nothing
     finally:
-        os.close(p._fd)
-        p._stacks.close()
+        close(p)
+
+
+def test_c_state_refuses_records_of_unknown_shapes():
+    if _core._fast is None:
+        pytest.skip("the probe's C extension is not built here (no C compiler at install)")
+    state = _core._fast.State(_core._Call)
+    for bad in [(), ("a", "b"), (("not a call",), 1.0, True, None), [{"ev": "x"}]]:
+        with pytest.raises(TypeError):
+            state.append(bad)
+    call = _core._Call(0, 1, 0.0, "all_reduce", None, None, None, None, (), (), False, (None,) * 3)
+    with pytest.raises(ValueError, match="positive"):
+        state.append((call, 1.0, True, None))
+    with pytest.raises(TypeError, match="error"):
+        state.append((call._replace(cid=1), 1.0, False, 42))

@@ -1,26 +1,27 @@
 """The probe that runs inside every rank.
 
-It imports only the standard library and torch. A recorded call costs the rank a few
-microseconds: the wrapper takes the call's facts (group, sequence number, tensor shapes, call
-site, both cached where possible) into a tuple and queues it. Those microseconds are measured
-right after a collective returns, when the rank's caches are cold: a step that takes 0.1 us in a
-warm loop takes several times that there, so the hot path is kept to few steps. The wrapper is a
-C type (``_fast.c``, built at install where a C compiler exists) that takes one-tensor calls
-(all_reduce, broadcast, send, ...) in C and hands the others to ``Probe._enter``; without it the
-same steps run in ``Probe._python_wrapper``. Records are kept out of the garbage collector's
-reach in C, since thousands of them waiting for the next flush would otherwise bring full
-collections of torch's heap.
+It imports only the standard library and torch. A recorded call costs the rank about a
+microsecond: its record is the call's id, sequence number and two times, and one reference to
+its "facts" (op, group, peer, tensor shapes and dtypes, call site), which a call site keeps and
+reuses while they repeat. That microsecond is paid right after a collective returns, when the
+rank's caches are cold: a step that takes 0.1 us in a warm loop takes several times that there,
+and on a busy machine a rank's delay delays its peers. So the hot path is C (``_fast.c``, built
+at install where a C compiler exists): one-tensor calls (all_reduce, broadcast, send, ...) are
+read where their arguments lie and recorded as plain C structs, with no Python object made but
+the tensor's shape, which only torch can give; other calls go to ``Probe._enter``, whose
+``_Call`` becomes the same kind of record. Without the C the same steps run in
+``Probe._python_wrapper``, a few microseconds more a call.
 
 The probe's daemon thread looks every ``POLL_S`` for a capture request and for a call still in
-flight since its last look; only then, or every ``FLUSH_S``, does it turn the queue into JSON
-lines (in C where built) and append them with one ``os.write`` on an ``O_APPEND`` descriptor.
-Whatever the thread does holds the GIL, and a thread holding the GIL when the main thread's
-collective returns delays that rank and every rank waiting on it. So it looks ten times a
-second, one ``stat`` each, and formats completed calls in batches, about half a microsecond a
-call in C: times are written to the microsecond with integer arithmetic, not ``repr``. A call
-in flight at two looks in a row gets its ``enter`` line at once, so a blocked rank is visible
-within ``2 * POLL_S``. Capture, exception and exit flush the queue first; only a SIGKILL can
-lose the last ``FLUSH_S`` of completed calls.
+flight since its last look; only then, or every ``FLUSH_S``, does it turn the records into JSON
+lines (``State.lines``, in C where built) and append them with one ``os.write`` on an
+``O_APPEND`` descriptor. Whatever the thread does holds the GIL, and a thread holding the GIL
+when the main thread's collective returns delays that rank and every rank waiting on it. So it
+looks ten times a second, one ``stat`` each, and formats completed calls in batches, about a
+fifth of a microsecond a call in C: times are written to the microsecond with integer
+arithmetic, not ``repr``. A call in flight at two looks in a row gets its ``enter`` line at
+once, so a blocked rank is visible within ``2 * POLL_S``. Capture, exception and exit flush the
+queue first; only a SIGKILL can lose the last ``FLUSH_S`` of completed calls.
 """
 
 from __future__ import annotations
@@ -116,6 +117,9 @@ _INTERNAL_DIRS = (
 
 _probe: Probe | None = None
 
+#: Call ids and sequence numbers: the C wrappers bump a ``_fast.Counter`` without making ints.
+_Counter: Any = _fast.Counter if _fast is not None else itertools.count
+
 #: (is the NCCL recorder, dump function) for the recorders this torch build has.
 _DUMPS = [
     (nccl, fn)
@@ -137,13 +141,13 @@ class Probe:
         self._local = threading.local()
         self._write_lock = threading.Lock()
         self._capture_lock = threading.Lock()
-        self._state = _fast.State() if _fast is not None else _State()
+        self._state = _fast.State(_Call) if _fast is not None else _State()
         self._entered: set[int] = set()  # calls whose enter line is written, exit not yet
         self._static: dict[Any, str] = {}  # JSON fragments of enter/exit lines, see _enter_line
         self._stop = threading.Event()
-        self._ids = itertools.count(1)  # call ids; per-group sequence numbers in _seqs
+        self._ids = _Counter(1)  # call ids; per-group sequence numbers in _seqs
         self._step: int | None = None
-        self._seqs: dict[str | None, itertools.count[int]] = {}
+        self._seqs: dict[str | None, Iterator[int]] = {}
         self._pg_cache: dict[Any, tuple[str | None, str | None, list[int] | None]] = {}
         self._sites: dict[tuple[Any, int], tuple[str | None, int | None, str | None]] = {}
         self._internal: dict[Any, bool] = {}  # code object -> in torch or rankscope
@@ -161,24 +165,14 @@ class Probe:
         fields["ev"] = ev
         fields["t"] = time.time()
         fields["rank"] = self.rank
-        self._state.queue.append((fields,))
+        self._state.append((fields,))
 
     def flush(self) -> None:
         """Write everything queued, and the enter line of a call that is still in flight."""
         with self._write_lock:
-            records, self._state.queue = self._state.queue, []
-            if _fast is not None:
-                data = _fast.lines(
-                    records,
-                    self._entered,
-                    self._static,
-                    self._enter_line,
-                    self._exit_line,
-                    _line,
-                    self.rank,
-                )
-            else:
-                data = "".join(self._lines(records)).encode()
+            data = self._state.lines(
+                self._entered, self._static, self._enter_line, self._exit_line, _line, self.rank
+            )
             cur = self._state.current
             if cur is not None and cur.cid not in self._entered:
                 self._entered.add(cur.cid)
@@ -186,19 +180,6 @@ class Probe:
             if data:
                 with contextlib.suppress(OSError):
                     os.write(self._fd, data)
-
-    def _lines(self, records: list[tuple[Any, ...]]) -> Iterator[str]:
-        """The records' JSON lines (``_fast.lines`` does the same in C)."""
-        for item in records:
-            if len(item) == 1:
-                yield _line(item[0])
-                continue
-            call, t_end, ok, error = item
-            if call.cid in self._entered:
-                self._entered.discard(call.cid)
-            else:
-                yield self._enter_line(call)
-            yield self._exit_line(call, t_end, ok, error)
 
     def _enter_line(self, call: _Call) -> str:
         # Everything but the id, sequence number and time repeats from call to call at a given
@@ -431,13 +412,11 @@ class Probe:
                 _default_timeout(kwargs, args, params)
 
         if name in ("init_process_group", "destroy_process_group"):
-            after = self._pg_cache.clear
-        if _fast is not None:
-            wrapper = _fast.Wrapper(
-                fn, spec, self, before, after, torch.Tensor, _Call, itertools.count
-            )
-        else:
+            after = self._groups_changed
+        if isinstance(self._state, _State):  # made without the C extension
             wrapper = self._python_wrapper(fn, spec, before, after)
+        else:
+            wrapper = _fast.Wrapper(fn, spec, self, before, after, torch.Tensor)
         functools.update_wrapper(wrapper, fn)
         wrapper.__rankscope__ = True
         return wrapper
@@ -456,7 +435,7 @@ class Probe:
                 if before is not None:
                     before(args, kwargs)
                 try:
-                    call = self._enter(spec, args, kwargs, sys._getframe(1))
+                    call = state.current = self._enter(spec, args, kwargs, sys._getframe(1))
                 except Exception:  # the probe must never break the user's collective
                     call = None
                 error = None
@@ -469,9 +448,10 @@ class Probe:
                     if after is not None:
                         after()
                     if call is not None:  # the exit record, inline: the hot path
-                        state.current = None
+                        if state.current is call:
+                            state.current = None
                         state.done += 1
-                        state.queue.append((call, clock(), error is None, error))
+                        state.append((call, clock(), error is None, error))
             finally:
                 local.busy = False
 
@@ -515,31 +495,34 @@ class Probe:
             pg, pg_desc, pg_ranks = self._pg_cache[group]
         except (KeyError, TypeError):
             pg, pg_desc, pg_ranks = self._describe_group(group)
-        seqs = self._seqs.get(pg) or self._seqs.setdefault(pg, itertools.count(1))
+        seqs = self._seqs.get(pg) or self._seqs.setdefault(pg, _Counter(1))
         async_op = kwargs.get("async_op") if kwargs else None
         if async_op is None and spec.async_at is not None and len(args) > spec.async_at:
             async_op = args[spec.async_at]
         site = self._sites.get((frame.f_code, frame.f_lasti)) or self._call_site(frame)
-        # next() on a count is atomic under the GIL: ids stay unique across calling threads.
-        call = tuple.__new__(
+        # next() on a counter is atomic under the GIL: ids stay unique across calling threads.
+        return tuple.__new__(
             _Call,
             (
                 next(self._ids),
+                next(seqs),
+                time.time(),
                 spec.name,
                 pg,
                 pg_desc,
                 pg_ranks,
-                next(seqs),
                 peer_val,
                 shapes,
                 dtypes,
                 spec.always_async or bool(async_op),
                 site,
-                time.time(),
             ),
         )
-        self._state.current = call
-        return call
+
+    def _groups_changed(self) -> None:
+        """After init/destroy_process_group: what is cached about groups is stale."""
+        self._pg_cache.clear()
+        self._state.epoch += 1
 
     def _describe_group(self, group: Any) -> tuple[str | None, str | None, list[int] | None]:
         # On a miss of the cache _enter looks in first. The default group is cached under None;
@@ -590,12 +573,42 @@ class Probe:
 class _State:
     """What the wrappers and the probe thread share (``_fast.State`` where the C is built)."""
 
-    __slots__ = ("current", "done", "queue")
+    __slots__ = ("current", "done", "epoch", "queue")
 
     def __init__(self) -> None:
-        self.queue: list[tuple[Any, ...]] = []  # records; the flush takes it, puts an empty one
+        self.queue: list[tuple[Any, ...]] = []  # records: (fields,) or (call, t_end, ok, error)
         self.current: _Call | None = None  # the call in flight
         self.done = 0  # calls completed
+        self.epoch = 0  # process groups created or destroyed (see Probe._groups_changed)
+
+    def append(self, record: tuple[Any, ...]) -> None:
+        self.queue.append(record)
+
+    def lines(
+        self,
+        entered: set[int],
+        statics: dict[Any, str],
+        enter_line: Any,
+        exit_line: Any,
+        event_line: Any,
+        rank: int,
+    ) -> bytes:
+        """Take every record queued and return their JSON lines (``State.lines`` in C).
+
+        ``statics`` and ``rank`` are the C formatter's: here the line functions use them."""
+        records, self.queue = self.queue, []
+        out = []
+        for item in records:
+            if len(item) == 1:
+                out.append(event_line(item[0]))
+                continue
+            call, t_end, ok, error = item
+            if call.cid in entered:  # written at a flush while the call was in flight
+                entered.discard(call.cid)
+            else:
+                out.append(enter_line(call))
+            out.append(exit_line(call, t_end, ok, error))
+        return "".join(out).encode()
 
 
 class _Spec(NamedTuple):
@@ -638,17 +651,18 @@ class _Call(NamedTuple):
     ``_fast.c`` builds and reads these by position: keep the order of the fields."""
 
     cid: int
+    seq: int
+    t: float
+    # The call's "facts": what repeats from call to call at a call site.
     op: str
     pg: str | None
     pg_desc: str | None
     pg_ranks: list[int] | None
-    seq: int
     peer: Any
     shapes: tuple[Any, ...]  # torch.Size objects
     dtypes: tuple[Any, ...]  # torch.dtype objects
     async_op: bool
     site: tuple[str | None, int | None, str | None]  # file, line, function
-    t: float
 
 
 def _js(value: Any) -> str:

@@ -1,20 +1,24 @@
-/* The probe's wrapper around a torch.distributed call, in C.
+/* The probe's wrapper around a torch.distributed call, and the records it keeps, in C.
  *
  * The Python wrapper in _core.py does the same thing. Right after a collective returns, the
- * rank's caches are cold and every Python step costs several times what it costs in a warm
- * loop; this type takes the common case (one tensor argument: all_reduce, broadcast, send,
- * ...) in a few dozen C steps and hands every other call to the probe's Python ``_enter``.
+ * rank's caches are cold and every step costs several times what it costs in a warm loop; on a
+ * busy machine a rank's microsecond there delays its peers by several. So a recorded call here
+ * makes no Python object of its own: its record is a plain C struct (ids and times as C numbers)
+ * holding one reference to the call's "facts", a tuple of everything that repeats from call to
+ * call at a call site (op, group, peer, shapes, dtypes, async_op, site). A call site keeps its
+ * last facts and reuses them while the next call's match.
  *
- * What it shares with the Probe object (looked up once, when the wrapper is made): the probe's
- * State (below: the queue, the call in flight, the count of calls done), the group cache and
- * ``_describe_group``, the per-group sequence counters, the call-site cache and ``_call_site``,
- * and the call-id counter. A recorded call is a ``_Call`` tuple; its exit record is
- * ``(call, t_end, ok, error)``.
+ * The one-tensor calls (all_reduce, broadcast, send, ...) take that path, through vectorcall:
+ * their arguments are read where the caller put them, with no tuple or dict made. Every other
+ * call goes to the probe's Python ``_enter``, whose ``_Call`` becomes the same kind of record.
+ * Only the tensor's shape is a new object per call (torch's getter makes it); its cost, in
+ * torch's code, is about half of what a call costs here.
  *
- * Every step here is paid right after a collective returns, and on a busy machine a rank's
- * microsecond delays its peers by several: a call touches few objects (the State's fields are
- * plain C, not entries of the probe's __dict__; a call site's shapes are reused while they
- * repeat) and allocates little.
+ * What a wrapper shares with the Probe object (looked up once, when the wrapper is made): the
+ * probe's State (below: the records, the call in flight, the count of calls done), the group
+ * cache and ``_describe_group``, the per-group sequence counters, the call-site cache and
+ * ``_call_site``, and the call-id counter. The probe thread turns the records into JSON lines
+ * with State.lines, also here.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -29,24 +33,155 @@
  * another, a hook) is passed straight through, as in the Python wrapper. */
 static _Thread_local int busy;
 
-static PyObject *one;
 static PyObject *s_group, *s_tensor, *s_async_op, *s_shape, *s_dtype;
+
+/* --- Counter: call ids and sequence numbers --------------------------------------------------- */
+
+/* next(c) gives start, start + 1, ... as itertools.count does; the wrappers read and bump the
+ * C number without making an int. */
+typedef struct {
+    PyObject_HEAD
+    long long next;
+} Counter;
+
+static PyTypeObject CounterType;
+
+/* The next number of a Counter (or of any iterator of ints); -1 with an exception set. */
+static long long
+count_next(PyObject *counter)
+{
+    if (Py_IS_TYPE(counter, &CounterType))
+        return ((Counter *)counter)->next++;
+    PyObject *v = PyIter_Next(counter);
+    if (v == NULL) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_RuntimeError, "a probe counter ran out");
+        return -1;
+    }
+    long long x = PyLong_AsLongLong(v);
+    Py_DECREF(v);
+    return x;
+}
+
+/* --- Records and the State ------------------------------------------------------------------- */
+
+/* The facts of a call: what repeats from call to call at a call site. */
+enum { F_OP, F_PG, F_DESC, F_RANKS, F_PEER, F_SHAPES, F_DTYPES, F_ASYNC, F_SITE, N_FACTS };
+#define FACT(facts, i) PyTuple_GET_ITEM(facts, i)
+
+/* A completed call, the call in flight, or an event. Owns what and error. */
+typedef struct {
+    PyObject *what;   /* a call's facts tuple, or an event's fields (cid 0) */
+    PyObject *error;  /* a call's "Type: message" when it raised, else NULL */
+    long long cid, seq;
+    double t, t_end;  /* time.time() at enter and exit */
+    int ok;
+} Record;
 
 /* What the wrappers and the probe thread share: Probe._state. */
 typedef struct {
     PyObject_HEAD
-    PyObject *queue;   /* a list of records; the probe's flush swaps in an empty one */
-    PyObject *current; /* the call in flight (the last one entered); None or NULL: none */
-    Py_ssize_t done;   /* calls completed */
+    Record *records;    /* completed calls and events in order, not yet written */
+    Py_ssize_t len, cap;
+    Record *spare;      /* an empty array of spare_cap records, for lines to swap in */
+    Py_ssize_t spare_cap;
+    Record *current;    /* the call in flight (the last one entered): its wrapper's, on that
+                         * thread's C stack, or NULL. Cleared by that wrapper before it returns. */
+    Py_ssize_t done;    /* calls completed */
+    long long epoch;    /* bumped when process groups are created or destroyed */
+    PyObject *call_type; /* _Call: how `current` and the formatters' slow path see a call */
 } State;
 
 static PyTypeObject StateType;
 
+static void
+record_clear(Record *r)
+{
+    Py_CLEAR(r->what);
+    Py_CLEAR(r->error);
+}
+
+/* Move *r (its references too) to the end of the State's records. */
+static int
+push(State *st, Record *r)
+{
+    if (st->len == st->cap) {
+        Py_ssize_t cap = st->cap ? st->cap * 2 : 256;
+        Record *records = PyMem_Realloc(st->records, cap * sizeof(Record));
+        if (records == NULL) {
+            record_clear(r);
+            PyErr_NoMemory();
+            return -1;
+        }
+        st->records = records;
+        st->cap = cap;
+    }
+    st->records[st->len++] = *r;
+    r->what = r->error = NULL;
+    return 0;
+}
+
+/* Fill r from a _Call tuple (cid, seq, t, *facts); 0, or -1 with an exception set. */
+static int
+record_of_call(PyObject *call, Record *r)
+{
+    if (!PyTuple_Check(call) || PyTuple_GET_SIZE(call) != 3 + N_FACTS) {
+        PyErr_SetString(PyExc_TypeError, "a call record must be a 12-field _Call");
+        return -1;
+    }
+    r->cid = PyLong_AsLongLong(PyTuple_GET_ITEM(call, 0));
+    r->seq = PyLong_AsLongLong(PyTuple_GET_ITEM(call, 1));
+    r->t = PyFloat_AsDouble(PyTuple_GET_ITEM(call, 2));
+    if (PyErr_Occurred())
+        return -1;
+    if (r->cid <= 0) {
+        PyErr_SetString(PyExc_ValueError, "a call's id must be positive (0 marks an event)");
+        return -1;
+    }
+    if ((r->what = PyTuple_GetSlice(call, 3, 3 + N_FACTS)) == NULL)
+        return -1;
+    PyObject_GC_UnTrack(r->what); /* see new_facts */
+    return 0;
+}
+
+/* The record as a _Call, for Python. */
+static PyObject *
+call_of_record(State *st, Record *r)
+{
+    PyTypeObject *type = (PyTypeObject *)st->call_type;
+    PyObject *call = type->tp_alloc(type, 3 + N_FACTS);
+    if (call == NULL)
+        return NULL;
+    PyObject *items[3] = {
+        PyLong_FromLongLong(r->cid), PyLong_FromLongLong(r->seq), PyFloat_FromDouble(r->t)};
+    for (int i = 0; i < 3; i++) {
+        if (items[i] == NULL) {
+            for (int j = 0; j < 3; j++)
+                Py_XDECREF(items[j]);
+            Py_DECREF(call);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(call, i, items[i]);
+    }
+    for (int i = 0; i < N_FACTS; i++)
+        PyTuple_SET_ITEM(call, 3 + i, Py_NewRef(FACT(r->what, i)));
+    return call;
+}
+
+/* --- The wrapper ------------------------------------------------------------------------------ */
+
 #define SITE_SLOTS 8
 
-/* A call site seen lately, and the (shape,) and (dtype,) tuples of its last call. */
+/* A call site seen lately: its code object and instruction, the group of its last call (the
+ * group argument, its description and sequence counter), and that call's facts.
+ *
+ * The group argument is not owned: it is compared by identity only while the State's epoch is
+ * the slot's and the description came from the probe's group cache, which owns the group
+ * until the epoch changes. */
 typedef struct {
-    PyObject *code, *site, *shapes, *dtypes;
+    PyObject *code, *info, *counter, *facts;
+    PyObject *group;
+    long long epoch; /* -1: the group is not to be compared */
     long lasti;
 } SiteSlot;
 
@@ -66,9 +201,10 @@ typedef struct {
     PyObject *enter;
     State *state;
     PyObject *pg_cache, *describe_group, *seqs, *sites, *call_site, *ids;
-    PyObject *tensor_type, *call_type, *count_type;
+    PyObject *tensor_type;
     PyObject *before, *after;  /* hooks: before(args, kwargs) and after(), or NULL */
     PyObject *dict;            /* __wrapped__, __name__, __rankscope__, ... */
+    vectorcallfunc vectorcall; /* wrapper_vectorcall for the one-tensor calls, else NULL */
     Getter shape, dtype;       /* torch.Tensor's getters of .shape and .dtype */
     SiteSlot sites_seen[SITE_SLOTS];
 } Wrapper;
@@ -117,41 +253,234 @@ index_of(PyObject *spec, Py_ssize_t i)
     return v == Py_None ? -1 : PyLong_AsSsize_t(v);
 }
 
-/* kwargs[key], else args[at], else NULL (borrowed; None counts as absent). */
+/* A call's arguments as the vectorcall protocol passes them: positional ones, then the values
+ * of the keywords named in kwnames (a tuple, or NULL). */
+typedef struct {
+    PyObject *const *args;
+    Py_ssize_t nargs;
+    PyObject *kwnames;
+} Args;
+
+/* The argument named key, else the positional one at index at, else NULL (borrowed; None
+ * counts as absent). Keywords are compared by identity first: names in calls are interned. */
 static PyObject *
-argument(PyObject *args, PyObject *kwargs, PyObject *key, Py_ssize_t at)
+argument(Args *a, PyObject *key, Py_ssize_t at)
 {
     PyObject *v = NULL;
-    if (kwargs != NULL && key != NULL) {
-        v = PyDict_GetItemWithError(kwargs, key);
-        if (v == NULL && PyErr_Occurred())
-            return NULL;
+    if (a->kwnames != NULL && key != NULL) {
+        Py_ssize_t n = PyTuple_GET_SIZE(a->kwnames), i;
+        for (i = 0; i < n && PyTuple_GET_ITEM(a->kwnames, i) != key; i++)
+            ;
+        for (Py_ssize_t j = 0; i == n && j < n; j++)
+            if (PyUnicode_Compare(PyTuple_GET_ITEM(a->kwnames, j), key) == 0)
+                i = j;
+        if (i < n)
+            v = a->args[a->nargs + i];
     }
-    if ((v == NULL || v == Py_None) && at >= 0 && at < PyTuple_GET_SIZE(args))
-        v = PyTuple_GET_ITEM(args, at);
+    if ((v == NULL || v == Py_None) && at >= 0 && at < a->nargs)
+        v = a->args[at];
     return v == Py_None ? NULL : v;
 }
 
-/* The one-tensor case of Probe._enter: a new _Call, or NULL with an exception set. */
-static PyObject *
-fast_enter(Wrapper *w, PyObject *args, PyObject *kwargs, PyFrameObject *frame)
+/* a == b, as objects that may be NULL; an error in __eq__ counts as "not equal". */
+static int
+same(PyObject *a, PyObject *b)
 {
-    PyObject *group, *peer, *tensor, *info, *counter, *seq = NULL, *shapes = NULL, *dtypes = NULL;
-    PyObject *site = NULL, *key = NULL, *code = NULL, *lasti = NULL, *cid = NULL, *t = NULL;
-    PyObject *call = NULL, *pg, *shape = NULL, *dtype = NULL;
+    if (a == b)
+        return 1;
+    if (a == NULL || b == NULL)
+        return 0;
+    int r = PyObject_RichCompareBool(a, b, Py_EQ);
+    if (r < 0)
+        PyErr_Clear();
+    return r == 1;
+}
+
+/* same() for two shapes: sizes below 257 are the same int objects, so a shape that repeats is
+ * told without comparing ints. */
+static int
+same_shape(PyObject *a, PyObject *b)
+{
+    if (PyTuple_Check(a) && PyTuple_Check(b) && Py_TYPE(a) == Py_TYPE(b) &&
+        PyTuple_GET_SIZE(a) == PyTuple_GET_SIZE(b)) {
+        Py_ssize_t i = 0;
+        while (i < PyTuple_GET_SIZE(a) && PyTuple_GET_ITEM(a, i) == PyTuple_GET_ITEM(b, i))
+            i++;
+        if (i == PyTuple_GET_SIZE(a))
+            return 1;
+    }
+    return same(a, b);
+}
+
+/* (name, desc, ranks) of the group (None: the default one): the slot's, while its epoch holds,
+ * else cached per group object by the probe. *cached says whether the probe's cache has it. */
+static PyObject *
+group_info(Wrapper *w, SiteSlot *slot, PyObject *group, int *cached)
+{
+    *cached = 1;
+    if (slot != NULL && slot->group == group && slot->epoch == w->state->epoch)
+        return Py_NewRef(slot->info);
+    PyObject *info = PyDict_GetItemWithError(w->pg_cache, group);
+    if (info != NULL)
+        Py_INCREF(info);
+    else if (PyErr_Occurred() && !PyErr_ExceptionMatches(PyExc_TypeError))
+        return NULL;
+    else {
+        /* described now, and cached unless unhashable: described again next time */
+        PyErr_Clear();
+        *cached = 0;
+        if ((info = PyObject_CallOneArg(w->describe_group, group)) == NULL)
+            return NULL;
+    }
+    if (!PyTuple_Check(info) || PyTuple_GET_SIZE(info) != 3) {
+        PyErr_SetString(PyExc_TypeError, "group description is not a 3-tuple");
+        Py_DECREF(info);
+        return NULL;
+    }
+    return info;
+}
+
+/* Does the slot's last call have these facts? (The op is the wrapper's own.) */
+static int
+slot_matches(SiteSlot *slot, PyObject *code, long at, PyObject *info, PyObject *peer,
+             PyObject *shape, PyObject *dtype, int async_op)
+{
+    if (slot == NULL || slot->facts == NULL || slot->code != code || slot->lasti != at ||
+        slot->info != info)
+        return 0;
+    PyObject *facts = slot->facts, *shapes = FACT(facts, F_SHAPES);
+    PyObject *dtypes = FACT(facts, F_DTYPES);
+    if ((FACT(facts, F_ASYNC) == Py_True) != async_op ||
+        !same(peer ? peer : Py_None, FACT(facts, F_PEER)))
+        return 0;
+    if (dtype == NULL)
+        return PyTuple_GET_SIZE(dtypes) == 0;
+    return PyTuple_GET_SIZE(dtypes) == 1 && PyTuple_GET_ITEM(dtypes, 0) == dtype &&
+           same_shape(shape, PyTuple_GET_ITEM(shapes, 0));
+}
+
+/* New facts for a call the slot does not match (slot may be NULL: no frame), remembered in the
+ * slot; the group's sequence counter in *counter. New references, or NULL with an exception.
+ *
+ * Facts live as long as records hold them, beyond the collector's youngest generation; in a
+ * process holding torch's hundreds of thousands of objects, survivors made per call bring full
+ * collections. They are untracked: they hold ints, strings, torch.Size, dtypes and the probe's
+ * cached values, and no cycle can run through them. */
+static PyObject *
+new_facts(Wrapper *w, SiteSlot *slot, PyFrameObject *frame, PyObject *code, long at,
+          PyObject *info, PyObject *peer, PyObject *shape, PyObject *dtype, int async_op,
+          PyObject **counter)
+{
+    PyObject *site = NULL, *shapes = NULL, *dtypes = NULL, *facts = NULL;
+    PyObject *pg = PyTuple_GET_ITEM(info, 0);
+    *counter = NULL;
+
+    /* The site: the slot's, else the probe's dict, else worked out by _call_site. */
+    if (frame == NULL)
+        site = PyTuple_Pack(3, Py_None, Py_None, Py_None);
+    else if (slot->facts != NULL && slot->code == code && slot->lasti == at)
+        site = Py_NewRef(FACT(slot->facts, F_SITE));
+    else {
+        PyObject *lasti = PyLong_FromLong(at), *key = NULL;
+        if (lasti != NULL && (key = PyTuple_Pack(2, code, lasti)) != NULL) {
+            site = PyDict_GetItemWithError(w->sites, key);
+            if (site != NULL)
+                Py_INCREF(site);
+            else if (!PyErr_Occurred())
+                site = PyObject_CallOneArg(w->call_site, (PyObject *)frame);
+        }
+        Py_XDECREF(lasti);
+        Py_XDECREF(key);
+    }
+    if (site == NULL)
+        goto fail;
+
+    /* The group's counter: the slot's when the group is, else from the probe's dict. */
+    if (slot != NULL && slot->info == info && slot->counter != NULL)
+        *counter = Py_NewRef(slot->counter);
+    else {
+        *counter = PyDict_GetItemWithError(w->seqs, pg);
+        if (*counter != NULL)
+            Py_INCREF(*counter);
+        else if (PyErr_Occurred())
+            goto fail;
+        else {
+            Counter *c = PyObject_New(Counter, &CounterType);
+            if (c == NULL)
+                goto fail;
+            c->next = 1;
+            *counter = (PyObject *)c;
+            if (PyDict_SetItem(w->seqs, pg, *counter))
+                goto fail;
+        }
+    }
+
+    if (dtype != NULL) {
+        if (PyTuple_Check(shape))
+            PyObject_GC_UnTrack(shape);
+        shapes = PyTuple_Pack(1, shape);
+        dtypes = PyTuple_Pack(1, dtype);
+    }
+    else {
+        shapes = PyTuple_New(0);
+        dtypes = PyTuple_New(0);
+    }
+    if (shapes == NULL || dtypes == NULL)
+        goto fail;
+    PyObject_GC_UnTrack(shapes);
+    PyObject_GC_UnTrack(dtypes);
+    facts = PyTuple_Pack(N_FACTS, w->name, pg, PyTuple_GET_ITEM(info, 1),
+                         PyTuple_GET_ITEM(info, 2), peer ? peer : Py_None, shapes, dtypes,
+                         async_op ? Py_True : Py_False, site);
+    if (facts == NULL)
+        goto fail;
+    PyObject_GC_UnTrack(facts);
+    if (slot != NULL) {
+        Py_XSETREF(slot->code, Py_NewRef(code));
+        Py_XSETREF(slot->info, Py_NewRef(info));
+        Py_XSETREF(slot->counter, Py_NewRef(*counter));
+        Py_XSETREF(slot->facts, Py_NewRef(facts));
+        slot->lasti = at;
+    }
+    goto done;
+fail:
+    Py_CLEAR(*counter);
+done:
+    Py_XDECREF(site);
+    Py_XDECREF(shapes);
+    Py_XDECREF(dtypes);
+    return facts;
+}
+
+/* The one-tensor case of Probe._enter, into *r: 0, or -1 with an exception set. */
+static int
+fast_enter(Wrapper *w, Args *args, PyFrameObject *frame, Record *r)
+{
+    PyObject *group, *peer, *tensor, *info = NULL, *code = NULL, *shape = NULL, *dtype = NULL;
+    PyObject *counter = NULL;
     SiteSlot *slot = NULL;
     long at = -1;
-    int async_op;
+    int async_op = 1, bad = -1, cached;
 
-    group = argument(args, kwargs, s_group, w->group_at);
-    if (group == NULL && PyErr_Occurred())
-        return NULL;
-    peer = w->peer != NULL ? argument(args, kwargs, w->peer, w->peer_at) : NULL;
+    group = argument(args, s_group, w->group_at);
+    if (group == NULL) {
+        if (PyErr_Occurred())
+            return -1;
+        group = Py_None;
+    }
+    peer = w->peer != NULL ? argument(args, w->peer, w->peer_at) : NULL;
     if (peer == NULL && PyErr_Occurred())
-        return NULL;
-    tensor = argument(args, kwargs, s_tensor, 0);
+        return -1;
+    tensor = argument(args, s_tensor, 0);
     if (tensor == NULL && PyErr_Occurred())
-        return NULL;
+        return -1;
+    if (!w->always_async) {
+        PyObject *a = argument(args, s_async_op, w->async_at);
+        if (a == NULL && PyErr_Occurred())
+            return -1;
+        if ((async_op = a == NULL ? 0 : PyObject_IsTrue(a)) < 0)
+            return -1;
+    }
 
     /* The call site's slot: a few per wrapper, compared by identity (hashing a code object
      * hashes its constants and names). */
@@ -161,15 +490,9 @@ fast_enter(Wrapper *w, PyObject *args, PyObject *kwargs, PyFrameObject *frame)
         if (at == -1 && PyErr_Occurred())
             goto done;
         slot = &w->sites_seen[(((uintptr_t)code >> 4) ^ (uintptr_t)at) % SITE_SLOTS];
-        if (slot->code == code && slot->lasti == at)
-            site = Py_NewRef(slot->site);
     }
-
-    /* Records live until the probe thread's next flush, long enough to leave the collector's
-     * youngest generation; in a process holding torch's hundreds of thousands of objects, five
-     * more survivors per call bring a full collection every few thousand calls (several
-     * microseconds per call). Records are untracked: they hold ints, strings, torch.Size and
-     * the probe's own cached values, and no cycle can run through them. */
+    if ((info = group_info(w, slot, group, &cached)) == NULL)
+        goto done;
     if (tensor != NULL && PyObject_TypeCheck(tensor, (PyTypeObject *)w->tensor_type)) {
         if (Py_TYPE(tensor) == (PyTypeObject *)w->tensor_type && w->shape.get != NULL) {
             /* torch.Tensor itself: its getters, without the attribute lookup */
@@ -182,132 +505,47 @@ fast_enter(Wrapper *w, PyObject *args, PyObject *kwargs, PyFrameObject *frame)
         }
         if (dtype == NULL)
             goto done;
-        if (site != NULL && slot->dtypes != NULL && PyTuple_GET_ITEM(slot->dtypes, 0) == dtype) {
-            /* the site's last shapes, if this call's are the same */
-            int same = PyObject_RichCompareBool(shape, PyTuple_GET_ITEM(slot->shapes, 0), Py_EQ);
-            if (same < 0)
-                goto done;
-            if (same) {
-                shapes = Py_NewRef(slot->shapes);
-                dtypes = Py_NewRef(slot->dtypes);
-            }
-        }
-        if (shapes == NULL) {
-            if (PyTuple_Check(shape))
-                PyObject_GC_UnTrack(shape);
-            if ((shapes = PyTuple_Pack(1, shape)) == NULL ||
-                (dtypes = PyTuple_Pack(1, dtype)) == NULL)
-                goto done;
-            PyObject_GC_UnTrack(shapes);
-            PyObject_GC_UnTrack(dtypes);
-        }
-    }
-    else {
-        shapes = PyTuple_New(0);
-        dtypes = PyTuple_New(0);
-        if (shapes == NULL || dtypes == NULL)
-            goto done;
     }
 
-    /* (name, desc, ranks) of the group: cached per group object, None for the default one. */
-    info = PyDict_GetItemWithError(w->pg_cache, group ? group : Py_None);
-    if (info != NULL)
-        Py_INCREF(info);
-    else if (PyErr_Occurred() && !PyErr_ExceptionMatches(PyExc_TypeError))
-        goto done;
-    else {
-        PyErr_Clear();
-        info = PyObject_CallOneArg(w->describe_group, group ? group : Py_None);
-        if (info == NULL)
-            goto done;
+    if (slot_matches(slot, code, at, info, peer, shape, dtype, async_op)) {
+        r->what = Py_NewRef(slot->facts);
+        counter = Py_NewRef(slot->counter);
     }
-    if (!PyTuple_Check(info) || PyTuple_GET_SIZE(info) != 3) {
-        PyErr_SetString(PyExc_TypeError, "group description is not a 3-tuple");
-        Py_DECREF(info);
+    else if ((r->what = new_facts(w, slot, frame, code, at, info, peer, shape, dtype, async_op,
+                                  &counter)) == NULL)
+        goto done;
+    if (slot != NULL) {
+        slot->group = group;
+        slot->epoch = cached ? w->state->epoch : -1;
+    }
+    /* Counters only go up under the GIL: ids and sequence numbers stay unique across threads. */
+    if ((r->cid = count_next(w->ids)) == -1 || (r->seq = count_next(counter)) == -1) {
+        Py_CLEAR(r->what);
         goto done;
     }
-    pg = PyTuple_GET_ITEM(info, 0);
-    counter = PyDict_GetItemWithError(w->seqs, pg);
-    if (counter == NULL) {
-        if (PyErr_Occurred())
-            goto done_info;
-        counter = PyObject_CallOneArg(w->count_type, one);
-        if (counter == NULL || PyDict_SetItem(w->seqs, pg, counter)) {
-            Py_XDECREF(counter);
-            goto done_info;
-        }
-        Py_DECREF(counter);
-    }
-    seq = PyIter_Next(counter);
-    if (seq == NULL)
-        goto done_info;
-
-    if (w->always_async)
-        async_op = 1;
-    else {
-        PyObject *a = argument(args, kwargs, s_async_op, w->async_at);
-        if (a == NULL && PyErr_Occurred())
-            goto done_info;
-        async_op = a != NULL && PyObject_IsTrue(a) == 1;
-    }
-
-    /* A site not in its slot: in the probe's dict, else worked out by _call_site. */
-    if (frame == NULL) {
-        if ((site = PyTuple_Pack(3, Py_None, Py_None, Py_None)) == NULL)
-            goto done_info;
-    }
-    else if (site == NULL) {
-        lasti = PyLong_FromLong(at);
-        if (lasti == NULL || (key = PyTuple_Pack(2, code, lasti)) == NULL)
-            goto done_info;
-        site = PyDict_GetItemWithError(w->sites, key);
-        if (site != NULL)
-            Py_INCREF(site);
-        else if (PyErr_Occurred())
-            goto done_info;
-        else if ((site = PyObject_CallOneArg(w->call_site, (PyObject *)frame)) == NULL)
-            goto done_info;
-        Py_XSETREF(slot->code, Py_NewRef(code));
-        Py_XSETREF(slot->site, Py_NewRef(site));
-        slot->lasti = at;
-    }
-    if (slot != NULL && PyTuple_GET_SIZE(shapes) == 1 && slot->shapes != shapes) {
-        Py_XSETREF(slot->shapes, Py_NewRef(shapes));
-        Py_XSETREF(slot->dtypes, Py_NewRef(dtypes));
-    }
-
-    cid = PyIter_Next(w->ids);
-    if (cid == NULL || (t = PyFloat_FromDouble(now())) == NULL)
-        goto done_info;
-    call = ((PyTypeObject *)w->call_type)->tp_alloc((PyTypeObject *)w->call_type, 12);
-    if (call == NULL)
-        goto done_info;
-    PyObject *items[12] = {
-        cid, w->name, pg, PyTuple_GET_ITEM(info, 1), PyTuple_GET_ITEM(info, 2), seq,
-        peer ? peer : Py_None, shapes, dtypes, async_op ? Py_True : Py_False, site, t,
-    };
-    for (int i = 0; i < 12; i++) {
-        Py_INCREF(items[i]);
-        PyTuple_SET_ITEM(call, i, items[i]);
-    }
-    PyObject_GC_UnTrack(call);
-    Py_XSETREF(w->state->current, Py_NewRef(call));
-
-done_info:
-    Py_DECREF(info);
+    r->t = now();
+    bad = 0;
 done:
+    Py_XDECREF(code);
+    Py_XDECREF(info);
     Py_XDECREF(shape);
     Py_XDECREF(dtype);
-    Py_XDECREF(shapes);
-    Py_XDECREF(dtypes);
-    Py_XDECREF(seq);
-    Py_XDECREF(site);
-    Py_XDECREF(key);
-    Py_XDECREF(code);
-    Py_XDECREF(lasti);
-    Py_XDECREF(cid);
-    Py_XDECREF(t);
-    return call;
+    Py_XDECREF(counter);
+    return bad;
+}
+
+/* Any other call: the probe's Python _enter makes its _Call, kept as a record in *r. */
+static int
+python_enter(Wrapper *w, PyObject *args, PyObject *kwargs, PyFrameObject *frame, Record *r)
+{
+    PyObject *call = PyObject_CallFunctionObjArgs(w->enter, w->spec, args,
+                                                  kwargs ? kwargs : Py_None,
+                                                  frame ? (PyObject *)frame : Py_None, NULL);
+    if (call == NULL)
+        return -1;
+    int bad = record_of_call(call, r);
+    Py_DECREF(call);
+    return bad;
 }
 
 /* "Type: message" of the exception being raised, which stays set. */
@@ -330,33 +568,61 @@ error_text(void)
     return out;
 }
 
-/* Queue the exit record (call, t_end, ok, error) and clear the probe's current call. */
+/* Before the call: 0 to go on, with *r the call in flight, or -1 to return with the exception
+ * set. The probe must never break the user's collective: an Exception of its own is dropped
+ * (the call goes on unrecorded); only KeyboardInterrupt and the like go up. */
 static int
-record_exit(Wrapper *w, PyObject *call, PyObject *error)
+entered(State *st, Record *r, int bad)
 {
-    State *st = w->state;
-    Py_XSETREF(st->current, Py_NewRef(Py_None));
-    st->done++;
-    PyObject *t = PyFloat_FromDouble(now());
-    if (t == NULL)
+    if (!bad) {
+        st->current = r;
+        return 0;
+    }
+    record_clear(r);
+    if (!PyErr_ExceptionMatches(PyExc_Exception))
         return -1;
-    PyObject *item = PyTuple_Pack(4, call, t, error ? Py_False : Py_True, error ? error : Py_None);
-    Py_DECREF(t);
-    if (item == NULL)
-        return -1;
-    PyObject_GC_UnTrack(item); /* see fast_enter */
-    int bad = PyList_Append(st->queue, item);
-    Py_DECREF(item);
-    return bad;
+    PyErr_Clear();
+    return 0;
 }
 
+/* After the call (result NULL: it raised): the after-hook, and the exit record. Both run with
+ * the user's exception (if any) set aside, and their own failures are dropped: the call's
+ * outcome is the user's. */
+static void
+finish(Wrapper *w, Record *r, PyObject *result)
+{
+    State *st = w->state;
+    if (r->what != NULL) {
+        if (result == NULL)
+            r->error = error_text();
+        r->ok = result != NULL;
+        r->t_end = now();
+        if (st->current == r)
+            st->current = NULL;
+        st->done++;
+    }
+    PyObject *exc_type, *exc_value, *exc_tb;
+    PyErr_Fetch(&exc_type, &exc_value, &exc_tb);
+    if (w->after != NULL)
+        Py_XDECREF(PyObject_CallNoArgs(w->after));
+    if (r->what != NULL)
+        push(st, r);
+    PyErr_Clear();
+    PyErr_Restore(exc_type, exc_value, exc_tb);
+}
+
+/* A call through tp_call (args a tuple, kwargs a dict or NULL). The one-tensor calls without
+ * hooks go to wrapper_vectorcall; the others are the probe's Python _enter's to record. */
 static PyObject *
 wrapper_call(Wrapper *w, PyObject *args, PyObject *kwargs)
 {
+    if (w->vectorcall != NULL)
+        return PyVectorcall_Call((PyObject *)w, args, kwargs);
     if (busy)
         return PyObject_Call(w->fn, args, kwargs);
     busy = 1;
-    PyObject *result = NULL, *call = NULL, *owned_kwargs = NULL;
+    Record rec = {NULL};
+    PyObject *result = NULL, *owned_kwargs = NULL;
     if (w->before != NULL) {
         owned_kwargs = kwargs ? PyDict_Copy(kwargs) : PyDict_New();
         if (owned_kwargs == NULL)
@@ -367,43 +633,38 @@ wrapper_call(Wrapper *w, PyObject *args, PyObject *kwargs)
         Py_DECREF(r);
         kwargs = owned_kwargs;
     }
-
     PyFrameObject *frame = PyEval_GetFrame(); /* the caller: this wrapper has no frame */
-    if (w->one_tensor)
-        call = fast_enter(w, args, kwargs, frame);
-    else
-        call = PyObject_CallFunctionObjArgs(
-            w->enter, w->spec, args, kwargs ? kwargs : Py_None,
-            frame ? (PyObject *)frame : Py_None, NULL);
-    if (call == NULL && PyErr_Occurred()) {
-        /* The probe must never break the user's collective; only an Exception is swallowed. */
-        if (!PyErr_ExceptionMatches(PyExc_Exception))
-            goto out;
-        PyErr_Clear();
+    if (entered(w->state, &rec, python_enter(w, args, kwargs, frame, &rec)) == 0) {
+        result = PyObject_Call(w->fn, args, kwargs);
+        finish(w, &rec, result);
     }
-
-    result = PyObject_Call(w->fn, args, kwargs);
-    PyObject *error = result == NULL ? error_text() : NULL;
-    /* The hook and the exit record run with the user's exception (if any) set aside, and
-     * their own failures are dropped: the call's outcome is the user's. */
-    PyObject *exc_type, *exc_value, *exc_tb;
-    PyErr_Fetch(&exc_type, &exc_value, &exc_tb);
-    if (w->after != NULL)
-        Py_XDECREF(PyObject_CallNoArgs(w->after));
-    if (call != NULL)
-        record_exit(w, call, error);
-    PyErr_Clear();
-    PyErr_Restore(exc_type, exc_value, exc_tb);
-    Py_XDECREF(error);
-
 out:
-    Py_XDECREF(call);
     Py_XDECREF(owned_kwargs);
     busy = 0;
     return result;
 }
 
-/* --- lines: the probe thread's formatting of queued records ------------------------------ */
+/* A one-tensor call without hooks (all_reduce, broadcast, send, ...), as Python makes it: its
+ * arguments are read where they lie and passed on as they came. */
+static PyObject *
+wrapper_vectorcall(Wrapper *w, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    if (busy)
+        return PyObject_Vectorcall(w->fn, args, nargsf, kwnames);
+    busy = 1;
+    Record rec = {NULL};
+    Args a = {args, PyVectorcall_NARGS(nargsf), kwnames};
+    PyObject *result = NULL;
+    PyFrameObject *frame = PyEval_GetFrame(); /* the caller: this wrapper has no frame */
+    if (entered(w->state, &rec, fast_enter(w, &a, frame, &rec)) == 0) {
+        result = PyObject_Vectorcall(w->fn, args, nargsf, kwnames);
+        finish(w, &rec, result);
+    }
+    busy = 0;
+    return result;
+}
+
+/* --- State.lines: the probe thread's formatting of the records ------------------------------- */
 
 typedef struct {
     char *data;
@@ -449,12 +710,9 @@ digits(char *end, unsigned long long v, int width)
 }
 
 static int
-put_int(Buffer *b, PyObject *v)
+put_int(Buffer *b, long long x)
 {
     char tmp[24], *end = tmp + sizeof tmp;
-    long long x = PyLong_AsLongLong(v);
-    if (x == -1 && PyErr_Occurred())
-        return -1;
     char *p = digits(end, x < 0 ? 0ULL - (unsigned long long)x : (unsigned long long)x, 1);
     if (x < 0)
         *--p = '-';
@@ -493,150 +751,324 @@ put_call(Buffer *b, PyObject *line)
     return r;
 }
 
-/* The enter line of a completed call, as Probe._enter_line writes it, from its cached fragment.
- * The key is the one _enter_line caches the fragment under; a miss goes to _enter_line. */
-static int
-enter_line(Buffer *b, PyObject *call, PyObject *statics, PyObject *slow, PyObject *rank)
+/* The fragments of the last facts formatted: consecutive calls from one site share them. */
+typedef struct {
+    PyObject *facts, *enter, *exit;
+} Memo;
+
+static void
+memo_for(Memo *m, PyObject *facts)
 {
-    PyObject *peer = PyTuple_GET_ITEM(call, 6), *fragment = NULL;
-    if (peer == Py_None || PyLong_CheckExact(peer) || PyUnicode_CheckExact(peer)) {
-        PyObject *key = PyTuple_Pack(7, PyTuple_GET_ITEM(call, 1), PyTuple_GET_ITEM(call, 2),
-                                     PyTuple_GET_ITEM(call, 10), PyTuple_GET_ITEM(call, 7),
-                                     PyTuple_GET_ITEM(call, 8), PyTuple_GET_ITEM(call, 9), peer);
-        if (key == NULL)
-            return -1;
-        fragment = PyDict_GetItemWithError(statics, key);
-        Py_DECREF(key);
-        if (fragment == NULL && PyErr_Occurred()) {
-            if (!PyErr_ExceptionMatches(PyExc_TypeError)) /* unhashable: the slow way */
-                return -1;
-            PyErr_Clear();
-        }
+    if (m->facts != facts) {
+        Py_XSETREF(m->facts, Py_NewRef(facts));
+        Py_CLEAR(m->enter);
+        Py_CLEAR(m->exit);
     }
-    if (fragment == NULL || !PyUnicode_Check(fragment))
-        return put_call(b, PyObject_CallOneArg(slow, call));
-    if (PUT(b, "{\"id\":") || put_int(b, PyTuple_GET_ITEM(call, 0)) || PUT(b, ",\"seq\":") ||
-        put_int(b, PyTuple_GET_ITEM(call, 5)) || PUT(b, ",") || put_str(b, fragment) ||
-        PUT(b, ",\"ev\":\"enter\",\"t\":") ||
-        put_seconds(b, PyFloat_AsDouble(PyTuple_GET_ITEM(call, 11))) || PUT(b, ",\"rank\":") ||
-        put_int(b, rank) || PUT(b, "}\n"))
+}
+
+/* statics[key] if it is a str (a new reference), else NULL; an error only if not a TypeError
+ * (an unhashable key: the slow way). */
+static PyObject *
+fragment(PyObject *statics, PyObject *key)
+{
+    if (key == NULL)
+        return NULL;
+    PyObject *f = PyDict_GetItemWithError(statics, key);
+    Py_DECREF(key);
+    if (f == NULL && PyErr_Occurred() && PyErr_ExceptionMatches(PyExc_TypeError))
+        PyErr_Clear();
+    return f != NULL && PyUnicode_Check(f) ? Py_NewRef(f) : NULL;
+}
+
+/* Python's formatter of a call (_enter_line, _exit_line), for a miss of the cached fragments. */
+static int
+put_slow(Buffer *b, State *st, Record *r, PyObject *slow, int exit)
+{
+    PyObject *call = call_of_record(st, r), *line = NULL;
+    if (call == NULL)
+        return -1;
+    if (!exit)
+        line = PyObject_CallOneArg(slow, call);
+    else {
+        PyObject *t_end = PyFloat_FromDouble(r->t_end);
+        if (t_end != NULL)
+            line = PyObject_CallFunctionObjArgs(slow, call, t_end, r->ok ? Py_True : Py_False,
+                                                r->error ? r->error : Py_None, NULL);
+        Py_XDECREF(t_end);
+    }
+    Py_DECREF(call);
+    return put_call(b, line);
+}
+
+/* The enter line of a call, as Probe._enter_line writes it, from the fragment _enter_line
+ * caches for the call's facts (the key is the one it uses); a miss goes to _enter_line. */
+static int
+enter_line(Buffer *b, State *st, Record *r, Memo *m, PyObject *statics, PyObject *slow,
+           long long rank)
+{
+    PyObject *facts = r->what, *peer = FACT(facts, F_PEER);
+    memo_for(m, facts);
+    if (m->enter == NULL &&
+        (peer == Py_None || PyLong_CheckExact(peer) || PyUnicode_CheckExact(peer))) {
+        m->enter = fragment(statics, PyTuple_Pack(7, FACT(facts, F_OP), FACT(facts, F_PG),
+                                                  FACT(facts, F_SITE), FACT(facts, F_SHAPES),
+                                                  FACT(facts, F_DTYPES), FACT(facts, F_ASYNC),
+                                                  peer));
+        if (m->enter == NULL && PyErr_Occurred())
+            return -1;
+    }
+    if (m->enter == NULL)
+        return put_slow(b, st, r, slow, 0);
+    if (PUT(b, "{\"id\":") || put_int(b, r->cid) || PUT(b, ",\"seq\":") || put_int(b, r->seq) ||
+        PUT(b, ",") || put_str(b, m->enter) || PUT(b, ",\"ev\":\"enter\",\"t\":") ||
+        put_seconds(b, r->t) || PUT(b, ",\"rank\":") || put_int(b, rank) || PUT(b, "}\n"))
         return -1;
     return 0;
 }
 
 /* The exit line, as Probe._exit_line writes it; an error text or a cache miss goes there. */
 static int
-exit_line(Buffer *b, PyObject *item, PyObject *statics, PyObject *slow, PyObject *rank)
+exit_line(Buffer *b, State *st, Record *r, Memo *m, PyObject *statics, PyObject *slow,
+          long long rank)
 {
-    PyObject *call = PyTuple_GET_ITEM(item, 0), *t_end = PyTuple_GET_ITEM(item, 1);
-    PyObject *fragment = NULL;
-    if (PyTuple_GET_ITEM(item, 3) == Py_None && PyFloat_Check(t_end)) {
-        PyObject *key = PyTuple_Pack(2, PyTuple_GET_ITEM(call, 1), PyTuple_GET_ITEM(call, 2));
-        if (key == NULL)
-            return -1;
-        fragment = PyDict_GetItemWithError(statics, key);
-        Py_DECREF(key);
-        if (fragment == NULL && PyErr_Occurred())
+    PyObject *facts = r->what;
+    memo_for(m, facts);
+    if (m->exit == NULL && r->error == NULL) {
+        m->exit = fragment(statics, PyTuple_Pack(2, FACT(facts, F_OP), FACT(facts, F_PG)));
+        if (m->exit == NULL && PyErr_Occurred())
             return -1;
     }
-    if (fragment == NULL || !PyUnicode_Check(fragment))
-        return put_call(b, PyObject_Vectorcall(slow, &PyTuple_GET_ITEM(item, 0), 4, NULL));
-    double t = PyFloat_AS_DOUBLE(t_end);
-    if (PUT(b, "{\"id\":") || put_int(b, PyTuple_GET_ITEM(call, 0)) || PUT(b, ",") ||
-        put_str(b, fragment) || PUT(b, ",\"seq\":") || put_int(b, PyTuple_GET_ITEM(call, 5)) ||
-        PUT(b, ",\"dur_s\":") || put_seconds(b, t - PyFloat_AsDouble(PyTuple_GET_ITEM(call, 11))) ||
-        (PyTuple_GET_ITEM(item, 2) == Py_True ? PUT(b, ",\"ok\":true") : PUT(b, ",\"ok\":false")) ||
-        PUT(b, ",\"error\":null,\"ev\":\"exit\",\"t\":") || put_seconds(b, t) ||
+    if (m->exit == NULL || r->error != NULL)
+        return put_slow(b, st, r, slow, 1);
+    if (PUT(b, "{\"id\":") || put_int(b, r->cid) || PUT(b, ",") || put_str(b, m->exit) ||
+        PUT(b, ",\"seq\":") || put_int(b, r->seq) || PUT(b, ",\"dur_s\":") ||
+        put_seconds(b, r->t_end - r->t) ||
+        (r->ok ? PUT(b, ",\"ok\":true") : PUT(b, ",\"ok\":false")) ||
+        PUT(b, ",\"error\":null,\"ev\":\"exit\",\"t\":") || put_seconds(b, r->t_end) ||
         PUT(b, ",\"rank\":") || put_int(b, rank) || PUT(b, "}\n"))
         return -1;
     return 0;
 }
 
+/* Has the probe written this call's enter line already (a call in flight at a flush)? Then
+ * forget it: its exit is being written. 1, 0, or -1 with an exception set. */
 static int
-is_call(PyObject *call)
+entered_before(PyObject *entered, long long cid)
 {
-    return PyTuple_Check(call) && PyTuple_GET_SIZE(call) == 12 &&
-           PyFloat_Check(PyTuple_GET_ITEM(call, 11));
+    if (PySet_GET_SIZE(entered) == 0)
+        return 0;
+    PyObject *key = PyLong_FromLongLong(cid);
+    if (key == NULL)
+        return -1;
+    int seen = PySet_Discard(entered, key);
+    Py_DECREF(key);
+    return seen;
 }
 
 static PyObject *
-lines(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+state_lines(State *st, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 7) {
+    if (nargs != 6) {
         PyErr_SetString(PyExc_TypeError,
-                        "lines(records, entered, statics, enter_line, exit_line, event_line, rank)");
+                        "lines(entered, statics, enter_line, exit_line, event_line, rank)");
         return NULL;
     }
-    PyObject *records = args[0], *entered = args[1], *statics = args[2], *slow_enter = args[3];
-    PyObject *slow_exit = args[4], *event_line = args[5], *rank = args[6];
-    if (!PyList_Check(records) || !PySet_Check(entered) || !PyDict_Check(statics)) {
-        PyErr_SetString(PyExc_TypeError,
-                        "lines: records must be a list, entered a set and statics a dict");
+    PyObject *entered = args[0], *statics = args[1], *slow_enter = args[2];
+    PyObject *slow_exit = args[3], *event_line = args[4];
+    long long rank = PyLong_AsLongLong(args[5]);
+    if (rank == -1 && PyErr_Occurred())
+        return NULL;
+    if (!PySet_Check(entered) || !PyDict_Check(statics)) {
+        PyErr_SetString(PyExc_TypeError, "lines: entered must be a set and statics a dict");
         return NULL;
     }
+    /* Taken first: the Python formatters may let another thread run, and its calls' records
+     * go to the spare array, for the next flush. The taken one is the next spare: an array
+     * that grows anew at every flush would fault its pages in anew. */
+    Record *records = st->records;
+    Py_ssize_t n = st->len, cap = st->cap;
+    st->records = st->spare;
+    st->cap = st->spare_cap;
+    st->len = 0;
+    st->spare = NULL;
+    st->spare_cap = 0;
+
     Buffer b = {NULL, 0, 0};
+    Memo m = {NULL, NULL, NULL};
     PyObject *out = NULL;
-    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(records); i++) {
-        PyObject *item = Py_NewRef(PyList_GET_ITEM(records, i));
+    Py_ssize_t i;
+    for (i = 0; i < n; i++) {
+        Record *r = &records[i];
         Py_ssize_t mark = b.len;
-        int bad;
-        if (PyTuple_Check(item) && PyTuple_GET_SIZE(item) == 1)
-            bad = put_call(&b, PyObject_CallOneArg(event_line, PyTuple_GET_ITEM(item, 0)));
-        else if (PyTuple_Check(item) && PyTuple_GET_SIZE(item) == 4 &&
-                 is_call(PyTuple_GET_ITEM(item, 0))) {
-            PyObject *call = PyTuple_GET_ITEM(item, 0);
-            int seen = PySet_Discard(entered, PyTuple_GET_ITEM(call, 0));
-            bad = seen < 0 || (seen == 0 && enter_line(&b, call, statics, slow_enter, rank)) ||
-                  exit_line(&b, item, statics, slow_exit, rank);
-        }
-        else {
-            PyErr_SetString(PyExc_TypeError, "lines: a queued record of an unknown shape");
-            bad = 1;
-        }
-        Py_DECREF(item);
+        int bad, seen;
+        if (r->cid == 0)
+            bad = put_call(&b, PyObject_CallOneArg(event_line, r->what));
+        else
+            bad = (seen = entered_before(entered, r->cid)) < 0 ||
+                  (seen == 0 && enter_line(&b, st, r, &m, statics, slow_enter, rank)) ||
+                  exit_line(&b, st, r, &m, statics, slow_exit, rank);
         if (bad) {
             /* A record that cannot be written is dropped; the others are not. */
             if (PyErr_ExceptionMatches(PyExc_MemoryError))
-                goto fail;
+                break;
             PyErr_Clear();
             b.len = mark;
         }
     }
-    out = PyBytes_FromStringAndSize(b.data, b.len);
-fail:
+    if (i == n)
+        out = PyBytes_FromStringAndSize(b.data, b.len);
+    for (i = 0; i < n; i++)
+        record_clear(&records[i]);
+    if (st->spare == NULL) {
+        st->spare = records;
+        st->spare_cap = cap;
+    }
+    else
+        PyMem_Free(records);
     PyMem_Free(b.data);
+    Py_XDECREF(m.facts);
+    Py_XDECREF(m.enter);
+    Py_XDECREF(m.exit);
     return out;
 }
 
-/* Every object each type holds (a wrapper's site slots too): its traverse and clear, made by
- * GC_METHODS, walk this one list. */
+/* --- State ----------------------------------------------------------------------------------- */
+
+/* State.append(record): (fields,) for an event, (call, t_end, ok, error) for a completed call
+ * (the Python wrapper's records, which the tests also feed to both formatters). */
+static PyObject *
+state_append(State *st, PyObject *item)
+{
+    Record r = {NULL};
+    if (PyTuple_Check(item) && PyTuple_GET_SIZE(item) == 1)
+        r.what = Py_NewRef(PyTuple_GET_ITEM(item, 0));
+    else if (PyTuple_Check(item) && PyTuple_GET_SIZE(item) == 4) {
+        PyObject *error = PyTuple_GET_ITEM(item, 3);
+        if (record_of_call(PyTuple_GET_ITEM(item, 0), &r))
+            goto fail;
+        r.t_end = PyFloat_AsDouble(PyTuple_GET_ITEM(item, 1));
+        if ((r.ok = PyObject_IsTrue(PyTuple_GET_ITEM(item, 2))) < 0 ||
+            (r.t_end == -1.0 && PyErr_Occurred()))
+            goto fail;
+        if (error != Py_None) {
+            if (!PyUnicode_Check(error)) {
+                PyErr_SetString(PyExc_TypeError, "a call's error must be a str or None");
+                goto fail;
+            }
+            r.error = Py_NewRef(error);
+        }
+    }
+    else {
+        PyErr_SetString(PyExc_TypeError, "append: a record is (fields,) or (call, t_end, ok, error)");
+        return NULL;
+    }
+    if (push(st, &r))
+        return NULL;
+    Py_RETURN_NONE;
+fail:
+    record_clear(&r);
+    return NULL;
+}
+
+static PyObject *
+state_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"call_type", NULL};
+    PyObject *call_type;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!:State", kwlist, &PyType_Type, &call_type))
+        return NULL;
+    State *st = (State *)type->tp_alloc(type, 0);
+    if (st != NULL)
+        st->call_type = Py_NewRef(call_type);
+    return (PyObject *)st;
+}
+
+static int
+state_traverse(State *st, visitproc visit, void *arg)
+{
+    Py_VISIT(st->call_type);
+    for (Py_ssize_t i = 0; i < st->len; i++) {
+        Py_VISIT(st->records[i].what);
+        Py_VISIT(st->records[i].error);
+    }
+    return 0;
+}
+
+static int
+state_clear(State *st)
+{
+    Record *records = st->records;
+    Py_ssize_t n = st->len;
+    st->records = NULL;
+    st->len = st->cap = 0;
+    for (Py_ssize_t i = 0; i < n; i++)
+        record_clear(&records[i]);
+    PyMem_Free(records);
+    PyMem_Free(st->spare);
+    st->spare = NULL;
+    st->spare_cap = 0;
+    Py_CLEAR(st->call_type);
+    return 0;
+}
+
+static PyObject *
+state_get_current(State *st, void *closure)
+{
+    if (st->current == NULL || st->call_type == NULL) /* none, or a State torn down */
+        Py_RETURN_NONE;
+    return call_of_record(st, st->current);
+}
+
+static PyMemberDef state_members[] = {
+    {"done", T_PYSSIZET, offsetof(State, done), 0, "calls completed"},
+    {"epoch", T_LONGLONG, offsetof(State, epoch), 0,
+     "bumped when process groups are created or destroyed (Probe._groups_changed)"},
+    {NULL},
+};
+
+static PyGetSetDef state_getset[] = {
+    {"current", (getter)state_get_current, NULL, "the call in flight, as a _Call, or None"},
+    {NULL},
+};
+
+static PyMethodDef state_methods[] = {
+    {"append", (PyCFunction)state_append, METH_O,
+     "append(record)\n\nQueue (fields,), an event, or (call, t_end, ok, error), a completed call."},
+    {"lines", (PyCFunction)(void (*)(void))state_lines, METH_FASTCALL,
+     "lines(entered, statics, enter_line, exit_line, event_line, rank) -> bytes\n\n"
+     "Take every record queued and return their JSON lines, as Probe.flush writes them."},
+    {NULL},
+};
+
+/* --- The types --------------------------------------------------------------------------------- */
+
+/* Every object a wrapper holds (its site slots too): its traverse and clear walk this list. */
 #define WRAPPER_REFS(X)                                                                        \
     X(fn) X(spec) X(name) X(peer) X(state) X(enter) X(pg_cache) X(describe_group) X(seqs)      \
-    X(sites) X(call_site) X(ids) X(tensor_type) X(call_type) X(count_type) X(before) X(after)  \
-    X(dict)                                                                                    \
+    X(sites) X(call_site) X(ids) X(tensor_type) X(before) X(after) X(dict)                     \
     for (int i = 0; i < SITE_SLOTS; i++) {                                                     \
-        X(sites_seen[i].code) X(sites_seen[i].site) X(sites_seen[i].shapes)                    \
-        X(sites_seen[i].dtypes)                                                                \
+        X(sites_seen[i].code) X(sites_seen[i].info) X(sites_seen[i].counter)                   \
+        X(sites_seen[i].facts)                                                                 \
     }
-#define STATE_REFS(X) X(queue) X(current)
-
 #define VISIT(field) Py_VISIT(o->field);
 #define CLEAR(field) Py_CLEAR(o->field);
-#define GC_METHODS(prefix, Type, REFS)                                                         \
-    static int prefix##_traverse(Type *o, visitproc visit, void *arg)                         \
-    {                                                                                          \
-        REFS(VISIT) return 0;                                                                  \
-    }                                                                                          \
-    static int prefix##_clear(Type *o)                                                         \
-    {                                                                                          \
-        REFS(CLEAR) return 0;                                                                  \
-    }
-GC_METHODS(wrapper, Wrapper, WRAPPER_REFS)
-GC_METHODS(state, State, STATE_REFS)
+static int
+wrapper_traverse(Wrapper *o, visitproc visit, void *arg)
+{
+    WRAPPER_REFS(VISIT)
+    return 0;
+}
+
+static int
+wrapper_clear(Wrapper *o)
+{
+    WRAPPER_REFS(CLEAR)
+    return 0;
+}
 #undef VISIT
 #undef CLEAR
 
-/* Both types' dealloc: untrack, drop what the object holds, free. */
+/* Both GC types' dealloc: untrack, drop what the object holds, free. */
 static void
 gc_dealloc(PyObject *self)
 {
@@ -648,15 +1080,13 @@ gc_dealloc(PyObject *self)
 static PyObject *
 wrapper_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 {
-    static char *kwlist[] = {"fn", "spec", "probe", "before", "after", "tensor_type",
-                             "call_type", "count_type", NULL};
-    PyObject *fn, *spec, *probe, *before, *after, *tensor_type, *call_type, *count_type;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO!OOOOOO:Wrapper", kwlist, &fn, &PyTuple_Type,
-                                     &spec, &probe, &before, &after, &tensor_type, &call_type,
-                                     &count_type))
+    static char *kwlist[] = {"fn", "spec", "probe", "before", "after", "tensor_type", NULL};
+    PyObject *fn, *spec, *probe, *before, *after, *tensor_type;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO!OOOO!:Wrapper", kwlist, &fn, &PyTuple_Type,
+                                     &spec, &probe, &before, &after, &PyType_Type, &tensor_type))
         return NULL;
-    if (PyTuple_GET_SIZE(spec) != 7 || !PyType_Check(tensor_type) || !PyType_Check(call_type)) {
-        PyErr_SetString(PyExc_TypeError, "Wrapper: a 7-field spec and two types are needed");
+    if (PyTuple_GET_SIZE(spec) != 7) {
+        PyErr_SetString(PyExc_TypeError, "Wrapper: the spec must be a 7-field _Spec");
         return NULL;
     }
     Wrapper *w = (Wrapper *)type->tp_alloc(type, 0);
@@ -675,8 +1105,8 @@ wrapper_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     w->before = before == Py_None ? NULL : Py_NewRef(before);
     w->after = after == Py_None ? NULL : Py_NewRef(after);
     w->tensor_type = Py_NewRef(tensor_type);
-    w->call_type = Py_NewRef(call_type);
-    w->count_type = Py_NewRef(count_type);
+    if (w->one_tensor && w->before == NULL && w->after == NULL)
+        w->vectorcall = (vectorcallfunc)wrapper_vectorcall;
     w->shape = find_getter(tensor_type, s_shape);
     w->dtype = find_getter(tensor_type, s_dtype);
     if (w->dtype.get == NULL)
@@ -725,12 +1155,13 @@ static PyGetSetDef wrapper_getset[] = {
 static PyTypeObject WrapperType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "rankscope.probe._fast.Wrapper",
-    .tp_doc = "Wrapper(fn, spec, probe, before, after, tensor_type, call_type, count_type)\n\n"
+    .tp_doc = "Wrapper(fn, spec, probe, before, after, tensor_type)\n\n"
               "Records each call of fn with the probe; see rankscope/probe/_core.py.",
     .tp_basicsize = sizeof(Wrapper),
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
     .tp_new = wrapper_new,
     .tp_call = (ternaryfunc)wrapper_call,
+    .tp_vectorcall_offset = offsetof(Wrapper, vectorcall),
     .tp_traverse = (traverseproc)wrapper_traverse,
     .tp_clear = (inquiry)wrapper_clear,
     .tp_dealloc = gc_dealloc,
@@ -741,88 +1172,72 @@ static PyTypeObject WrapperType = {
     .tp_setattro = PyObject_GenericSetAttr,
 };
 
-/* --- State --------------------------------------------------------------------------------- */
-
-static PyObject *
-state_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
-{
-    if (PyTuple_GET_SIZE(args) || (kwds != NULL && PyDict_GET_SIZE(kwds))) {
-        PyErr_SetString(PyExc_TypeError, "State() takes no arguments");
-        return NULL;
-    }
-    State *st = (State *)type->tp_alloc(type, 0);
-    if (st == NULL)
-        return NULL;
-    st->current = Py_NewRef(Py_None);
-    if ((st->queue = PyList_New(0)) == NULL) {
-        Py_DECREF(st);
-        return NULL;
-    }
-    return (PyObject *)st;
-}
-
-static PyObject *
-state_get_queue(State *st, void *closure)
-{
-    return Py_NewRef(st->queue);
-}
-
-static int
-state_set_queue(State *st, PyObject *value, void *closure)
-{
-    if (value == NULL || !PyList_Check(value)) {
-        PyErr_SetString(PyExc_TypeError, "State.queue must be a list");
-        return -1;
-    }
-    Py_SETREF(st->queue, Py_NewRef(value));
-    return 0;
-}
-
-static PyMemberDef state_members[] = {
-    {"current", T_OBJECT, offsetof(State, current), 0, "the call in flight, or None"},
-    {"done", T_PYSSIZET, offsetof(State, done), 0, "calls completed"},
-    {NULL},
-};
-
-static PyGetSetDef state_getset[] = {
-    {"queue", (getter)state_get_queue, (setter)state_set_queue,
-     "records not yet written (a list; the flush takes it and puts an empty one)"},
-    {NULL},
-};
-
 static PyTypeObject StateType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "rankscope.probe._fast.State",
-    .tp_doc = "State()\n\nWhat the probe's wrappers and its thread share: queue, current, done.",
+    .tp_doc = "State(call_type)\n\n"
+              "What the probe's wrappers and its thread share: the records not yet written, the "
+              "call in flight, the count of calls done.",
     .tp_basicsize = sizeof(State),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
     .tp_new = state_new,
     .tp_traverse = (traverseproc)state_traverse,
     .tp_clear = (inquiry)state_clear,
     .tp_dealloc = gc_dealloc,
+    .tp_methods = state_methods,
     .tp_getset = state_getset,
     .tp_members = state_members,
 };
 
-static PyMethodDef methods[] = {
-    {"lines", (PyCFunction)(void (*)(void))lines, METH_FASTCALL,
-     "lines(records, entered, statics, enter_line, exit_line, event_line, rank) -> bytes\n\n"
-     "The records' JSON lines, as Probe.flush writes them."},
-    {NULL},
+static PyObject *
+counter_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"start", NULL};
+    long long start = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|L:Counter", kwlist, &start))
+        return NULL;
+    Counter *c = (Counter *)type->tp_alloc(type, 0);
+    if (c != NULL)
+        c->next = start;
+    return (PyObject *)c;
+}
+
+static PyObject *
+counter_next(Counter *c)
+{
+    return PyLong_FromLongLong(c->next++);
+}
+
+static PyObject *
+counter_repr(Counter *c)
+{
+    return PyUnicode_FromFormat("Counter(%lld)", c->next);
+}
+
+static PyTypeObject CounterType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "rankscope.probe._fast.Counter",
+    .tp_doc = "Counter(start=0)\n\nnext() gives start, start + 1, ... (as itertools.count).",
+    .tp_basicsize = sizeof(Counter),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_new = counter_new,
+    .tp_iter = PyObject_SelfIter,
+    .tp_iternext = (iternextfunc)counter_next,
+    .tp_repr = (reprfunc)counter_repr,
 };
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT,
-    .m_methods = methods,
     .m_name = "rankscope.probe._fast",
-    .m_doc = "The probe's wrapper in C (optional: _core.py falls back to Python without it).",
+    .m_doc = "The probe's wrapper and records in C (optional: _core.py falls back to Python).",
     .m_size = -1,
 };
 
 PyMODINIT_FUNC
 PyInit__fast(void)
 {
-    if (PyType_Ready(&WrapperType) < 0 || PyType_Ready(&StateType) < 0)
+    if (PyType_Ready(&WrapperType) < 0 || PyType_Ready(&StateType) < 0 ||
+        PyType_Ready(&CounterType) < 0)
         return NULL;
 #define INTERN(var, text)                                                                      \
     if ((var = PyUnicode_InternFromString(text)) == NULL)                                      \
@@ -832,14 +1247,13 @@ PyInit__fast(void)
     INTERN(s_async_op, "async_op");
     INTERN(s_shape, "shape");
     INTERN(s_dtype, "dtype");
-    if ((one = PyLong_FromLong(1)) == NULL)
-        return NULL;
 #undef INTERN
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)
         return NULL;
     if (PyModule_AddObjectRef(m, "Wrapper", (PyObject *)&WrapperType) < 0 ||
-        PyModule_AddObjectRef(m, "State", (PyObject *)&StateType) < 0) {
+        PyModule_AddObjectRef(m, "State", (PyObject *)&StateType) < 0 ||
+        PyModule_AddObjectRef(m, "Counter", (PyObject *)&CounterType) < 0) {
         Py_DECREF(m);
         return NULL;
     }
