@@ -4,8 +4,8 @@ Under the probe (``--mode probe``), once the probe's one-off warm-up is done, tw
 
   * per call: torch's own all_reduce, the probe's wrapper and a Python wrapper (of a second,
     idle probe made without the C extension) are called in turn, one call each, the order
-    rotating every round, and every call is timed. Neighbouring calls see the same machine, so the slow drifts of a shared machine cancel.
-    The probe thread runs during all arms alike. This shows where a wrapper's time lands on
+    rotating every round, and every call is timed. Neighbouring calls see the same machine, so
+    the slow drifts of a shared machine cancel. The probe thread runs during all arms alike. This shows where a wrapper's time lands on
     its own rank; what its work after the call costs the peer lands on the next call, which
     is another arm's, so the wrapper's whole cost is the blocks' figure;
   * in blocks: the probe off (torch's own all_reduce, the probe thread asleep) and on (the
@@ -183,8 +183,6 @@ if args.mode == "loop":
         fn(t)
     out = {"loop_us": (clock() - start) / args.calls / 1e3}
 else:
-    import tempfile
-
     import rankscope.probe
     from rankscope.probe import _core
     from rankscope.rundir import RunDir
@@ -196,7 +194,8 @@ else:
     arms = {"torch": torch_fn, "probe": dist.all_reduce}
     if _core._fast is not None:  # the Python wrapper, on a probe made without the C extension
         fast, _core._fast = _core._fast, None
-        bare = _core.Probe(RunDir(tempfile.mkdtemp()), probe.rank)  # its thread never runs
+        # its thread never runs; its files go with the run directory
+        bare = _core.Probe(RunDir(probe.run.path / "python-arm"), probe.rank)
         arms["python"] = bare._wrap("all_reduce", torch_fn, None)
         _core._fast = fast
     deadline = time.monotonic() + 30

@@ -101,6 +101,13 @@ record_clear(Record *r)
     Py_CLEAR(r->error);
 }
 
+static void
+records_clear(Record *records, Py_ssize_t n)
+{
+    for (Py_ssize_t i = 0; i < n; i++)
+        record_clear(&records[i]);
+}
+
 /* Move *r (its references too) to the end of the State's records. */
 static int
 push(State *st, Record *r)
@@ -197,7 +204,7 @@ typedef struct {
     PyObject *name;            /* spec.name */
     PyObject *peer;            /* spec.peer: the keyword naming the peer, or NULL */
     Py_ssize_t group_at, peer_at, async_at; /* positional indexes, -1 when absent */
-    int always_async, one_tensor;
+    int always_async;
     PyObject *enter;
     State *state;
     PyObject *pg_cache, *describe_group, *seqs, *sites, *call_site, *ids;
@@ -917,8 +924,7 @@ state_lines(State *st, PyObject *const *args, Py_ssize_t nargs)
     }
     if (i == n)
         out = PyBytes_FromStringAndSize(b.data, b.len);
-    for (i = 0; i < n; i++)
-        record_clear(&records[i]);
+    records_clear(records, n);
     if (st->spare == NULL) {
         st->spare = records;
         st->spare_cap = cap;
@@ -1001,8 +1007,7 @@ state_clear(State *st)
     Py_ssize_t n = st->len;
     st->records = NULL;
     st->len = st->cap = 0;
-    for (Py_ssize_t i = 0; i < n; i++)
-        record_clear(&records[i]);
+    records_clear(records, n);
     PyMem_Free(records);
     PyMem_Free(st->spare);
     st->spare = NULL;
@@ -1101,11 +1106,11 @@ wrapper_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     w->peer_at = index_of(spec, 3);
     w->async_at = index_of(spec, 4);
     w->always_async = PyObject_IsTrue(PyTuple_GET_ITEM(spec, 5)) == 1;
-    w->one_tensor = PyObject_IsTrue(PyTuple_GET_ITEM(spec, 6)) == 1;
     w->before = before == Py_None ? NULL : Py_NewRef(before);
     w->after = after == Py_None ? NULL : Py_NewRef(after);
     w->tensor_type = Py_NewRef(tensor_type);
-    if (w->one_tensor && w->before == NULL && w->after == NULL)
+    /* spec.one_tensor */
+    if (PyObject_IsTrue(PyTuple_GET_ITEM(spec, 6)) == 1 && w->before == NULL && w->after == NULL)
         w->vectorcall = (vectorcallfunc)wrapper_vectorcall;
     w->shape = find_getter(tensor_type, s_shape);
     w->dtype = find_getter(tensor_type, s_dtype);
