@@ -204,7 +204,7 @@ TIMES = [
 
 
 def test_c_lines_match_python_lines(tmp_path, monkeypatch):
-    """The probe thread's formatting in C writes what the Python formatting writes."""
+    """The probe thread's formatting and writing in C writes what the Python one writes."""
     p = make_probe(tmp_path, monkeypatch, "python")
     try:
         some_calls(p)
@@ -216,14 +216,56 @@ def test_c_lines_match_python_lines(tmp_path, monkeypatch):
         c_state = _core._fast.State(_core._Call)
         for item in queued:
             c_state.append(item)
+        in_flight = p._enter_line(call._replace(cid=10**6))
         lines = [p._static, p._enter_line, p._exit_line, _core._line, p.rank]
-        c = c_state.lines(set(entered), *lines)
-        python = p._state.lines(set(entered), *lines)
-        assert c == python and len(c.splitlines()) == 20 * 9 - 1 + 2 * len(TIMES)
+        written = {}
+        for name, state in (("c", c_state), ("python", p._state)):
+            fd = os.open(tmp_path / name, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+            try:
+                state.write(fd, set(entered), *lines, lambda: in_flight)
+                state.write(fd, set(), *lines, lambda: None)  # taken: nothing more to write
+                state.write(fd, set(), *lines, lambda: in_flight)
+            finally:
+                os.close(fd)
+            written[name] = (tmp_path / name).read_bytes()
+        c = written["c"]
+        assert c == written["python"]
+        assert len(c.splitlines()) == 20 * 9 - 1 + 2 * len(TIMES) + 2
+        assert c.splitlines()[-1] == c.splitlines()[-2] == in_flight.rstrip().encode()
         assert all(json.loads(line) for line in c.splitlines())
-        assert c_state.lines(set(), *lines) == b""  # taken: the next flush writes nothing
     finally:
         close(p)
+
+
+def test_c_state_write_failure_keeps_the_state_usable(tmp_path):
+    """A write that fails raises OSError (Probe.flush drops that batch), and the next one works;
+    a second writer at the same time is refused rather than sharing the buffer, and the lines
+    formatted before a failure are written all the same."""
+    if _core._fast is None:
+        pytest.skip("the probe's C extension is not built here (no C compiler at install)")
+    state = _core._fast.State(_core._Call)
+    lines = [{}, None, None, _core._line, 0]
+    state.append(({"ev": "step", "n": 1},))
+    read_only = os.open(tmp_path / "ro", os.O_RDONLY | os.O_CREAT)
+    try:
+        with pytest.raises(OSError):
+            state.write(read_only, set(), *lines, None)
+    finally:
+        os.close(read_only)
+    fd = os.open(tmp_path / "events", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    try:
+        state.append(({"ev": "step", "n": 2},))
+
+        def reenter():
+            state.write(fd, set(), *lines, None)
+
+        with pytest.raises(RuntimeError, match="already running"):
+            state.write(fd, set(), *lines, reenter)
+        state.append(({"ev": "step", "n": 3},))
+        state.write(fd, set(), *lines, None)
+    finally:
+        os.close(fd)
+    assert [json.loads(x)["n"] for x in (tmp_path / "events").read_text().splitlines()] == [2, 3]
 
 
 def test_c_state_refuses_records_of_unknown_shapes():

@@ -14,12 +14,13 @@ the tensor's shape, which only torch can give; other calls go to ``Probe._enter`
 
 The probe's daemon thread looks every ``POLL_S`` for a capture request and for a call still in
 flight since its last look; only then, or every ``FLUSH_S``, does it turn the records into JSON
-lines (``State.lines``, in C where built) and append them with one ``os.write`` on an
-``O_APPEND`` descriptor. Whatever the thread does holds the GIL, and a thread holding the GIL
-when the main thread's collective returns delays that rank and every rank waiting on it. So it
-looks ten times a second, one ``stat`` each, and formats completed calls in batches, about a
-fifth of a microsecond a call in C: times are written to the microsecond with integer
-arithmetic, not ``repr``. A call in flight at two looks in a row gets its ``enter`` line at
+lines and append them to an ``O_APPEND`` descriptor (``State.write``, in C where built). What the
+thread does with the GIL held delays the main thread when its collective returns, and with it
+every rank waiting on it. So it looks ten times a second, one ``stat`` each, and formats
+completed calls in batches into a buffer it keeps (a fresh one would fault its pages in at
+every flush), a few tenths of a microsecond a call in C: times are written to the microsecond
+with integer arithmetic, not ``repr``. The ``write`` itself, which costs about as much again
+on a virtual machine (page-cache pages for a growing file), runs with the GIL released. A call in flight at two looks in a row gets its ``enter`` line at
 once, so a blocked rank is visible within ``2 * POLL_S``. Capture, exception and exit flush the
 queue first; only a SIGKILL can lose the last ``FLUSH_S`` of completed calls.
 """
@@ -169,17 +170,25 @@ class Probe:
 
     def flush(self) -> None:
         """Write everything queued, and the enter line of a call that is still in flight."""
-        with self._write_lock:
-            data = self._state.lines(
-                self._entered, self._static, self._enter_line, self._exit_line, _line, self.rank
+        with self._write_lock, contextlib.suppress(OSError):
+            self._state.write(
+                self._fd,
+                self._entered,
+                self._static,
+                self._enter_line,
+                self._exit_line,
+                _line,
+                self.rank,
+                self._in_flight_line,
             )
-            cur = self._state.current
-            if cur is not None and cur.cid not in self._entered:
-                self._entered.add(cur.cid)
-                data += self._enter_line(cur).encode()
-            if data:
-                with contextlib.suppress(OSError):
-                    os.write(self._fd, data)
+
+    def _in_flight_line(self) -> str | None:
+        """The enter line of the call in flight, once (its exit line comes when it ends)."""
+        cur = self._state.current
+        if cur is None or cur.cid in self._entered:
+            return None
+        self._entered.add(cur.cid)
+        return self._enter_line(cur)
 
     def _enter_line(self, call: _Call) -> str:
         # Everything but the id, sequence number and time repeats from call to call at a given
@@ -584,16 +593,19 @@ class _State:
     def append(self, record: tuple[Any, ...]) -> None:
         self.queue.append(record)
 
-    def lines(
+    def write(
         self,
+        fd: int,
         entered: set[int],
         statics: dict[Any, str],
         enter_line: Any,
         exit_line: Any,
         event_line: Any,
         rank: int,
-    ) -> bytes:
-        """Take every record queued and return their JSON lines (``State.lines`` in C).
+        in_flight: Any,
+    ) -> None:
+        """Take every record queued and write their JSON lines to ``fd``, then ``in_flight()``'s
+        line if it gives one (``State.write`` in C).
 
         ``statics`` and ``rank`` are the C formatter's: here the line functions use them."""
         records, self.queue = self.queue, []
@@ -608,7 +620,10 @@ class _State:
             else:
                 out.append(enter_line(call))
             out.append(exit_line(call, t_end, ok, error))
-        return "".join(out).encode()
+        out.append(in_flight() or "")
+        data = memoryview("".join(out).encode())
+        while data:
+            data = data[os.write(fd, data) :]
 
 
 class _Spec(NamedTuple):

@@ -18,7 +18,8 @@
  * probe's State (below: the records, the call in flight, the count of calls done), the group
  * cache and ``_describe_group``, the per-group sequence counters, the call-site cache and
  * ``_call_site``, and the call-id counter. The probe thread turns the records into JSON lines
- * with State.lines, also here.
+ * and writes them with State.write, also here: into a buffer the State keeps from flush to
+ * flush, then to the events file with the GIL released.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -28,6 +29,8 @@
 #include <stddef.h>
 #include <string.h>
 #include <time.h>
+#include <errno.h>
+#include <unistd.h>
 
 /* A call made while a recorded call is running on the same thread (a collective that calls
  * another, a hook) is passed straight through, as in the Python wrapper. */
@@ -78,6 +81,17 @@ typedef struct {
     int ok;
 } Record;
 
+/* Bytes being formatted. */
+typedef struct {
+    char *data;
+    Py_ssize_t len, cap;
+} Buffer;
+
+/* A State keeps its write buffer between flushes up to this size: a buffer made anew at every
+ * flush would fault its pages in anew, and on a virtual machine a first touch of a page costs
+ * microseconds. */
+#define KEEP_BUFFER (8 << 20)
+
 /* What the wrappers and the probe thread share: Probe._state. */
 typedef struct {
     PyObject_HEAD
@@ -90,6 +104,8 @@ typedef struct {
     Py_ssize_t done;    /* calls completed */
     long long epoch;    /* bumped when process groups are created or destroyed */
     PyObject *call_type; /* _Call: how `current` and the formatters' slow path see a call */
+    Buffer out;         /* State.write's lines; in use while writing is set */
+    int writing;
 } State;
 
 static PyTypeObject StateType;
@@ -608,6 +624,11 @@ finish(Wrapper *w, Record *r, PyObject *result)
             st->current = NULL;
         st->done++;
     }
+    if (result != NULL && w->after == NULL) { /* the common case: nothing to set aside */
+        if (r->what != NULL && push(st, r))
+            PyErr_Clear();
+        return;
+    }
     PyObject *exc_type, *exc_value, *exc_tb;
     PyErr_Fetch(&exc_type, &exc_value, &exc_tb);
     if (w->after != NULL)
@@ -671,12 +692,7 @@ wrapper_vectorcall(Wrapper *w, PyObject *const *args, size_t nargsf, PyObject *k
     return result;
 }
 
-/* --- State.lines: the probe thread's formatting of the records ------------------------------- */
-
-typedef struct {
-    char *data;
-    Py_ssize_t len, cap;
-} Buffer;
+/* --- State.write: the probe thread's formatting and writing of the records ------------------ */
 
 static int
 put(Buffer *b, const char *s, Py_ssize_t n)
@@ -872,58 +888,41 @@ entered_before(PyObject *entered, long long cid)
     return seen;
 }
 
-static PyObject *
-state_lines(State *st, PyObject *const *args, Py_ssize_t nargs)
+/* Take every record queued and append their JSON lines to b; 0, or -1 with a MemoryError set
+ * (what was formatted stays in b). A record that cannot be formatted otherwise is dropped. */
+static int
+format_records(State *st, Buffer *b, PyObject *entered, PyObject *statics, PyObject *slow_enter,
+               PyObject *slow_exit, PyObject *event_line, long long rank)
 {
-    if (nargs != 6) {
-        PyErr_SetString(PyExc_TypeError,
-                        "lines(entered, statics, enter_line, exit_line, event_line, rank)");
-        return NULL;
-    }
-    PyObject *entered = args[0], *statics = args[1], *slow_enter = args[2];
-    PyObject *slow_exit = args[3], *event_line = args[4];
-    long long rank = PyLong_AsLongLong(args[5]);
-    if (rank == -1 && PyErr_Occurred())
-        return NULL;
-    if (!PySet_Check(entered) || !PyDict_Check(statics)) {
-        PyErr_SetString(PyExc_TypeError, "lines: entered must be a set and statics a dict");
-        return NULL;
-    }
     /* Taken first: the Python formatters may let another thread run, and its calls' records
      * go to the spare array, for the next flush. The taken one is the next spare: an array
      * that grows anew at every flush would fault its pages in anew. */
     Record *records = st->records;
-    Py_ssize_t n = st->len, cap = st->cap;
+    Py_ssize_t n = st->len, cap = st->cap, i;
     st->records = st->spare;
     st->cap = st->spare_cap;
     st->len = 0;
     st->spare = NULL;
     st->spare_cap = 0;
 
-    Buffer b = {NULL, 0, 0};
     Memo m = {NULL, NULL, NULL};
-    PyObject *out = NULL;
-    Py_ssize_t i;
     for (i = 0; i < n; i++) {
         Record *r = &records[i];
-        Py_ssize_t mark = b.len;
+        Py_ssize_t mark = b->len;
         int bad, seen;
         if (r->cid == 0)
-            bad = put_call(&b, PyObject_CallOneArg(event_line, r->what));
+            bad = put_call(b, PyObject_CallOneArg(event_line, r->what));
         else
             bad = (seen = entered_before(entered, r->cid)) < 0 ||
-                  (seen == 0 && enter_line(&b, st, r, &m, statics, slow_enter, rank)) ||
-                  exit_line(&b, st, r, &m, statics, slow_exit, rank);
+                  (seen == 0 && enter_line(b, st, r, &m, statics, slow_enter, rank)) ||
+                  exit_line(b, st, r, &m, statics, slow_exit, rank);
         if (bad) {
-            /* A record that cannot be written is dropped; the others are not. */
+            b->len = mark;
             if (PyErr_ExceptionMatches(PyExc_MemoryError))
                 break;
             PyErr_Clear();
-            b.len = mark;
         }
     }
-    if (i == n)
-        out = PyBytes_FromStringAndSize(b.data, b.len);
     records_clear(records, n);
     if (st->spare == NULL) {
         st->spare = records;
@@ -931,11 +930,92 @@ state_lines(State *st, PyObject *const *args, Py_ssize_t nargs)
     }
     else
         PyMem_Free(records);
-    PyMem_Free(b.data);
     Py_XDECREF(m.facts);
     Py_XDECREF(m.enter);
     Py_XDECREF(m.exit);
-    return out;
+    return i == n ? 0 : -1;
+}
+
+/* All of data to fd, as os.write would in a loop; 0, or -1 with errno set. Called without the
+ * GIL. */
+static int
+write_all(int fd, const char *data, Py_ssize_t n)
+{
+    while (n > 0) {
+        ssize_t k = write(fd, data, (size_t)n);
+        if (k < 0) {
+            if (errno == EINTR)
+                continue;
+            return -1;
+        }
+        data += k;
+        n -= k;
+    }
+    return 0;
+}
+
+static PyObject *
+state_write(State *st, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 8) {
+        PyErr_SetString(PyExc_TypeError, "write(fd, entered, statics, enter_line, exit_line, "
+                                         "event_line, rank, in_flight)");
+        return NULL;
+    }
+    PyObject *entered = args[1], *statics = args[2], *in_flight = args[7];
+    long fd = PyLong_AsLong(args[0]);
+    if (fd == -1 && PyErr_Occurred())
+        return NULL;
+    long long rank = PyLong_AsLongLong(args[6]);
+    if (rank == -1 && PyErr_Occurred())
+        return NULL;
+    if (fd < 0 || fd > INT_MAX || !PySet_Check(entered) || !PyDict_Check(statics)) {
+        PyErr_SetString(PyExc_TypeError,
+                        "write: fd must be a file descriptor, entered a set and statics a dict");
+        return NULL;
+    }
+    if (st->writing) { /* Probe.flush holds its lock: only a caller of its own gets here */
+        PyErr_SetString(PyExc_RuntimeError, "State.write is already running on another thread");
+        return NULL;
+    }
+    st->writing = 1;
+    Buffer *b = &st->out;
+    b->len = 0;
+    /* The in-flight call's enter line goes last: a call that ends meanwhile has its record in
+     * the array the next write takes. */
+    int bad = format_records(st, b, entered, statics, args[3], args[4], args[5], rank);
+    if (!bad && in_flight != Py_None) {
+        PyObject *line = PyObject_CallNoArgs(in_flight);
+        bad = line == NULL || (line != Py_None && put_str(b, line));
+        Py_XDECREF(line);
+    }
+    /* What was formatted is written even when something failed; the failure is raised after. */
+    PyObject *exc_type = NULL, *exc_value = NULL, *exc_tb = NULL;
+    if (bad)
+        PyErr_Fetch(&exc_type, &exc_value, &exc_tb);
+    int err = 0;
+    if (b->len) {
+        Py_BEGIN_ALLOW_THREADS
+        if (write_all((int)fd, b->data, b->len))
+            err = errno;
+        Py_END_ALLOW_THREADS
+    }
+    b->len = 0;
+    if (b->cap > KEEP_BUFFER) { /* after a burst: the next flush starts small again */
+        PyMem_Free(b->data);
+        b->data = NULL;
+        b->cap = 0;
+    }
+    st->writing = 0;
+    if (bad) {
+        PyErr_Restore(exc_type, exc_value, exc_tb);
+        return NULL;
+    }
+    if (err) {
+        errno = err;
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    Py_RETURN_NONE;
 }
 
 /* --- State ----------------------------------------------------------------------------------- */
@@ -1012,6 +1092,9 @@ state_clear(State *st)
     PyMem_Free(st->spare);
     st->spare = NULL;
     st->spare_cap = 0;
+    PyMem_Free(st->out.data);
+    st->out.data = NULL;
+    st->out.len = st->out.cap = 0;
     Py_CLEAR(st->call_type);
     return 0;
 }
@@ -1039,9 +1122,10 @@ static PyGetSetDef state_getset[] = {
 static PyMethodDef state_methods[] = {
     {"append", (PyCFunction)state_append, METH_O,
      "append(record)\n\nQueue (fields,), an event, or (call, t_end, ok, error), a completed call."},
-    {"lines", (PyCFunction)(void (*)(void))state_lines, METH_FASTCALL,
-     "lines(entered, statics, enter_line, exit_line, event_line, rank) -> bytes\n\n"
-     "Take every record queued and return their JSON lines, as Probe.flush writes them."},
+    {"write", (PyCFunction)(void (*)(void))state_write, METH_FASTCALL,
+     "write(fd, entered, statics, enter_line, exit_line, event_line, rank, in_flight)\n\n"
+     "Take every record queued and write their JSON lines to fd, then in_flight()'s line\n"
+     "(a str, or None for none); the GIL is released while writing."},
     {NULL},
 };
 
