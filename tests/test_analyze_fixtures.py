@@ -26,6 +26,8 @@ EXPECTED = {
     "monitored_barrier": ("hang", "rank_conditional_collective", "D21", [1], [0], 1),
     # Rank 1 left after 3 all_reduces; its exit dump raced gloo's retirement of the last one.
     "gloo_exit_race": ("hang", "early_exit", "D9", [1], [0], 4),
+    # Rank 1 raised; its dump at the exception raced gloo's retirement of its first all_reduce.
+    "gloo_crash_dump_race": ("crash", "rank_crashed", "D20", [1], [0], 2),
 }
 
 
@@ -36,6 +38,12 @@ def test_recorded_runs(name):
     assert (d.verdict, d.cause, d.recipe) == (verdict, cause, recipe), d.render()
     assert (d.culprit_ranks, d.waiting_ranks) == (culprits, waiting), d.render()
     assert (d.collective.seq if d.collective else None) == seq, d.render()
+
+
+def test_an_open_entry_the_probe_saw_return_keeps_the_probe_as_source():
+    d = diagnose(load_run(DATA / "gloo_crash_dump_race" / "run"))
+    assert d.collective.source == "collectives", d.render()
+    assert d.collective.site_by_rank[0] == "crash.py:26", d.render()
 
 
 def test_detail_text_is_kept_as_a_note():

@@ -280,3 +280,22 @@ def test_c_state_refuses_records_of_unknown_shapes():
         state.append((call, 1.0, True, None))
     with pytest.raises(TypeError, match="error"):
         state.append((call._replace(cid=1), 1.0, False, 42))
+
+
+@pytest.mark.parametrize("which", ["c", "python"])
+def test_state_write_writes_the_lines_when_in_flight_fails(tmp_path, which):
+    if which == "c" and _core._fast is None:
+        pytest.skip("the probe's C extension is not built here (no C compiler at install)")
+    state = _core._fast.State(_core._Call) if which == "c" else _core._State()
+    state.append(({"ev": "step", "n": 1},))
+
+    def in_flight():
+        raise ValueError("no line")
+
+    fd = os.open(tmp_path / "events", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    try:
+        with pytest.raises(ValueError, match="no line"):
+            state.write(fd, set(), {}, None, None, _core._line, 0, in_flight)
+    finally:
+        os.close(fd)
+    assert json.loads((tmp_path / "events").read_text())["n"] == 1

@@ -962,10 +962,19 @@ class _Analysis:
 
 def _in_flight_unseen(probe: pd.DataFrame, fr: pd.DataFrame, *, ignore: set[int]) -> bool:
     """Some rank (not in ``ignore``) has a collective in flight in the recorder but none in the
-    probe's record."""
-    fr_open = set(fr.loc[~fr["completed"].fillna(False).astype(bool), "rank"].tolist()) - ignore
+    probe's record, and not one the probe saw return either: a dump taken as a rank fails can
+    race gloo's retirement of the rank's last work, which the probe saw complete."""
+    open_ = fr.loc[~fr["completed"].fillna(False).astype(bool) & ~fr["rank"].isin(ignore)]
     probe_open = set(probe.loc[~probe["completed"].fillna(False).astype(bool), "rank"].tolist())
-    return bool(fr_open - probe_open)
+    returned = set(
+        zip(probe["rank"].tolist(), probe["pg"].astype(str), probe["seq"].tolist(), strict=True)
+    )
+    return any(
+        rank not in probe_open and (rank, pg, seq) not in returned
+        for rank, pg, seq in zip(
+            open_["rank"].tolist(), open_["pg"].astype(str), open_["seq"].tolist(), strict=True
+        )
+    )
 
 
 def _earliest(rows: pd.DataFrame) -> float:
