@@ -5,9 +5,10 @@ Under the probe (``--mode probe``), once the probe's one-off warm-up is done, tw
   * per call: torch's own all_reduce, the probe's wrapper and a Python wrapper (of a second,
     idle probe made without the C extension) are called in turn, one call each, the order
     rotating every round, and every call is timed. Neighbouring calls see the same machine, so
-    the slow drifts of a shared machine cancel. The probe thread runs during all arms alike. This shows where a wrapper's time lands on
-    its own rank; what its work after the call costs the peer lands on the next call, which
-    is another arm's, so the wrapper's whole cost is the blocks' figure;
+    the slow drifts of a shared machine cancel. The probe thread runs during all arms alike.
+    This shows where a wrapper's time lands on its own rank; what its work after the call
+    costs the peer lands on the next call, which is another arm's, so the wrapper's whole cost
+    is the blocks' figure;
   * in blocks: the probe off (torch's own all_reduce, the probe thread asleep) and on (the
     probe's wrapper, the probe thread at work: heartbeats, looks, flushes) alternate in
     blocks of ``--block`` calls, the order swapped every pair. Short blocks cancel the

@@ -5,7 +5,8 @@ keyword, the level, the headers) and Python cannot touch each line at all. This 
 line ends with ``memchr``, the ``NCCL <LEVEL>`` keyword by a short scan from the line start, the
 line header (``host:pid:tid [dev] ...``) numbered through a small hash table (hashed eight bytes
 at a step), and the message copied out with ``memcpy`` into one contiguous buffer that Arrow uses
-as is. It releases the GIL, so chunks run on threads. The compiled code is cached on disk (Numba's ``cache=True``).
+as is. It releases the GIL, so chunks run on threads. The compiled code is cached on disk
+(Numba's ``cache=True``).
 
 Only the *distinct* headers go back to Python to be parsed (a few per process); :func:`fill`
 then writes every line's header fields (pid, tid, device, ...) from per-header tables, also in one

@@ -624,19 +624,16 @@ finish(Wrapper *w, Record *r, PyObject *result)
             st->current = NULL;
         st->done++;
     }
-    if (result != NULL && w->after == NULL) { /* the common case: nothing to set aside */
-        if (r->what != NULL && push(st, r))
-            PyErr_Clear();
-        return;
-    }
-    PyObject *exc_type, *exc_value, *exc_tb;
-    PyErr_Fetch(&exc_type, &exc_value, &exc_tb);
+    PyObject *exc_type = NULL, *exc_value = NULL, *exc_tb = NULL;
+    if (result == NULL) /* the user's exception, set aside (a call that returned has none) */
+        PyErr_Fetch(&exc_type, &exc_value, &exc_tb);
     if (w->after != NULL)
         Py_XDECREF(PyObject_CallNoArgs(w->after));
     if (r->what != NULL)
         push(st, r);
     PyErr_Clear();
-    PyErr_Restore(exc_type, exc_value, exc_tb);
+    if (result == NULL)
+        PyErr_Restore(exc_type, exc_value, exc_tb);
 }
 
 /* A call through tp_call (args a tuple, kwargs a dict or NULL). The one-tensor calls without
@@ -979,8 +976,7 @@ state_write(State *st, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     }
     st->writing = 1;
-    Buffer *b = &st->out;
-    b->len = 0;
+    Buffer *b = &st->out; /* empty: every write leaves it so */
     /* The in-flight call's enter line goes last: a call that ends meanwhile has its record in
      * the array the next write takes. */
     int bad = format_records(st, b, entered, statics, args[3], args[4], args[5], rank);
