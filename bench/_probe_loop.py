@@ -13,7 +13,9 @@ Under the probe (``--mode probe``), once the probe's one-off warm-up is done, tw
     probe's wrapper, the probe thread at work: heartbeats, looks, flushes) alternate in
     blocks of ``--block`` calls, the order swapped every pair. Short blocks cancel the
     machine's drifts; a Pacer keeps the thread's rates per second of "on" blocks what they
-    are on a running rank. Everything the probe does counts.
+    are on a running rank, and an "on" block ends only once the thread is asleep again.
+    Everything the probe does counts. Every call is timed, so that the per-block totals come
+    both as timed and with each call capped (see probe_overhead.py).
 
 Without the probe (``--mode loop``) it times a plain loop. Rank 0 prints one JSON line.
 """
@@ -22,8 +24,10 @@ import argparse
 import json
 import math
 import statistics
+import sys
 import threading
 import time
+from array import array
 
 import torch
 import torch.distributed as dist
@@ -38,6 +42,7 @@ args = ap.parse_args()
 dist.init_process_group("gloo")
 t = torch.ones(1)
 clock = time.perf_counter_ns
+CAP = 5  # a call over CAP times the plain call's median is counted at that (probe_overhead.py)
 
 
 def summary(ns: list[int]) -> dict:
@@ -86,6 +91,7 @@ class Pacer:
         with self.cond:
             self.due_at = self.monotonic() + timeout
             self._schedule()
+            self.cond.notify_all()  # settle() waits for this
             while not self.go and not self.stop.is_set():
                 self.cond.wait()
             self.go = False
@@ -96,7 +102,13 @@ class Pacer:
             self.due_at = None
             self.wake_at = math.inf
             self.go = True
-            self.cond.notify()
+            self.cond.notify_all()
+
+    def settle(self) -> None:
+        """Return once the thread, if let go, is asleep again: its work counts in the block."""
+        with self.cond:
+            while (self.go or self.due_at is None) and not self.stop.is_set():
+                self.cond.wait()
 
     def _schedule(self) -> None:
         due, since = self.due_at, self.since
@@ -148,33 +160,57 @@ def blocks(probe, torch_fn, barrier) -> dict:
     pacer = Pacer(probe._stop)
     probe._stop, _core.time = pacer, _Clock(pacer)
     tick = pacer.tick
-    times: dict[str, list[int]] = {"off": [], "on": []}
+    pacer.settle()  # the thread's first wait on the pacer
+    calls = {"off": array("q"), "on": array("q")}  # every call's time, block after block
+    settled = array("q")  # per "on" block: from its last call's end to the thread asleep
     for i in range(args.blocks):
         for mode in ("off", "on") if i % 2 == 0 else ("on", "off"):
             fn = torch_fn if mode == "off" else dist.all_reduce
+            out = calls[mode]
             barrier()
             if mode == "on":
                 pacer.on()
-            start = clock()
+            last = clock()
             for _ in range(args.block):
                 fn(t)
                 tick()
-            times[mode].append(clock() - start)
+                end = clock()
+                out.append(end - last)
+                last = end
+            if mode == "on":
+                pacer.settle()
+                settled.append(clock() - last)
             pacer.off()
     probe._stop, _core.time = pacer.stop, time
     pacer.release()
-    off, on = sum(times["off"]), sum(times["on"])
-    pairs = [b / a for a, b in zip(times["off"], times["on"], strict=True)]
-    return {
-        "off_us": off / (args.blocks * args.block) / 1e3,
-        "on_us": on / (args.blocks * args.block) / 1e3,
-        "pair_ratios": sorted(pairs),
-        "looks": pacer.looks,
-        "on_s": pacer.elapsed,
-    }
+    cap = CAP * statistics.median(calls["off"])
+    sums: dict = {}
+    for mode, ns in calls.items():
+        extra = settled if mode == "on" else [0] * args.blocks
+        per_block = [ns[k : k + args.block] for k in range(0, len(ns), args.block)]
+        sums[mode] = [sum(b) + x for b, x in zip(per_block, extra, strict=True)]
+        sums[mode + "_capped"] = [
+            sum(min(c, cap) for c in b) + x for b, x in zip(per_block, extra, strict=True)
+        ]
+        sums[mode + "_over"] = sum(c > cap for c in ns)
+    return {**sums, "cap_ns": cap, "cap_x": CAP, "looks": pacer.looks, "on_s": pacer.elapsed}
+
+
+def warmed_up(probe) -> float:
+    """Wait out the probe's one-off warm-up (the import behind torch's first dump); seconds."""
+    start = time.monotonic()
+    while probe._warmup is None and time.monotonic() < start + 30:
+        time.sleep(0.05)
+    if probe._warmup is not None:
+        probe._warmup.join()
+    return time.monotonic() - start
 
 
 if args.mode == "loop":
+    # Under the bootstrap, the loop starts once its warm-up is over: steady state in both jobs.
+    probe_module = sys.modules.get("rankscope.probe")
+    probe = probe_module.current() if probe_module is not None else None
+    waited = warmed_up(probe) if probe is not None else 0.0
     fn = dist.all_reduce
     for _ in range(2000):
         fn(t)
@@ -182,7 +218,7 @@ if args.mode == "loop":
     start = clock()
     for _ in range(args.calls):
         fn(t)
-    out = {"loop_us": (clock() - start) / args.calls / 1e3}
+    out = {"loop_us": (clock() - start) / args.calls / 1e3, "warmup_s": waited}
 else:
     import rankscope.probe
     from rankscope.probe import _core
@@ -199,11 +235,7 @@ else:
         bare = _core.Probe(RunDir(probe.run.path / "python-arm"), probe.rank)
         arms["python"] = bare._wrap("all_reduce", torch_fn, None)
         _core._fast = fast
-    deadline = time.monotonic() + 30
-    while probe._warmup is None and time.monotonic() < deadline:
-        time.sleep(0.05)
-    if probe._warmup is not None:
-        probe._warmup.join()  # steady state: the one-off import of the first dump is paid
+    warmed_up(probe)
     for _ in range(2000):
         for fn in arms.values():
             fn(t)
