@@ -162,7 +162,8 @@ def blocks(probe, torch_fn, barrier) -> dict:
     tick = pacer.tick
     pacer.settle()  # the thread's first wait on the pacer
     calls = {"off": array("q"), "on": array("q")}  # every call's time, block after block
-    settled = array("q")  # per "on" block: from its last call's end to the thread asleep
+    # per block: from its last call's end to its end (in "on" blocks, the thread asleep again)
+    tails = {"off": array("q"), "on": array("q")}
     for i in range(args.blocks):
         for mode in ("off", "on") if i % 2 == 0 else ("on", "off"):
             fn = torch_fn if mode == "off" else dist.all_reduce
@@ -179,14 +180,14 @@ def blocks(probe, torch_fn, barrier) -> dict:
                 last = end
             if mode == "on":
                 pacer.settle()
-                settled.append(clock() - last)
+            tails[mode].append(clock() - last)
             pacer.off()
     probe._stop, _core.time = pacer.stop, time
     pacer.release()
     cap = CAP * statistics.median(calls["off"])
     sums: dict = {}
     for mode, ns in calls.items():
-        extra = settled if mode == "on" else [0] * args.blocks
+        extra = tails[mode]
         per_block = [ns[k : k + args.block] for k in range(0, len(ns), args.block)]
         sums[mode] = [sum(b) + x for b, x in zip(per_block, extra, strict=True)]
         sums[mode + "_capped"] = [

@@ -249,7 +249,7 @@ def test_c_state_write_failure_keeps_the_state_usable(tmp_path):
     read_only = os.open(tmp_path / "ro", os.O_RDONLY | os.O_CREAT)
     try:
         with pytest.raises(OSError):
-            state.write(read_only, set(), *lines, None)
+            state.write(read_only, set(), *lines, lambda: None)
     finally:
         os.close(read_only)
     fd = os.open(tmp_path / "events", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
@@ -257,12 +257,12 @@ def test_c_state_write_failure_keeps_the_state_usable(tmp_path):
         state.append(({"ev": "step", "n": 2},))
 
         def reenter():
-            state.write(fd, set(), *lines, None)
+            state.write(fd, set(), *lines, lambda: None)
 
         with pytest.raises(RuntimeError, match="already running"):
             state.write(fd, set(), *lines, reenter)
         state.append(({"ev": "step", "n": 3},))
-        state.write(fd, set(), *lines, None)
+        state.write(fd, set(), *lines, lambda: None)
     finally:
         os.close(fd)
     assert [json.loads(x)["n"] for x in (tmp_path / "events").read_text().splitlines()] == [2, 3]

@@ -980,7 +980,7 @@ state_write(State *st, PyObject *const *args, Py_ssize_t nargs)
     /* The in-flight call's enter line goes last: a call that ends meanwhile has its record in
      * the array the next write takes. */
     int bad = format_records(st, b, entered, statics, args[3], args[4], args[5], rank);
-    if (!bad && in_flight != Py_None) {
+    if (!bad) {
         PyObject *line = PyObject_CallNoArgs(in_flight);
         bad = line == NULL || (line != Py_None && put_str(b, line));
         Py_XDECREF(line);
