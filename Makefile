@@ -10,10 +10,14 @@ STAMP := $(VENV)/.rankscope-installed
 
 .PHONY: install lab test lint format bench clean
 
-$(STAMP): pyproject.toml setup.py src/rankscope/probe/_fast.c Makefile
+PROBE_C := $(wildcard src/rankscope/probe/*.c src/rankscope/probe/*.cpp src/rankscope/probe/*.h)
+
+$(STAMP): pyproject.toml setup.py $(PROBE_C) Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q $(TORCH)
-	$(PY) -m pip install -q -e ".[dev,lab,deepspeed]"
+	$(PY) -m pip install -q $(TORCH) "setuptools>=70.1"
+	# Without build isolation the build sees this torch: the probe's tensor reader (_meta.cpp)
+	# is compiled against its headers (setup.py).
+	$(PY) -m pip install -q --no-build-isolation -e ".[dev,lab,deepspeed]"
 	# DeepSpeed compiles its CPU communication op on first use (a minute or more on 2 cores):
 	# once here, cached in ~/.cache/torch_extensions, rather than inside a job's time limit.
 	DS_ACCELERATOR=cpu $(PY) -c "from deepspeed.ops.op_builder.cpu import ShareMemCommBuilder as B; B().load()" >/dev/null

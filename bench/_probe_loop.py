@@ -243,6 +243,7 @@ else:
     originals["barrier"]()
     out = {"per_call": per_call(arms), "blocks": blocks(probe, torch_fn, originals["barrier"])}
     out["c_wrapper"] = _core._fast is not None
+    out["tensor_meta"] = _core._META is not None
 if dist.get_rank() == 0:
     print(json.dumps(out))
 dist.destroy_process_group()

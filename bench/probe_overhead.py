@@ -88,7 +88,11 @@ def main() -> None:
                 f"--block={args.block}",
             ],
         )
-        wrapper = "C" if res["c_wrapper"] else "Python (no C extension built)"
+        wrapper = "Python (no C extension built)"
+        if res["c_wrapper"]:
+            wrapper = "C, reading tensors with _meta.cpp"
+            if not res["tensor_meta"]:
+                wrapper = "C, with torch's getters (_meta.cpp not built for this torch)"
         arms = res["per_call"]
         torch_arm = arms["torch"]
         print(f"per call, {args.calls} calls per arm, in turn; the probe's wrapper in {wrapper}:")

@@ -14,6 +14,7 @@ import sys
 
 import pytest
 import torch
+from torch.overrides import TorchFunctionMode
 
 from rankscope.probe import _core
 from rankscope.rundir import RunDir
@@ -32,10 +33,14 @@ def all_gather(tensor_list, tensor, group=None, async_op=False):
     return None
 
 
-@pytest.fixture(params=["c", "python"])
+@pytest.fixture(params=["c", "c-getters", "python"])
 def probe(request, tmp_path, monkeypatch):
-    if request.param == "c" and _core._fast is None:
+    """The C wrapper as installed (reading tensors with _meta.cpp where it is built), the C
+    wrapper asking torch's getters, and the Python wrapper."""
+    if request.param != "python" and _core._fast is None:
         pytest.skip("the probe's C extension is not built here (no C compiler at install)")
+    if request.param == "c-getters":
+        monkeypatch.setattr(_core, "_META", None)
     if request.param == "python":
         monkeypatch.setattr(_core, "_fast", None)
     p = _core.Probe(RunDir(tmp_path / "run"), rank=0)
@@ -92,6 +97,76 @@ def test_a_call_site_records_each_calls_own_shape_and_dtype(probe):
     enters = [e for e in records(probe) if e["ev"] == "enter"]
     assert [e["shapes"] for e in enters] == [[list(x.shape)] for x in tensors]
     assert [e["dtypes"] for e in enters] == [[str(x.dtype)[6:]] for x in tensors]
+
+
+def test_a_tensor_changed_in_place_is_recorded_as_it_is_at_each_call(probe):
+    """One tensor object, one call site: what changes its sizes or dtype in place shows."""
+    reduce = probe._wrap("all_reduce", all_reduce, None)
+    x = torch.ones(3)
+    changes = [  # some change the sizes only, some the dimensions, some the dtype
+        lambda: None,
+        lambda: x.resize_(2, 3),
+        lambda: x.t_(),
+        lambda: x.unsqueeze_(0),
+        lambda: setattr(x, "data", torch.zeros(4, dtype=torch.float64)),
+        lambda: torch.utils.swap_tensors(x, torch.ones(7, dtype=torch.int8)),
+        lambda: x.set_(torch.ones(5, dtype=torch.int8)),
+        lambda: x.as_strided_((2,), (1,)),
+    ]
+    seen = []
+    for change in changes:
+        change()
+        seen.append(([list(x.shape)], [str(x.dtype)[6:]]))
+        reduce(x)  # one site
+        reduce(x)
+    enters = [e for e in records(probe) if e["ev"] == "enter"]
+    assert [(e["shapes"], e["dtypes"]) for e in enters] == [s for s in seen for _ in (0, 1)]
+
+
+class CountedGetters(TorchFunctionMode):
+    """Counts the calls of torch.Tensor's .shape getter made under it."""
+
+    def __init__(self):
+        super().__init__()
+        self.shape = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.shape += getattr(getattr(func, "__self__", None), "__name__", None) == "shape"
+        return func(*args, **(kwargs or {}))
+
+
+def test_the_c_wrapper_reads_tensors_without_torchs_getters_where_built(monkeypatch, tmp_path):
+    if _core._fast is None:
+        pytest.skip("the probe's C extension is not built here (no C compiler at install)")
+    if _core._META is None:
+        pytest.fail(
+            "rankscope.probe._meta is not built for this torch: reinstall with torch present "
+            "and without build isolation (make install does)"
+        )
+    counts = {}
+    for meta in (_core._META, None):
+        monkeypatch.setattr(_core, "_META", meta)
+        p = _core.Probe(RunDir(tmp_path / str(meta is None)), rank=0)
+        reduce = p._wrap("all_reduce", all_reduce, None)
+        x, y = torch.ones(3), torch.ones(3)
+        with CountedGetters() as counted:
+            for t in (x, x, x, y, y):
+                reduce(t)  # one site
+        counts[meta is None] = counted.shape
+        os.close(p._fd)
+        p._stacks.close()
+    # the getters only for the site's first call; then sizes and dtype compare equal
+    assert counts == {False: 1, True: 5}
+
+
+def test_the_tensor_reader_is_used_only_under_the_torch_it_was_built_for(monkeypatch):
+    if _core._META is None:
+        pytest.skip("rankscope.probe._meta is not built here")
+    from rankscope.probe import _meta
+
+    assert _core._meta_reader() is _meta.read
+    monkeypatch.setattr(_meta, "torch_build", "2.8.0 0000000")
+    assert _core._meta_reader() is None
 
 
 def test_a_new_default_group_is_seen_at_once(probe):

@@ -7,10 +7,12 @@ reuses while they repeat. That microsecond is paid right after a collective retu
 rank's caches are cold: a step that takes 0.1 us in a warm loop takes several times that there,
 and on a busy machine a rank's delay delays its peers. So the hot path is C (``_fast.c``, built
 at install where a C compiler exists): one-tensor calls (all_reduce, broadcast, send, ...) are
-read where their arguments lie and recorded as plain C structs, with no Python object made but
-the tensor's shape, which only torch can give; other calls go to ``Probe._enter``, whose
-``_Call`` becomes the same kind of record. Without the C the same steps run in
-``Probe._python_wrapper``, a few microseconds more a call.
+read where their arguments lie and recorded as plain C structs, with no Python object made: a
+tensor's sizes and dtype are read from the tensor (``_meta.cpp``, built against the installed
+torch) and compared with the call site's last ones, where torch's getters would make a torch.Size
+at every call; other calls go to ``Probe._enter``, whose ``_Call`` becomes the same kind of
+record. Without the C the same steps run in ``Probe._python_wrapper``, a few microseconds more a
+call.
 
 The probe's daemon thread looks every ``POLL_S`` for a capture request and for a call still in
 flight since its last look; only then, or every ``FLUSH_S``, does it turn the records into JSON
@@ -60,6 +62,24 @@ _fast: Any = None
 if not os.environ.get("RANKSCOPE_PYTHON_PROBE"):
     with contextlib.suppress(ImportError):
         from rankscope.probe import _fast
+
+
+def _meta_reader() -> Any:
+    """``_meta.cpp``'s reader of a tensor's sizes and dtype, for the C wrapper: None where it was
+    not built, or was built for another torch than this one (it reads torch's own structs)."""
+    if _fast is None:
+        return None
+    try:
+        from rankscope.probe import _meta
+    except ImportError:
+        return None
+    if _meta.torch_build != f"{torch.__version__} {torch.version.git_version}":  # see setup.py
+        return None
+    return _meta.read
+
+
+#: Where it is None, the C wrapper asks torch's ``.shape`` and ``.dtype`` getters at every call.
+_META = _meta_reader()
 
 HEARTBEAT_S = 0.5
 POLL_S = 0.1
@@ -425,7 +445,7 @@ class Probe:
         if isinstance(self._state, _State):  # made without the C extension
             wrapper = self._python_wrapper(fn, spec, before, after)
         else:
-            wrapper = _fast.Wrapper(fn, spec, self, before, after, torch.Tensor)
+            wrapper = _fast.Wrapper(fn, spec, self, before, after, torch.Tensor, _META)
         functools.update_wrapper(wrapper, fn)
         wrapper.__rankscope__ = True
         return wrapper

@@ -11,8 +11,10 @@
  * The one-tensor calls (all_reduce, broadcast, send, ...) take that path, through vectorcall:
  * their arguments are read where the caller put them, with no tuple or dict made. Every other
  * call goes to the probe's Python ``_enter``, whose ``_Call`` becomes the same kind of record.
- * Only the tensor's shape is a new object per call (torch's getter makes it); its cost, in
- * torch's code, is about half of what a call costs here.
+ * A tensor's sizes and dtype come from _meta.cpp's reader where it is built for the torch
+ * running (``tensor_meta``): compared with what the call site saw last, they make no object.
+ * Otherwise torch's .shape and .dtype getters make them at every call, which right after a
+ * collective costs about as much as the rest of the wrapper together.
  *
  * What a wrapper shares with the Probe object (looked up once, when the wrapper is made): the
  * probe's State (below: the records, the call in flight, the count of calls done), the group
@@ -31,6 +33,8 @@
 #include <time.h>
 #include <errno.h>
 #include <unistd.h>
+
+#include "_tensor_meta.h"
 
 /* A call made while a recorded call is running on the same thread (a collective that calls
  * another, a hook) is passed straight through, as in the Python wrapper. */
@@ -206,6 +210,8 @@ typedef struct {
     PyObject *group;
     long long epoch; /* -1: the group is not to be compared */
     long lasti;
+    int has_meta;    /* meta holds the sizes and scalar type of the facts' one tensor */
+    TensorMeta meta;
 } SiteSlot;
 
 typedef struct {
@@ -229,6 +235,7 @@ typedef struct {
     PyObject *dict;            /* __wrapped__, __name__, __rankscope__, ... */
     vectorcallfunc vectorcall; /* wrapper_vectorcall for the one-tensor calls, else NULL */
     Getter shape, dtype;       /* torch.Tensor's getters of .shape and .dtype */
+    tensor_meta_fn meta;       /* _meta.cpp's reader, or NULL: the getters only */
     SiteSlot sites_seen[SITE_SLOTS];
 } Wrapper;
 
@@ -333,6 +340,17 @@ same_shape(PyObject *a, PyObject *b)
             return 1;
     }
     return same(a, b);
+}
+
+static int
+same_meta(const TensorMeta *a, const TensorMeta *b)
+{
+    if (a->ndim != b->ndim || a->scalar_type != b->scalar_type)
+        return 0;
+    for (int i = 0; i < a->ndim; i++)
+        if (a->sizes[i] != b->sizes[i])
+            return 0;
+    return 1;
 }
 
 /* (name, desc, ranks) of the group (None: the default one): the slot's, while its epoch holds,
@@ -482,8 +500,9 @@ fast_enter(Wrapper *w, Args *args, PyFrameObject *frame, Record *r)
     PyObject *group, *peer, *tensor, *info = NULL, *code = NULL, *shape = NULL, *dtype = NULL;
     PyObject *counter = NULL;
     SiteSlot *slot = NULL;
+    TensorMeta meta;
     long at = -1;
-    int async_op = 1, bad = -1, cached;
+    int async_op = 1, bad = -1, cached, has_meta = 0;
 
     group = argument(args, s_group, w->group_at);
     if (group == NULL) {
@@ -517,7 +536,15 @@ fast_enter(Wrapper *w, Args *args, PyFrameObject *frame, Record *r)
     if ((info = group_info(w, slot, group, &cached)) == NULL)
         goto done;
     if (tensor != NULL && PyObject_TypeCheck(tensor, (PyTypeObject *)w->tensor_type)) {
-        if (Py_TYPE(tensor) == (PyTypeObject *)w->tensor_type && w->shape.get != NULL) {
+        int exact = Py_TYPE(tensor) == (PyTypeObject *)w->tensor_type;
+        has_meta = exact && w->meta != NULL && w->meta(tensor, &meta) == 0;
+        if (has_meta && slot != NULL && slot->facts != NULL && slot->has_meta &&
+            same_meta(&meta, &slot->meta)) {
+            /* sized as the slot's last tensor: its shape and dtype, without torch's getters */
+            shape = Py_NewRef(PyTuple_GET_ITEM(FACT(slot->facts, F_SHAPES), 0));
+            dtype = Py_NewRef(PyTuple_GET_ITEM(FACT(slot->facts, F_DTYPES), 0));
+        }
+        else if (exact && w->shape.get != NULL) {
             /* torch.Tensor itself: its getters, without the attribute lookup */
             shape = w->shape.get(tensor, w->shape.closure);
             dtype = shape ? w->dtype.get(tensor, w->dtype.closure) : NULL;
@@ -540,6 +567,8 @@ fast_enter(Wrapper *w, Args *args, PyFrameObject *frame, Record *r)
     if (slot != NULL) {
         slot->group = group;
         slot->epoch = cached ? w->state->epoch : -1;
+        if ((slot->has_meta = has_meta))
+            slot->meta = meta;
     }
     /* Counters only go up under the GIL: ids and sequence numbers stay unique across threads. */
     if ((r->cid = count_next(w->ids)) == -1 || (r->seq = count_next(counter)) == -1) {
@@ -1165,10 +1194,16 @@ gc_dealloc(PyObject *self)
 static PyObject *
 wrapper_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 {
-    static char *kwlist[] = {"fn", "spec", "probe", "before", "after", "tensor_type", NULL};
-    PyObject *fn, *spec, *probe, *before, *after, *tensor_type;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO!OOOO!:Wrapper", kwlist, &fn, &PyTuple_Type,
-                                     &spec, &probe, &before, &after, &PyType_Type, &tensor_type))
+    static char *kwlist[] = {"fn",   "spec",        "probe",       "before",
+                             "after", "tensor_type", "tensor_meta", NULL};
+    PyObject *fn, *spec, *probe, *before, *after, *tensor_type, *meta = Py_None;
+    tensor_meta_fn read = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO!OOOO!|O:Wrapper", kwlist, &fn, &PyTuple_Type,
+                                     &spec, &probe, &before, &after, &PyType_Type, &tensor_type,
+                                     &meta))
+        return NULL;
+    if (meta != Py_None &&
+        (read = (tensor_meta_fn)PyCapsule_GetPointer(meta, TENSOR_META_CAPSULE)) == NULL)
         return NULL;
     if (PyTuple_GET_SIZE(spec) != 7) {
         PyErr_SetString(PyExc_TypeError, "Wrapper: the spec must be a 7-field _Spec");
@@ -1196,6 +1231,7 @@ wrapper_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     w->dtype = find_getter(tensor_type, s_dtype);
     if (w->dtype.get == NULL)
         w->shape.get = NULL;
+    w->meta = read;
     /* What it shares with the probe. */
     struct {
         PyObject **slot;
