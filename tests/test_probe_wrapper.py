@@ -116,11 +116,11 @@ def test_a_tensor_changed_in_place_is_recorded_as_it_is_at_each_call(probe):
     seen = []
     for change in changes:
         change()
-        seen.append(([list(x.shape)], [str(x.dtype)[6:]]))
-        reduce(x)  # one site
-        reduce(x)
+        for async_op in (False, False, True):  # the last: new facts, the same sizes
+            seen.append(([list(x.shape)], [str(x.dtype)[6:]], async_op))
+            reduce(x, async_op=async_op)  # one site
     enters = [e for e in records(probe) if e["ev"] == "enter"]
-    assert [(e["shapes"], e["dtypes"]) for e in enters] == [s for s in seen for _ in (0, 1)]
+    assert [(e["shapes"], e["dtypes"], e["async_op"]) for e in enters] == seen
 
 
 class CountedGetters(TorchFunctionMode):

@@ -38,7 +38,12 @@
 
 /* A call made while a recorded call is running on the same thread (a collective that calls
  * another, a hook) is passed straight through, as in the Python wrapper. */
+#if defined(__GNUC__)
+/* initial-exec: read at a fixed offset from the thread pointer, not through __tls_get_addr */
+static _Thread_local int busy __attribute__((tls_model("initial-exec")));
+#else
 static _Thread_local int busy;
+#endif
 
 static PyObject *s_group, *s_tensor, *s_async_op, *s_shape, *s_dtype;
 
@@ -384,16 +389,18 @@ group_info(Wrapper *w, SiteSlot *slot, PyObject *group, int *cached)
 /* Does the slot's last call have these facts? (The op is the wrapper's own.) */
 static int
 slot_matches(SiteSlot *slot, PyObject *code, long at, PyObject *info, PyObject *peer,
-             PyObject *shape, PyObject *dtype, int async_op)
+             int sized, PyObject *shape, PyObject *dtype, int async_op)
 {
     if (slot == NULL || slot->facts == NULL || slot->code != code || slot->lasti != at ||
         slot->info != info)
         return 0;
-    PyObject *facts = slot->facts, *shapes = FACT(facts, F_SHAPES);
-    PyObject *dtypes = FACT(facts, F_DTYPES);
+    PyObject *facts = slot->facts;
     if ((FACT(facts, F_ASYNC) == Py_True) != async_op ||
         !same(peer ? peer : Py_None, FACT(facts, F_PEER)))
         return 0;
+    if (sized) /* the tensor's sizes and dtype are known to be the slot's (fast_enter) */
+        return 1;
+    PyObject *shapes = FACT(facts, F_SHAPES), *dtypes = FACT(facts, F_DTYPES);
     if (dtype == NULL)
         return PyTuple_GET_SIZE(dtypes) == 0;
     return PyTuple_GET_SIZE(dtypes) == 1 && PyTuple_GET_ITEM(dtypes, 0) == dtype &&
@@ -502,7 +509,7 @@ fast_enter(Wrapper *w, Args *args, PyFrameObject *frame, Record *r)
     SiteSlot *slot = NULL;
     TensorMeta meta;
     long at = -1;
-    int async_op = 1, bad = -1, cached, has_meta = 0;
+    int async_op = 1, bad = -1, cached, has_meta = 0, sized = 0;
 
     group = argument(args, s_group, w->group_at);
     if (group == NULL) {
@@ -538,32 +545,38 @@ fast_enter(Wrapper *w, Args *args, PyFrameObject *frame, Record *r)
     if (tensor != NULL && PyObject_TypeCheck(tensor, (PyTypeObject *)w->tensor_type)) {
         int exact = Py_TYPE(tensor) == (PyTypeObject *)w->tensor_type;
         has_meta = exact && w->meta != NULL && w->meta(tensor, &meta) == 0;
-        if (has_meta && slot != NULL && slot->facts != NULL && slot->has_meta &&
-            same_meta(&meta, &slot->meta)) {
-            /* sized as the slot's last tensor: its shape and dtype, without torch's getters */
-            shape = Py_NewRef(PyTuple_GET_ITEM(FACT(slot->facts, F_SHAPES), 0));
-            dtype = Py_NewRef(PyTuple_GET_ITEM(FACT(slot->facts, F_DTYPES), 0));
+        /* Sized as the slot's last tensor: its facts' shape and dtype, left untouched unless
+         * new facts are made (every object touched right after a collective is a cache miss). */
+        sized = has_meta && slot != NULL && slot->facts != NULL && slot->has_meta &&
+                same_meta(&meta, &slot->meta);
+        if (!sized) {
+            if (exact && w->shape.get != NULL) {
+                /* torch.Tensor itself: its getters, without the attribute lookup */
+                shape = w->shape.get(tensor, w->shape.closure);
+                dtype = shape ? w->dtype.get(tensor, w->dtype.closure) : NULL;
+            }
+            else {
+                shape = PyObject_GetAttr(tensor, s_shape);
+                dtype = shape ? PyObject_GetAttr(tensor, s_dtype) : NULL;
+            }
+            if (dtype == NULL)
+                goto done;
         }
-        else if (exact && w->shape.get != NULL) {
-            /* torch.Tensor itself: its getters, without the attribute lookup */
-            shape = w->shape.get(tensor, w->shape.closure);
-            dtype = shape ? w->dtype.get(tensor, w->dtype.closure) : NULL;
-        }
-        else {
-            shape = PyObject_GetAttr(tensor, s_shape);
-            dtype = shape ? PyObject_GetAttr(tensor, s_dtype) : NULL;
-        }
-        if (dtype == NULL)
-            goto done;
     }
 
-    if (slot_matches(slot, code, at, info, peer, shape, dtype, async_op)) {
+    if (slot_matches(slot, code, at, info, peer, sized, shape, dtype, async_op)) {
         r->what = Py_NewRef(slot->facts);
         counter = Py_NewRef(slot->counter);
     }
-    else if ((r->what = new_facts(w, slot, frame, code, at, info, peer, shape, dtype, async_op,
-                                  &counter)) == NULL)
-        goto done;
+    else {
+        if (sized) { /* another site's or group's facts in the slot, of this tensor's sizes */
+            shape = Py_NewRef(PyTuple_GET_ITEM(FACT(slot->facts, F_SHAPES), 0));
+            dtype = Py_NewRef(PyTuple_GET_ITEM(FACT(slot->facts, F_DTYPES), 0));
+        }
+        if ((r->what = new_facts(w, slot, frame, code, at, info, peer, shape, dtype, async_op,
+                                 &counter)) == NULL)
+            goto done;
+    }
     if (slot != NULL) {
         slot->group = group;
         slot->epoch = cached ? w->state->epoch : -1;
