@@ -150,14 +150,15 @@ def test_the_c_wrapper_reads_tensors_without_torchs_getters_where_built(monkeypa
     for meta in (_core._META, None):
         monkeypatch.setattr(_core, "_META", meta)
         p = _core.Probe(RunDir(tmp_path / str(meta is None)), rank=0)
-        reduce = p._wrap("all_reduce", all_reduce, None)
-        x, y = torch.ones(3), torch.ones(3)
-        with CountedGetters() as counted:
-            for t in (x, x, x, y, y):
-                reduce(t)  # one site
-        counts[meta is None] = counted.shape
-        os.close(p._fd)
-        p._stacks.close()
+        try:
+            reduce = p._wrap("all_reduce", all_reduce, None)
+            x, y = torch.ones(3), torch.ones(3)
+            with CountedGetters() as counted:
+                for t in (x, x, x, y, y):
+                    reduce(t)  # one site
+            counts[meta is None] = counted.shape
+        finally:
+            close(p)
     # the getters only for the site's first call; then sizes and dtype compare equal
     assert counts == {False: 1, True: 5}
 

@@ -544,10 +544,11 @@ fast_enter(Wrapper *w, Args *args, PyFrameObject *frame, Record *r)
         goto done;
     if (tensor != NULL && PyObject_TypeCheck(tensor, (PyTypeObject *)w->tensor_type)) {
         int exact = Py_TYPE(tensor) == (PyTypeObject *)w->tensor_type;
-        has_meta = exact && w->meta != NULL && w->meta(tensor, &meta) == 0;
+        /* read only where a slot keeps it to compare with the site's next call */
+        has_meta = exact && slot != NULL && w->meta != NULL && w->meta(tensor, &meta) == 0;
         /* Sized as the slot's last tensor: its facts' shape and dtype, left untouched unless
          * new facts are made (every object touched right after a collective is a cache miss). */
-        sized = has_meta && slot != NULL && slot->facts != NULL && slot->has_meta &&
+        sized = has_meta && slot->facts != NULL && slot->has_meta &&
                 same_meta(&meta, &slot->meta);
         if (!sized) {
             if (exact && w->shape.get != NULL) {
