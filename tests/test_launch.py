@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -95,6 +96,9 @@ def test_rank_conditional_barrier_stalls_with_evidence_then_stops(start_job):
         "launch/conditional_barrier.py", nproc_per_node=2, stall_timeout_s=2, on_stall="stop"
     )
     assert job.wait(timeout=60) != 0
+    # the watchdog and the stop it started are done with the run directory
+    mine = [t.name for t in threading.enumerate() if t.name.endswith(job.run.path.name)]
+    assert not mine, mine
     info = job.info()
     assert info["state"] == "stopped" and info["stop_reason"] == "stall"
     (stall,) = info["stalls"]

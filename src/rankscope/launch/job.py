@@ -248,6 +248,7 @@ class Job:
         self._sup: subprocess.Popen[bytes] | None = None
         self._tracker: RankTracker | None = None
         self._watchdog: threading.Thread | None = None
+        self._stopper: threading.Thread | None = None  # the stop a stall started (policy "stop")
         self._closing = threading.Event()
         self._lock = threading.Lock()
         self.stalls: list[dict[str, Any]] = []
@@ -366,8 +367,11 @@ class Job:
         while True:
             code = self.poll()
             if code is not None:
-                if self._watchdog is not None:
-                    self._watchdog.join(2.0)
+                # their last reads of run.json are done when wait returns: the caller may
+                # remove the run directory next
+                for thread in (self._watchdog, self._stopper):
+                    if thread is not None and thread is not threading.current_thread():
+                        thread.join(2.0)
                 return code
             if deadline is not None and time.monotonic() > deadline:
                 raise TimeoutError(
@@ -581,7 +585,13 @@ class Job:
             with contextlib.suppress(Exception):
                 callback(self, stall)
         if self.spec.on_stall == "stop":
-            threading.Thread(target=self.stop, kwargs={"reason": "stall"}, daemon=True).start()
+            self._stopper = threading.Thread(
+                target=self.stop,
+                kwargs={"reason": "stall"},
+                name=f"rankscope-stop-{run.path.name}",
+                daemon=True,
+            )
+            self._stopper.start()
 
 
 _live_jobs: weakref.WeakSet[Job] = weakref.WeakSet()
