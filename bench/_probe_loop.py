@@ -59,7 +59,7 @@ class Pacer:
 
     Its clock (``monotonic``, read by the thread for its heartbeat and flush deadlines) advances
     only while an "on" block runs. Its ``wait`` sleeps until the loop lets the thread go; the loop
-    does that, between two calls, once the thread's ``POLL_S`` has passed on that clock. So the
+    does that, between two calls, once the thread's wait has passed on that clock. So the
     thread looks, beats and flushes at its own rates per second of probed loop, never during an
     "off" block and never during the barriers between blocks. ``tick``, called after every call
     in both kinds of block, does the same work in both: one clock read and one comparison.
@@ -74,7 +74,7 @@ class Pacer:
         self.due_at: float | None = None  # when the sleeping thread is to go; None: busy
         self.wake_at = math.inf  # due_at in real time while an "on" block runs, else inf
         self.go = False
-        self.looks = 0  # times the thread was let go
+        self.wakes = 0  # times the thread was let go
 
     def monotonic(self) -> float:
         since = self.since
@@ -120,7 +120,7 @@ class Pacer:
     def tick(self) -> None:
         """Called by the loop after every call, in both kinds of block: let the thread go if due."""
         if time.monotonic() >= self.wake_at:
-            self.looks += 1
+            self.wakes += 1
             self.release()
 
     def on(self) -> None:
@@ -194,7 +194,7 @@ def blocks(probe, torch_fn, barrier) -> dict:
             sum(min(c, cap) for c in b) + x for b, x in zip(per_block, extra, strict=True)
         ]
         sums[mode + "_over"] = sum(c > cap for c in ns)
-    return {**sums, "cap_ns": cap, "cap_x": CAP, "looks": pacer.looks, "on_s": pacer.elapsed}
+    return {**sums, "cap_ns": cap, "cap_x": CAP, "wakes": pacer.wakes, "on_s": pacer.elapsed}
 
 
 def warmed_up(probe) -> float:

@@ -41,7 +41,7 @@ import tempfile
 from pathlib import Path
 
 from rankscope.launch.spec import free_port
-from rankscope.probe._core import DEFAULT_FR_BUFFER, POLL_S
+from rankscope.probe._core import DEFAULT_FR_BUFFER, HEARTBEAT_S
 
 WORKER = Path(__file__).parent / "_probe_loop.py"
 
@@ -126,8 +126,8 @@ def main() -> None:
             f" off {b['off_over']}, on {b['on_over']} of {calls} each"
         )
         print(
-            f"  the probe thread looked {b['looks'] / b['on_s']:.1f} times a second of 'on' blocks"
-            f" (it looks every {POLL_S} s on a running rank)"
+            f"  the probe thread woke {b['wakes'] / b['on_s']:.1f} times a second of 'on' blocks"
+            f" (every {HEARTBEAT_S} s on a rank that completes calls)"
         )
         print("  requirement: ratio <= 1.03")
         plain, probed, warmups = [], [], []

@@ -14,17 +14,21 @@ at every call; other calls go to ``Probe._enter``, whose ``_Call`` becomes the s
 record. Without the C the same steps run in ``Probe._python_wrapper``, a few microseconds more a
 call.
 
-The probe's daemon thread looks every ``POLL_S`` for a capture request and for a call still in
-flight since its last look; only then, or every ``FLUSH_S``, does it turn the records into JSON
-lines and append them to an ``O_APPEND`` descriptor (``State.write``, in C where built). What
-the thread does with the GIL held delays the main thread when its collective returns, and with
-it every rank waiting on it. So it looks ten times a second, one ``stat`` each, and formats
-completed calls in batches into a buffer it keeps (a fresh one would fault its pages in at
-every flush): times are written to the microsecond with integer arithmetic, not ``repr``, and
-the ``write`` runs with the GIL released. A flush costs about half a microsecond of the
-thread's time per call. A call in flight at two looks in a row gets its ``enter`` line at
-once, so a blocked rank is visible within ``2 * POLL_S``. Capture, exception and exit flush the
-queue first; only a SIGKILL can lose the last ``FLUSH_S`` of completed calls.
+The probe's daemon thread wakes every ``HEARTBEAT_S`` to write a heartbeat and turn the
+records into JSON lines appended to an ``O_APPEND`` descriptor (``State.write``, in C where
+built), and between heartbeats it looks, every ``POLL_S``, for a capture request and for a call
+still in flight since its last look. Every wake-up costs the loop: what the thread does with
+the GIL held delays the main thread when its collective returns, and with it every rank waiting
+on it; on a small machine the thread also takes a core from a rank. So the looks are skipped
+while the rank completes calls (its calls are progress the watchdog sees, and a stall is
+exactly when they stop): a busy rank's thread wakes twice a second, one that waits or idles
+ten times. Completed calls are formatted in batches into a buffer the State keeps (a fresh one
+would fault its pages in at every flush): times are written to the microsecond with integer
+arithmetic, not ``repr``, and the ``write`` runs with the GIL released. A flush costs about half
+a microsecond of the thread's time per call. Every flush writes the ``enter`` line of the call
+in flight, and between heartbeats a call in flight at two looks in a row gets its line at once,
+so a blocked rank is visible within ``HEARTBEAT_S``. Capture, exception and exit flush the
+queue first; only a SIGKILL can lose the last ``HEARTBEAT_S`` of completed calls.
 """
 
 from __future__ import annotations
@@ -81,9 +85,8 @@ def _meta_reader() -> Any:
 #: Where it is None, the C wrapper asks torch's ``.shape`` and ``.dtype`` getters at every call.
 _META = _meta_reader()
 
-HEARTBEAT_S = 0.5
-POLL_S = 0.1
-FLUSH_S = 0.25
+HEARTBEAT_S = 0.5  # heartbeat and flush; the only wake-up while the rank completes calls
+POLL_S = 0.1  # looks for a capture request or a blocked call, while the rank completes none
 DEFAULT_FR_BUFFER = "2000"
 
 #: Public torch.distributed calls that the probe records. ``peer`` names the argument that holds
@@ -182,7 +185,7 @@ class Probe:
 
     # --- writing ----------------------------------------------------------------------------
     def emit(self, ev: str, **fields: Any) -> None:
-        """Queue an event; it is written at the next flush (at most ``FLUSH_S`` later)."""
+        """Queue an event; it is written at the next flush (at most ``HEARTBEAT_S`` later)."""
         fields["ev"] = ev
         fields["t"] = time.time()
         fields["rank"] = self.rank
@@ -314,8 +317,9 @@ class Probe:
 
     # --- the daemon thread ------------------------------------------------------------------
     def _loop(self) -> None:
-        next_beat = next_flush = 0.0
+        next_beat = 0.0
         seen: int | None = None  # the call in flight at the previous look
+        done = -1  # calls completed at the previous look
         fr_on = _fr_enabled()
         warm = not fr_on
         while not self._stop.is_set():
@@ -328,7 +332,8 @@ class Probe:
                 warmup.start()
                 self._warmup = warmup  # published only once started: end() joins it
             now = time.monotonic()
-            if now >= next_beat:
+            beat = now >= next_beat
+            if beat:
                 cur = self._state.current
                 self.emit(
                     "heartbeat",
@@ -345,10 +350,10 @@ class Probe:
             cid = cur.cid if cur is not None else None
             stuck = cid is not None and cid == seen and cid not in self._entered
             seen = cid
-            if stuck or now >= next_flush:
+            if stuck or beat:
                 self.flush()
-                next_flush = now + FLUSH_S
-            self._stop.wait(POLL_S)
+            busy, done = self._state.done != done, self._state.done
+            self._stop.wait(max(next_beat - now, 0.0) if busy else POLL_S)
 
     def _poll_request(self) -> None:
         try:
