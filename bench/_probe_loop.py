@@ -37,6 +37,7 @@ ap.add_argument("--mode", choices=("probe", "loop"), required=True)
 ap.add_argument("--calls", type=int, default=20000, help="per-call rotation: calls per arm")
 ap.add_argument("--blocks", type=int, default=1000, help="pairs of off/on blocks")
 ap.add_argument("--block", type=int, default=200, help="calls per block")
+ap.add_argument("--age", type=float, default=3.0, help="loop mode: seconds from set-up to loop")
 args = ap.parse_args()
 
 dist.init_process_group("gloo")
@@ -209,9 +210,13 @@ def warmed_up(probe) -> float:
 
 if args.mode == "loop":
     # Under the bootstrap, the loop starts once its warm-up is over: steady state in both jobs.
+    # Both start at the same age, --age seconds after the process group is up (or when the
+    # warm-up ends, if later): on this machine a job's calls slow down by a few per cent over
+    # its first seconds, so a loop started sooner would be timed faster.
     probe_module = sys.modules.get("rankscope.probe")
     probe = probe_module.current() if probe_module is not None else None
     waited = warmed_up(probe) if probe is not None else 0.0
+    time.sleep(max(0.0, args.age - waited))
     fn = dist.all_reduce
     for _ in range(2000):
         fn(t)

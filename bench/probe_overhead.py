@@ -10,12 +10,13 @@ Measured inside one job under the probe, after its one-off warm-up (see _probe_l
     does on a running rank. This is the ratio the requirement is about.
 Then, for comparison, separate jobs: plain torchrun with torch's flight recorder on (the probe
 turns it on, so both sides pay for it) versus rankscope's bootstrap, alternated, with the first
-of a pair swapped every pair. Each is timed in steady state: the bootstrap's one-off warm-up is
-waited out first, and its length printed. Separate jobs on a shared machine differ by up to
-about 10 % from one to the next, so this ratio is a coarse check: on the 2-core VM, three pairs
-have given 1.10-1.13, while eight alternated pairs of 20 000-call loops gave plain jobs
-215 +- 20 us a call and bootstrap jobs 222 +- 15 us (mean +- standard deviation), a ratio of
-1.03 that no handful of jobs can tell from 1.00 or 1.10.
+of a pair swapped every pair. Both loops start at the same age, ``--age`` seconds after the
+process group is up; the bootstrap's one-off warm-up (its length is printed) is over by then.
+On the 2-core VM a job's calls slow down by a few per cent over its first seconds: when the
+plain job started its loop at once and the bootstrap only after its warm-up, this ratio came
+out 1.10-1.18, and a plain job made to wait as long was as slow as the bootstrap's. Timed at
+the same age, four pairs gave 1.043 and 0.963. Separate jobs differ by up to about 10 % from
+one to the next, so this ratio is a coarse check; the blocks' ratio is the measurement.
 
 The blocks' ratio is the total time of the "on" calls over that of the "off" calls, with a 95 %
 interval from the spread of the block pairs. It is printed twice. First with every call as
@@ -26,6 +27,7 @@ about twice as precisely. What the probe itself might hold up that long shows in
 calls over the cap per arm, printed beside, and in the uncapped ratio.
 
     python bench/probe_overhead.py [--calls 20000] [--blocks 10000] [--block 20] [--jobs 3]
+                                   [--loop 8000] [--age 3]
 """
 
 from __future__ import annotations
@@ -78,6 +80,9 @@ def main() -> None:
     ap.add_argument("--block", type=int, default=20, help="calls per block")
     ap.add_argument("--loop", type=int, default=8000, help="calls per separate-job loop")
     ap.add_argument("--jobs", type=int, default=3, help="separate-job pairs (plain, probed)")
+    ap.add_argument(
+        "--age", type=float, default=3.0, help="separate jobs: seconds from set-up to the loop"
+    )
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         res = launch(
@@ -137,7 +142,7 @@ def main() -> None:
                 job = launch(
                     probe=is_probe,
                     run_dir=Path(tmp) / f"j{i}",
-                    args=["--mode=loop", f"--calls={args.loop}"],
+                    args=["--mode=loop", f"--calls={args.loop}", f"--age={args.age}"],
                 )
                 out.append(job["loop_us"])
                 if is_probe:
@@ -146,7 +151,8 @@ def main() -> None:
             a, b = statistics.median(plain), statistics.median(probed)
             print(
                 f"separate jobs, {args.jobs} pairs of {args.loop}-call loops, flight recorder on"
-                " in both, timed once the bootstrap's one-off warm-up is over:"
+                f" in both, each loop started {args.age:g} s after set-up (or once the"
+                " bootstrap's one-off warm-up was over, if later):"
             )
             print(
                 f"  plain torchrun {a:8.1f} us/call (jobs {min(plain):.1f}-{max(plain):.1f})   "

@@ -17,7 +17,7 @@ BENCH = Path(__file__).parent.parent / "bench" / "probe_overhead.py"
 
 
 def test_probe_overhead_bench_prints_its_ratios(tmp_path: Path) -> None:
-    args = ["--calls=50", "--blocks=20", "--block=5", "--loop=200", "--jobs=1"]
+    args = ["--calls=50", "--blocks=20", "--block=5", "--loop=200", "--jobs=1", "--age=0.5"]
     env = dict(os.environ, TMPDIR=str(tmp_path))  # its run directories, for the leftover check
     try:
         out = subprocess.run(
