@@ -72,6 +72,15 @@ def test_rank_that_raises(start_job):
     assert info["ranks"]["1"]["exit_code"] == 1
     exc = [e for e in events(job.run, 1) if e["ev"] == "exception"]
     assert exc and exc[0]["type"] == "ValueError" and "corrupt shard on rank 1" in exc[0]["message"]
+    assert "line 11, in load_batch" in exc[0]["traceback"]
+    # the uncaught exception dumps the flight recorder and the stacks before the rank ends (the
+    # stacks are the bootstrap's by then: the exception event carries the traceback)
+    capture = [e for e in events(job.run, 1) if e["ev"] == "capture"][-1]
+    assert capture["reason"] == "exception"
+    assert job.run.fr_dump(1).name in capture["files"]
+    dump = pickle.loads(job.run.fr_dump(1).read_bytes())
+    assert [e["profiling_name"] for e in dump["entries"]] == ["gloo:all_reduce"]
+    assert "reason=exception" in job.run.stacks(1).read_text().splitlines()[0]
     stderr = next(job.run.logs.glob("node0/*/attempt_0/1/stderr.log")).read_text()
     assert 'raises.py", line 11, in load_batch' in stderr
     assert "rankscope" not in stderr  # the bootstrap and probe frames are not shown
