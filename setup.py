@@ -9,25 +9,23 @@
   only under that torch; otherwise, or where it was not built, the wrapper calls the getters.
 """
 
-from pathlib import Path
-
 from setuptools import Extension, setup
 
 
 def meta_extension() -> list[Extension]:
     try:
         import torch
+        from torch.utils import cpp_extension
     except ImportError:
         return []
-    root = Path(torch.__file__).parent
     build = f"{torch.__version__} {torch.version.git_version}"  # _core._meta_reader compares
     return [
         Extension(
             "rankscope.probe._meta",
             ["src/rankscope/probe/_meta.cpp"],
             depends=["src/rankscope/probe/_tensor_meta.h"],
-            include_dirs=[str(root / "include"), str(root / "include/torch/csrc/api/include")],
-            library_dirs=[str(root / "lib")],
+            include_dirs=cpp_extension.include_paths(),
+            library_dirs=cpp_extension.library_paths(),
             libraries=["c10"],
             define_macros=[
                 ("RANKSCOPE_TORCH_BUILD", f'"{build}"'),

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import psutil
 import pytest
 
 from rankscope.launch import Job, JobSpec
+
+if TYPE_CHECKING:
+    from rankscope.probe import _core
 
 SCRIPTS = Path(__file__).parent / "scripts"
 
@@ -61,3 +66,10 @@ def start_job(tmp_path: Path) -> Iterator[JobFactory]:
 @pytest.fixture
 def python() -> str:
     return sys.executable
+
+
+def close_probes(*probes: _core.Probe) -> None:
+    """Close the files of probes made in the test process (never started, or stopped)."""
+    for p in probes:
+        os.close(p._fd)
+        p._stacks.close()

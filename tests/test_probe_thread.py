@@ -7,7 +7,6 @@ torch.distributed is patched, and its calls go to a stand-in with all_reduce's s
 from __future__ import annotations
 
 import json
-import os
 import threading
 import time
 
@@ -15,6 +14,8 @@ import torch
 
 from rankscope.probe import _core
 from rankscope.rundir import RunDir
+
+from .conftest import close_probes
 
 
 class CountingStop(threading.Event):
@@ -68,8 +69,7 @@ def test_the_thread_wakes_at_heartbeats_while_calls_complete_and_looks_between_o
         stop.set()
         probe._thread.join(timeout=5)
         blocked.join(timeout=5)
-        os.close(probe._fd)
-        probe._stacks.close()
+        close_probes(probe)
 
     assert seen_at is not None, "the blocked call's enter line was never written"
     # written at the next heartbeat's flush (+ slack for a loaded machine)

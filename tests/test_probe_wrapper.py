@@ -20,6 +20,8 @@ from torch.overrides import TorchFunctionMode
 from rankscope.probe import _core
 from rankscope.rundir import RunDir
 
+from .conftest import close_probes
+
 
 def all_reduce(tensor, op=None, group=None, async_op=False):
     if isinstance(tensor, torch.Tensor) and tensor.numel() == 0:
@@ -46,8 +48,7 @@ def probe(request, tmp_path, monkeypatch):
         monkeypatch.setattr(_core, "_fast", None)
     p = _core.Probe(RunDir(tmp_path / "run"), rank=0)
     yield p
-    os.close(p._fd)
-    p._stacks.close()
+    close_probes(p)
 
 
 def records(p: _core.Probe) -> list[dict]:
@@ -158,7 +159,7 @@ def test_the_c_wrapper_reads_tensors_without_torchs_getters_where_built(monkeypa
                     reduce(t)  # one site
             counts[meta is None] = counted.shape
         finally:
-            close(p)
+            close_probes(p)
     # the getters only for the site's first call; then sizes and dtype compare equal
     assert counts == {False: 1, True: 5}
 
@@ -248,12 +249,6 @@ def make_probe(path, monkeypatch, wrapper: str) -> _core.Probe:
         return _core.Probe(RunDir(path), rank=3)
 
 
-def close(*probes: _core.Probe) -> None:
-    for p in probes:
-        os.close(p._fd)
-        p._stacks.close()
-
-
 def test_c_probe_records_what_the_python_probe_records(tmp_path, monkeypatch):
     """The C wrapper and records write the Python ones' lines, but for the times."""
     probes = [make_probe(tmp_path / w, monkeypatch, w) for w in ("c", "python")]
@@ -263,7 +258,7 @@ def test_c_probe_records_what_the_python_probe_records(tmp_path, monkeypatch):
         c, python = ([_timeless(e) for e in records(p)] for p in probes)
         assert c == python and len(c) == 20 * 9
     finally:
-        close(*probes)
+        close_probes(*probes)
 
 
 def _timeless(event: dict) -> dict:
@@ -313,7 +308,7 @@ def test_c_lines_match_python_lines(tmp_path, monkeypatch):
         assert c.splitlines()[-1] == c.splitlines()[-2] == in_flight.rstrip().encode()
         assert all(json.loads(line) for line in c.splitlines())
     finally:
-        close(p)
+        close_probes(p)
 
 
 def test_c_state_write_failure_keeps_the_state_usable(tmp_path):
