@@ -19,6 +19,16 @@ if TYPE_CHECKING:
 SCRIPTS = Path(__file__).parent / "scripts"
 
 
+def site_of(script: str, tag: str) -> str:
+    """``name.py:line`` of the line marked ``# site: <tag>`` in a worker script (a path under
+    ``tests/scripts``): where a diagnosis should place that call."""
+    path = SCRIPTS / script
+    for no, line in enumerate(path.read_text().splitlines(), 1):
+        if f"# site: {tag}" in line:
+            return f"{path.name}:{no}"
+    raise AssertionError(f"no line marked 'site: {tag}' in {script}")
+
+
 def leftover_processes(root: Path) -> list[psutil.Process]:
     """Processes whose RANKSCOPE_RUN_DIR lies under ``root``."""
     root_s = str(root.resolve())

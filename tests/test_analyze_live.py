@@ -17,7 +17,7 @@ import pytest
 from rankscope.analyze import diagnose, write_diagnosis
 from rankscope.collect import load_run
 
-from .conftest import SCRIPTS
+from .conftest import SCRIPTS, site_of
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
@@ -25,11 +25,7 @@ HERE = SCRIPTS / "analyze"
 
 
 def site(script: str, tag: str) -> str:
-    """``script:line`` of the line marked ``# site: <tag>`` in a worker script."""
-    for no, line in enumerate((HERE / script).read_text().splitlines(), 1):
-        if f"# site: {tag}" in line:
-            return f"{script}:{no}"
-    raise AssertionError(f"no line marked 'site: {tag}' in {script}")
+    return site_of(f"analyze/{script}", tag)
 
 
 @dataclass(frozen=True)

@@ -536,11 +536,11 @@ def test_nothing_to_diagnose_is_an_error():
 
 def test_error_kinds_used_here_are_in_the_collectors_catalogue():
     from rankscope.analyze.catalogue import FAILURE_KINDS, LAUNCH_KINDS
-    from rankscope.analyze.evidence import SYMPTOM_KINDS, TIMEOUT_KINDS
+    from rankscope.analyze.evidence import WAITER_KINDS
     from rankscope.collect import SIGNATURES
 
     known = {sig.kind for sig in SIGNATURES}
-    assert {*LAUNCH_KINDS, *FAILURE_KINDS, *SYMPTOM_KINDS, *TIMEOUT_KINDS} <= known
+    assert {*LAUNCH_KINDS, *FAILURE_KINDS, *WAITER_KINDS} <= known
 
 
 def test_bad_arguments():
@@ -625,3 +625,94 @@ def test_analyze_imports_without_plotting_or_widgets():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "diagnose"
+
+
+# --- honest verdicts (deaths, victims, unknown) -------------------------------------------------
+def _no_question_marks(d: Diagnosis) -> None:
+    text = d.render() + json.dumps(d.to_dict(), default=str)
+    assert " ?" not in text and "at ?" not in text and "?," not in text, text
+
+
+def test_a_rank_killed_between_steps_is_never_ok():
+    """Every call completed, nothing was in flight; one rank died of SIGKILL and torchrun ended
+    the rest with SIGTERM (each leaving its end event): a crash, named, not 'ok'."""
+    rows = steps(range(4), 3)
+    events = [
+        {"rank": r, "ev": "end", "t_s": T0 + 9, "code": -15, "message": "SIGTERM"}
+        for r in (0, 1, 3)
+    ]
+    ranks = {0: -15, 1: -15, 2: -9, 3: -15}
+    d = diagnose(
+        run_of([dict(r, pg_ranks="0,1,2,3") for r in rows], exits=ranks, events=events, world=4)
+    )
+    assert (d.verdict, d.cause, d.recipe, d.culprit_ranks) == ("crash", "rank_killed", "D20", [2])
+    assert "SIGKILL" in d.reason and "ranks 0-1, 3" in d.reason
+    assert any("rank 2" in m and "SIGKILL" in m for m in d.missing), d.missing
+    _no_question_marks(d)
+
+
+def test_a_signal_death_that_a_peers_mismatch_explains_is_not_the_culprit():
+    """A rank aborted by gloo (it received more bytes than it expected) is a victim; the rank
+    whose call differs is the culprit."""
+    rows = steps(range(3), 2)
+    rows += [call(0, 3, done=False), call(1, 3, shapes="[[5]]", ok=False), call(2, 3, done=False)]
+    errors = [
+        {
+            "rank": 2,
+            "kind": "gloo_size_mismatch",
+            "message": "Received data size doesn't match expected size",
+        }
+    ]
+    d = diagnose(run_of(rows, exits={0: -15, 1: 1, 2: -6}, errors=errors))
+    assert (d.cause, d.culprit_ranks, d.collective.seq) == ("shape_mismatch", [1], 3)
+    note = next(n for n in d.notes if n.startswith("rank 2 "))
+    assert "SIGABRT" in note and "gloo_size_mismatch" in note
+    _no_question_marks(d)
+
+
+def test_every_rank_terminated_with_no_failure_is_unknown_not_ok():
+    rows = steps(range(2), 2)
+    d = diagnose(run_of(rows, exits={0: -15, 1: -15}, world=2))
+    assert (d.verdict, d.cause, d.culprit_ranks) == ("unknown", None, [])
+    assert "SIGTERM" in d.summary and "does not show why" in d.summary
+    # the same job stopped by rankscope is over because it was stopped: no mystery
+    stopped = diagnose(run_of(rows, exits={0: -15, 1: -15}, world=2, info={"stop_reason": "user"}))
+    assert stopped.verdict == "ok" and "stopped" in stopped.summary
+
+
+def test_a_bare_exit_code_is_a_failure_only_when_nothing_else_explains():
+    rows = steps(range(2), 2)
+    d = diagnose(run_of(rows, exits={0: 0, 1: 3}, world=2))
+    assert (d.verdict, d.cause, d.culprit_ranks) == ("crash", "rank_crashed", [1])
+    assert "exit code 3" in d.reason
+    _no_question_marks(d)
+
+
+def test_absence_is_known_only_from_a_whole_record():
+    """A rank whose record is whole (a ring, an end event) 'never called' a collective; one
+    whose record may stop early has 'no record of it'."""
+    rows = [*steps(range(3), 2), call(0, 3, done=False), call(1, 3, done=False)]
+    stacks = [{"rank": 2, "capture_id": 1, "site": "train.py:77", "func": "evaluate"}]
+    partial = run_of(rows, exits=dict.fromkeys(range(3)), stacks=stacks)
+    d = diagnose(partial)
+    assert d.collective.state_by_rank[2].startswith("no record of it"), d.collective.state_by_rank
+    whole = run_of(rows, exits=dict.fromkeys(range(3)), stacks=stacks)
+    whole.ranks = whole.ranks.assign(ring=pd.array([True] * 3, dtype="boolean"))
+    d = diagnose(whole)
+    assert d.collective.state_by_rank[2].startswith("never called it"), d.collective.state_by_rank
+    assert json.loads(json.dumps(d.to_dict()))["collective"]["state_by_rank"]["2"].startswith(
+        "never called it"
+    )
+
+
+def test_nothing_readable_is_unknown():
+    run = run_of([], exits={}, world=0)
+    run.problems = schema.conform(
+        "problems",
+        pd.DataFrame(
+            {"source": ["rank0.pkl"], "reader": ["flight_recorder"], "reason": ["truncated"]}
+        ),
+    )
+    run.events = schema.empty("events")
+    d = diagnose(run)
+    assert d.verdict == "unknown" and d.missing == ["could not read rank0.pkl: truncated"]

@@ -128,3 +128,17 @@ def test_replay_errors_are_clear(tmp_path, capsys, monkeypatch):
         main(["replay", str(DATA / "nccl_fr" / "op"), "--scale-down", "x"])
     assert exited.value.code == 2 and "expected a whole number" in capsys.readouterr().err
     assert not (tmp_path / "repro.py").exists()
+
+
+def test_diagnose_says_unknown_and_fails_when_nothing_can_be_read(tmp_path):
+    """Two dumps cut short: no readable evidence is not 'OK'."""
+    folder = tmp_path / "dumps"
+    folder.mkdir()
+    (folder / "nccl_trace_rank_0").write_bytes(b"\x80\x04\x95\x10\x00\x00")
+    (folder / "nccl_trace_rank_1.json").write_text('{"pg_config": {')
+    out = rankscope("diagnose", str(folder), cwd=tmp_path)
+    assert out.returncode == 3, out.stdout + out.stderr
+    assert out.stdout.startswith("UNKNOWN") and "OK" not in out.stdout
+    assert "nccl_trace_rank_0" in out.stdout and "nccl_trace_rank_1.json" in out.stdout
+    as_json = json.loads(rankscope("diagnose", "--json", str(folder), cwd=tmp_path).stdout)
+    assert as_json["verdict"] == "unknown" and len(as_json["missing"]) == 2

@@ -338,8 +338,36 @@ def test_faulthandler_crash_dump_in_stderr(tmp_path):
     )
     stacks = read_stacks([Source(path, "stderr.log", rank=1, stream="stderr")])
     assert list(stacks["func"]) == ["wait", "forward", "<module>"]
+    assert set(stacks["reason"]) == {"SIGSEGV"}  # the capture's reason: the fatal signal
     summary = summarize_stacks(stacks)
     assert summary["func"].iloc[0] == "forward" and summary["waiting_in"].isna().all()
+    assert summary["reason"].tolist() == ["SIGSEGV"] and summary["source"].tolist() == [
+        "stderr.log"
+    ]
+
+
+def test_captures_and_fatal_dumps_in_one_stacks_file(tmp_path):
+    """The probe's stacks.txt: a capture at a stall, one at the teardown's SIGTERM, then an
+    abort's dump (faulthandler writes no marker: its first line names the signal)."""
+    path = tmp_path / "stacks.txt"
+    thread = 'Current thread 0x00007f0000000002 (most recent call first):\n  File "/u/t.py", line {} in <module>\n'
+    path.write_text(
+        "# rankscope capture id=3 t=1800000000.5 reason=stall pid=7\n"
+        + thread.format(10)
+        + "# rankscope capture id=None t=1800000001.0 reason=SIGTERM pid=7\n"
+        + thread.format(11)
+        + "Fatal Python error: Aborted\n\n"
+        + thread.format(12)
+        + "Fatal Python error: Something else broke\n\n"
+        + thread.format(13)
+    )
+    summary = summarize_stacks(read_stacks([Source(path, "ranks/0/stacks.txt", rank=0)]))
+    assert summary[["capture_id", "reason", "line"]].astype(object).values.tolist() == [
+        [3, "stall", 10],
+        [pd.NA, "SIGTERM", 11],
+        [pd.NA, "SIGABRT", 12],
+        [pd.NA, "fatal: Something else broke", 13],
+    ]
 
 
 def test_a_thread_importing_torch_distributed_is_not_the_blocked_one(tmp_path):
@@ -408,7 +436,7 @@ def test_catalogue_is_data_with_recipes():
 def test_detail_mismatch_fingerprints():
     errors = errors_of(DATA / "gloo_detail_mismatch" / "run")
     mismatch = errors[errors["kind"] == "collective_mismatch"].set_index("rank")
-    assert set(mismatch.index) == {0, 1} and set(mismatch["recipe"]) == {"D21"}
+    assert set(mismatch.index) == {0, 1} and set(mismatch["recipe"]) == {"D19"}
     fields = mismatch.loc[0, "fields"]
     assert fields["op_type_a"] == "ALLGATHER" and fields["op_type_b"] == "ALLREDUCE"
     assert fields["rank_a"] == 0 and fields["rank_b"] == 1
@@ -477,6 +505,77 @@ def test_foreign_errors():
     assert by_kind.loc["invalid_device_ordinal", "recipe"] == "D3"
     warns = errors[errors["kind"] == "nccl_warn"]
     assert set(warns["rank"]) == {3} and len(warns) == 2
+
+
+#: Real texts (from torch's and NCCL's sources and logs in public reports) and what they say of
+#: the rank that logged them.
+VICTIM_TEXTS = [
+    (
+        "  what():  [enforce fail at /pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:456] "
+        "op.preamble.length <= op.nbytes. 10 vs 8. Received data size doesn't match expected "
+        "size. Is there a distributed collective mismatch in your code?",
+        "gloo_size_mismatch",
+        "mismatch",
+        {"got_bytes": 10, "expected_bytes": 8},
+    ),
+    (
+        "terminate called after throwing an instance of 'gloo::EnforceNotMet'",
+        "cpp_abort",
+        "abort",
+        {"exception": "gloo::EnforceNotMet"},
+    ),
+    (
+        "[rank1]:[E1010 06:10:06.000 ProcessGroupNCCL.cpp:758] [Rank 1] To avoid data "
+        "inconsistency, we are taking the entire process down.",
+        "nccl_async_abort",
+        "abort",
+        {"reporting_rank": 1},
+    ),
+    (
+        "[E ProcessGroupNCCL.cpp:852] [Rank 16] NCCL watchdog thread terminated with exception: "
+        "NCCL error: remote process exited or there was a network error, NCCL version 2.19.3",
+        "nccl_remote_error",
+        "peer_exit",
+        {},
+    ),
+    (
+        "torch.distributed.DistBackendError: NCCL communicator was aborted on rank 1.",
+        "nccl_comm_aborted",
+        "abort",
+        {"comm_rank": 1},
+    ),
+    (
+        "[rank6]:[E703 21:51:54.112142364 ProcessGroupNCCL.cpp:1987] [PG ID 0 PG GUID "
+        "0(default_pg) Rank 6] Received a dump signal due to a collective timeout from  rank 7 "
+        "and we will try our best to dump the debug info. Last enqueued NCCL work: 56116, last "
+        "completed NCCL work: 56116.This is most likely caused by incorrect usages",
+        "nccl_dump_signal",
+        "timeout",
+        {"from_rank": 7, "last_enqueued": 56116, "last_completed": 56116},
+    ),
+    (
+        "RuntimeError: [/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error "
+        "[127.0.0.1]:26835: Connection reset by peer",
+        "gloo_connection_closed",
+        "peer_exit",
+        {"how": "reset"},
+    ),
+]
+
+
+@pytest.mark.parametrize(("text", "kind", "role", "fields"), VICTIM_TEXTS)
+def test_error_texts_say_whether_the_rank_is_a_victim(tmp_path, text, kind, role, fields):
+    (tmp_path / "rank3.log").write_text(text + "\n")
+    errors = find_errors(read_logs([tmp_path / "rank3.log"]))
+    row = errors[errors["kind"] == kind].iloc[0]
+    assert row["role"] == role
+    assert row["fields"] == row["fields"] | fields
+
+
+def test_every_signature_has_a_role():
+    from rankscope.collect.signatures import ROLES
+
+    assert {sig.role for sig in SIGNATURES} <= set(ROLES)
 
 
 def test_find_errors_does_not_modify_its_input():

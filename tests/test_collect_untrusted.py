@@ -90,6 +90,7 @@ BASES = {
     "nccl": FOREIGN / "nccl.gpu-a02.5137.log",
     "log": FOREIGN / "slurm-4242.out",
     "error_json": next((DATA / "gloo_rank_raises/run/logs").rglob("1/error.json")),
+    # "ring": made by make_ring, in the test's folder
 }
 #: Where each kind goes in a run directory (rank r, per file).
 PLACES = {
@@ -102,6 +103,7 @@ PLACES = {
     "nccl": "ranks/{r}/nccl.log",
     "log": "logs/node0/job_x/attempt_0/{r}/stderr.log",
     "error_json": "logs/node0/job_x/attempt_0/{r}/error.json",
+    "ring": "ranks/{r}/calls-4242.ring",
 }
 #: The same kinds in a plain folder, named as users' copies are.
 FOREIGN_NAMES = {
@@ -114,8 +116,40 @@ FOREIGN_NAMES = {
     "nccl": "nccl.host{r}.{r}.log",
     "log": "slurm-{r}.out",
     "error_json": "error_{r}/error.json",
+    "ring": "rank{r}.calls.ring",
 }
-STRUCTURED = {"fr_pickle", "fr_json", "pyspy_json", "error_json"}
+#: Kinds whose every cut is fatal (documents, and rings, whose size is fixed).
+STRUCTURED = {"fr_pickle", "fr_json", "pyspy_json", "error_json", "ring"}
+
+
+def make_ring(folder: Path) -> Path:
+    """A small ring file as the probe writes it: ten calls, the last one in flight."""
+    from rankscope.probe._core import _Call, _Ring
+
+    path = folder / "calls-1.ring"
+    ring = _Ring(path, rank=0, slots=64)
+    for cid in range(1, 11):
+        call = _Call(
+            cid,
+            cid,
+            1.8e9 + cid,
+            77,
+            "all_reduce",
+            "0",
+            None,
+            None,
+            None,
+            (),
+            (),
+            False,
+            (None,) * 3,
+            1,
+        )
+        ring.enter(call)
+        if cid < 10:
+            ring.exit(call, 1.8e9 + cid + 0.5, True)
+    ring.map.flush()
+    return path
 
 
 def wrong_types() -> list[tuple[str, bytes]]:
@@ -149,10 +183,10 @@ def odd_fields() -> list[bytes]:
     ]
 
 
-def mutations(rng: random.Random) -> list[tuple[str, bytes, bool]]:
+def mutations(rng: random.Random, bases: dict[str, Path]) -> list[tuple[str, bytes, bool]]:
     """(kind, bytes, must be reported) for at least 200 broken files of every kind."""
     out: list[tuple[str, bytes, bool]] = []
-    for kind, path in BASES.items():
+    for kind, path in bases.items():
         data = path.read_bytes()
         for _ in range(10):  # truncation: fatal to pickles and JSON documents
             cut = rng.randrange(1, len(data) - 1)
@@ -188,7 +222,7 @@ def place(root: Path, pattern: str, rank: int, data: bytes) -> str:
 @pytest.mark.parametrize("layout", ["rundir", "folder"])
 def test_fuzz_no_exception_escapes_load_run(tmp_path, layout):
     rng = random.Random(20261121)
-    cases = mutations(rng)
+    cases = mutations(rng, {**BASES, "ring": make_ring(tmp_path)})
     assert len(cases) >= 200
     root = tmp_path / layout
     root.mkdir()

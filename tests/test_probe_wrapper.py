@@ -256,7 +256,9 @@ def test_c_probe_records_what_the_python_probe_records(tmp_path, monkeypatch):
         for p in probes:
             some_calls(p)
         c, python = ([_timeless(e) for e in records(p)] for p in probes)
-        assert c == python and len(c) == 20 * 9
+        assert c == python and len([e for e in c if e["ev"] != "facts"]) == 20 * 9
+        # each distinct call's facts written once: 3 shapes of all_reduce, 1 failing, send, gather
+        assert [e["facts"] for e in c if e["ev"] == "facts"] == [1, 2, 3, 4, 5, 6]
     finally:
         close_probes(*probes)
 
@@ -349,7 +351,9 @@ def test_c_state_refuses_records_of_unknown_shapes():
     for bad in [(), ("a", "b"), (("not a call",), 1.0, True, None), [{"ev": "x"}]]:
         with pytest.raises(TypeError):
             state.append(bad)
-    call = _core._Call(0, 1, 0.0, "all_reduce", None, None, None, None, (), (), False, (None,) * 3)
+    call = _core._Call(
+        0, 1, 0.0, 1, "all_reduce", None, None, None, None, (), (), False, (None,) * 3, 1
+    )
     with pytest.raises(ValueError, match="positive"):
         state.append((call, 1.0, True, None))
     with pytest.raises(TypeError, match="error"):

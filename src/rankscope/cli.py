@@ -26,6 +26,9 @@ from rankscope.launch import PRESETS, Job, JobSpec
 from rankscope.launch.spec import DEFAULT_PRESETS
 from rankscope.rundir import FINAL_STATES, REPRO, RunDirError
 
+#: ``rankscope diagnose``'s exit code when the evidence cannot tell what happened.
+EXIT_UNKNOWN = 3
+
 
 def _positive(text: str) -> float:
     value = float(text)
@@ -148,7 +151,13 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--quiet", action="store_true", help="no live progress, only the outcome")
 
     diag = sub.add_parser(
-        "diagnose", help="explain a run directory or a folder of foreign artifacts"
+        "diagnose",
+        help="explain a run directory or a folder of foreign artifacts",
+        description="Say which rank diverged, in which collective, from which line, why, and "
+        "what to do, from a run directory or a folder of dumps and logs. Exits 0 when the "
+        f"evidence gives an answer (whatever the verdict), {EXIT_UNKNOWN} when it cannot tell "
+        "(verdict 'unknown': nothing readable, or ranks that ended for reasons the evidence does "
+        "not show), 2 on bad input.",
     )
     diag.add_argument("path", metavar="PATH")
     diag.add_argument("--json", action="store_true", help="print the diagnosis as JSON")
@@ -320,7 +329,7 @@ def _print_outcome(info: dict[str, Any], out: TextIO) -> None:
     state = info.get("state")
     reason = info.get("stop_reason")
     codes = {int(r): v.get("exit_code") for r, v in (info.get("ranks") or {}).items()}
-    shown = ", ".join(f"{r}: {'?' if c is None else c}" for r, c in sorted(codes.items()))
+    shown = ", ".join(f"{r}: {'unknown' if c is None else c}" for r, c in sorted(codes.items()))
     line = f"rankscope: job {state}" + (f" ({reason})" if reason else "")
     line += f"; exit codes by rank: {shown or 'none recorded'}"
     if info.get("error"):
@@ -407,7 +416,7 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
         print(json.dumps(diagnosis.to_dict(), indent=2, default=str))
     else:
         print(diagnosis.render())
-    return 0
+    return EXIT_UNKNOWN if diagnosis.verdict == "unknown" else 0
 
 
 def cmd_replay(args: argparse.Namespace) -> int:

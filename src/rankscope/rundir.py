@@ -12,6 +12,8 @@ only place it is spelled out::
       control/capture.json     the latest evidence request {"id", "t", "reason"} (the probe polls it)
       ranks/<rank>/
         events.jsonl           probe events, one JSON object per line (see EVENT_KINDS)
+        calls-<pid>.ring       the last RING_SLOTS calls of process <pid>, written at entry and
+                               exit through a shared memory map (see RING_HEADER, RING_SLOT)
         stacks.txt             faulthandler dumps of every thread, each after a "# rankscope" marker
         fr.pkl                 the latest dump of torch's flight recorder (pickle, as torch writes it)
         fr_nccl.pkl            the latest dump of the NCCL flight recorder, when the backend is nccl
@@ -34,6 +36,8 @@ import json
 import os
 import re
 import secrets
+import signal
+import struct
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -43,15 +47,35 @@ from typing import Any
 #: (wall-clock seconds since the epoch; to the microsecond in enter and exit events, as is
 #: their ``dur_s``) and ``rank``.
 EVENT_KINDS = {
-    "start": "pid, host, argv, python, torch and the torchrun env contract (env: dict)",
+    "start": "pid, host, argv, python, torch, main_tid and the torchrun env contract (env: dict)",
     "heartbeat": "done (collectives completed), step, coll (id of the collective in flight or null)",
-    "enter": "id, op, pg, pg_desc, pg_ranks, seq, peer, shapes, dtypes, async_op, file, line, func",
+    "facts": "facts (their id in the ring), then enter's fields from op to func; written at once, "
+    "before the first call that has them proceeds",
+    "enter": "id, seq, tid, op, pg, pg_desc, pg_ranks, peer, shapes, dtypes, async_op, file, line, "
+    "func",
     "exit": "id, op, pg, seq, dur_s, ok, error",
     "step": "step (the user's step marker)",
     "exception": "type, message, traceback",
     "capture": "id, reason, files (what the probe wrote for an evidence request)",
-    "end": "code (the process exit code, when the probe saw it)",
+    "end": "code (the process exit code, when the probe saw it), reason (exit, exception, "
+    "os._exit, or the name of the signal that ended the process: SIGTERM)",
 }
+
+#: The ring file (``calls-<pid>.ring``): a header, then ``nslots`` slots; the call with id
+#: ``cid`` is in slot ``cid % nslots``. The probe maps the file shared and writes a call's slot
+#: as the call is entered and again as it returns, so the kernel keeps both in the file however
+#: the process ends (SIGKILL, abort, segfault). A slot's ``cid`` is written last (0 while it is
+#: being written); its ``state`` after ``t_end``. ``_fast.c`` writes the same layout.
+RING_MAGIC = b"RSRING01"
+RING_VERSION = 1
+RING_SLOTS = 4096
+#: magic, version, slot size, slots, pid, rank, created (time.time()), then padding to 64 bytes.
+RING_HEADER = struct.Struct("<8sIIIIqd24x")
+#: cid (0: empty or torn), seq, t (enter), t_end, facts id, state (RING_STATES), thread ident,
+#: then padding to 64 bytes.
+RING_SLOT = struct.Struct("<QqddIIQ16x")
+#: A slot's state: the call is in flight, returned, or raised.
+RING_STATES = ("in_flight", "returned", "raised")
 
 #: Job states recorded in run.json.
 STATES = ("starting", "running", "stalled", "exited", "stopped", "failed_to_start")
@@ -131,6 +155,9 @@ class RunDir:
 
     def stacks(self, rank: int) -> Path:
         return self.rank_dir(rank) / "stacks.txt"
+
+    def ring(self, rank: int, pid: int) -> Path:
+        return self.rank_dir(rank) / f"calls-{pid}.ring"
 
     def fr_dump(self, rank: int, *, nccl: bool = False) -> Path:
         return self.rank_dir(rank) / ("fr_nccl.pkl" if nccl else "fr.pkl")
@@ -310,6 +337,16 @@ def torchrun_failures(text: str) -> dict[int, int]:
     ``exitcode : C`` (negative for a signal). Ranks that are not listed did not fail.
     """
     return {int(m["rank"]): int(m["code"]) for m in _FAILURE_BLOCK.finditer(text)}
+
+
+def signal_name(code: int | None) -> str | None:
+    """``SIGKILL`` for an exit code of -9 (a process ended by a signal), else None."""
+    if code is None or code >= 0:
+        return None
+    try:
+        return signal.Signals(-code).name
+    except ValueError:
+        return f"signal {-code}"
 
 
 def rank_table(run: RunDir) -> dict[int, dict[str, Any]]:

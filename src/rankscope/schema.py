@@ -27,8 +27,11 @@ RANKS: Columns = {
     "world_size": "Int64",
     "started_s": "Float64",
     "ended_s": "Float64",
-    "exit_code": "Int64",
-    "last_event_s": "Float64",
+    "exit_code": "Int64",  # negative: killed by that signal (-9 SIGKILL)
+    "signal": "string",  # the signal's name when exit_code is negative: SIGKILL, SIGTERM, ...
+    "end_reason": "string",  # the probe's end event: exit, exception, os._exit, SIGTERM, ...
+    "last_event_s": "Float64",  # the rank's last recorded event or call (ring included)
+    "ring": "boolean",  # its calls were recorded durably (a ring file): none is missing
 }
 
 #: The probe's events, one row per line of ranks/<rank>/events.jsonl.
@@ -44,7 +47,7 @@ EVENTS: Columns = {
     "done": "Int64",  # heartbeat: collectives completed so far
     "ok": "boolean",  # exit: the call returned normally
     "code": "Int64",  # end: exit code
-    "message": "string",  # exception: "Type: message"; exit: error text; capture: reason
+    "message": "string",  # exception: "Type: message"; exit: error text; capture, end: reason
     "capture_id": "Int64",  # capture: the evidence request it answered (null at exit/exception)
 }
 
@@ -66,6 +69,7 @@ COLLECTIVES: Columns = {
     "line": "Int64",
     "func": "string",
     "site": "string",  # "train.py:12"
+    "thread": "string",  # the calling thread's ident as faulthandler prints it: "0x00007f..."
     "t_start_s": "Float64",
     "t_end_s": "Float64",  # null while in flight
     "duration_s": "Float64",
@@ -179,6 +183,7 @@ STACKS: Columns = {
     "capture": "Int64",  # 0-based index of the dump within its source
     "t_s": "Float64",
     "tool": "category",  # faulthandler py-spy
+    "reason": "string",  # why it was taken: stall, request, exception, exit, SIGTERM, SIGABRT, ...
     "thread": "string",  # thread id as printed
     "thread_name": "string",
     "is_current": "boolean",
@@ -197,12 +202,14 @@ STACK_SUMMARY: Columns = {
     "capture": "Int64",
     "t_s": "Float64",
     "tool": "category",
+    "reason": "string",
     "thread": "string",
     "func": "string",
     "file": "string",
     "line": "Int64",
     "site": "string",  # "train.py:12"
     "waiting_in": "string",  # innermost torch.distributed function on that stack, if any
+    "source": "string",  # the file the capture is in
 }
 
 #: Known error signatures found in logs.
@@ -210,6 +217,7 @@ ERRORS: Columns = {
     "rank": "Int64",
     "t_s": "Float64",
     "kind": "category",  # catalogue key: gloo_timeout, nccl_watchdog_timeout, ...
+    "role": "category",  # what the text says of the rank: mismatch peer_exit timeout own ...
     "recipe": "category",  # D1..D23 the signature points to, or null
     "message": "string",  # the matching text
     "fields": "object",  # dict of parsed fields (seq, op_type, timeout_ms, ranks, ...)

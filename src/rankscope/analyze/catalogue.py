@@ -1,7 +1,9 @@
 """What each cause means: the verdict it gives, its recipe, a one-line reason and the fix.
 
 Recipes are those of the guide in ``seeds/002`` (D1-D23). The reason is a template filled from the
-facts of one diagnosis (see :func:`explain`); the fix is advice in our own words.
+facts of one diagnosis (see :func:`explain`); the fix is advice in our own words. A template
+names only facts every diagnosis of its cause has; what may be unknown (a call site) comes as a
+phrase that is empty when unknown (``culprit_at``: `` at train.py:12`` or nothing).
 """
 
 from __future__ import annotations
@@ -10,8 +12,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-Verdict = Literal["ok", "hang", "crash", "launch_error"]
-VERDICTS: tuple[Verdict, ...] = ("ok", "hang", "crash", "launch_error")
+Verdict = Literal["ok", "hang", "crash", "launch_error", "unknown"]
+#: ``unknown``: the evidence cannot tell (nothing readable, or ranks ended for reasons it does
+#: not show); never said of a job that is known to have failed, and never ``ok``.
+VERDICTS: tuple[Verdict, ...] = ("ok", "hang", "crash", "launch_error", "unknown")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -33,8 +37,8 @@ _CAUSES = (
         verdict="hang",
         recipe="D19",
         title="collective op mismatch",
-        reason="{culprits} called {culprit_op} at {culprit_site} where {others} called "
-        "{other_op} at {other_site} ({collective})",
+        reason="{culprits} called {culprit_op}{culprit_at} where {others} called "
+        "{other_op}{other_at} ({collective})",
         fix="Make every rank issue the same collectives in the same order; rerun with "
         "TORCH_DISTRIBUTED_DEBUG=DETAIL (the 'detail' preset) so torch names the mismatch at once.",
     ),
@@ -43,7 +47,7 @@ _CAUSES = (
         verdict="hang",
         recipe="D19",
         title="shape mismatch",
-        reason="{culprits} passed shapes {culprit_shapes} to {culprit_op} at {culprit_site} "
+        reason="{culprits} passed shapes {culprit_shapes} to {culprit_op}{culprit_at} "
         "where {others} passed {other_shapes} ({collective})",
         fix="Give the collective tensors of the same shape on every rank (pad, or all-gather "
         "the sizes first); the 'detail' preset checks shapes before each collective.",
@@ -53,7 +57,7 @@ _CAUSES = (
         verdict="hang",
         recipe="D19",
         title="dtype mismatch",
-        reason="{culprits} passed {culprit_dtypes} to {culprit_op} at {culprit_site} where "
+        reason="{culprits} passed {culprit_dtypes} to {culprit_op}{culprit_at} where "
         "{others} passed {other_dtypes} ({collective})",
         fix="Cast to one dtype on every rank before the collective (mixed-precision settings "
         "must match across ranks); the 'detail' preset checks dtypes too.",
@@ -74,7 +78,7 @@ _CAUSES = (
         recipe="D9",
         title="rank exited early (uneven inputs)",
         reason="{culprits} {culprit_left} after {culprit_done} collectives on {group} while "
-        "{others} still waited in {other_op} at {other_site} ({collective})",
+        "{others} still waited in {other_op}{other_at} ({collective})",
         fix="Give every rank the same number of steps (DistributedSampler with the same "
         "drop_last everywhere), or wrap the loop in torch.distributed.algorithms.Join.",
     ),
@@ -83,7 +87,7 @@ _CAUSES = (
         verdict="hang",
         recipe="D19",
         title="a rank never joined the collective",
-        reason="{culprits} never joined {other_op} at {other_site} that {others} waited in "
+        reason="{culprits} never joined {other_op}{other_at} that {others} waited in "
         "({collective}); last seen: {culprit_doing}",
         fix="Look at what that rank was doing instead (its stacks, its last log lines): it is "
         "stuck or busy outside the collective; TORCH_DISTRIBUTED_DEBUG=DETAIL names it at once.",
@@ -93,17 +97,29 @@ _CAUSES = (
         verdict="crash",
         recipe="D20",
         title="a rank crashed",
-        reason="{culprits} failed with {error} at {culprit_site}, leaving {others} waiting",
+        reason="{culprits} failed with {error}{culprit_at}, leaving {others} waiting",
         fix="Fix the failing rank, not the hang: its error is the cause and the others only "
         "waited for it. With nccl, TORCH_NCCL_ASYNC_ERROR_HANDLING=1 makes the peers abort "
         "promptly.",
+    ),
+    Cause(
+        name="rank_killed",
+        verdict="crash",
+        recipe="D20",
+        title="a rank was killed",
+        reason="{culprits} {death}{culprit_at}, leaving {others} {left}",
+        fix="A SIGKILL comes from outside the process, which gets no chance to say why: look "
+        "for the kernel's OOM killer on that host (dmesg or journalctl -k: 'Out of memory: "
+        "Killed process <pid>'), a scheduler enforcing a memory or time limit, or a kill -9. "
+        "Host memory is the usual suspect: data-loader workers, pinned buffers, a rank that "
+        "loads more than the others.",
     ),
     Cause(
         name="nan",
         verdict="crash",
         recipe="D20",
         title="a rank hit NaN",
-        reason="{culprits} stopped on a non-finite value ({error}) at {culprit_site}, leaving "
+        reason="{culprits} stopped on a non-finite value ({error}){culprit_at}, leaving "
         "{others} waiting",
         fix="Find why this rank's values became NaN (its data shard, learning rate, precision); "
         "lowering the batch size does not fix one rank's data bug.",
@@ -113,7 +129,7 @@ _CAUSES = (
         verdict="crash",
         recipe="D20",
         title="a rank ran out of memory",
-        reason="{culprits} ran out of memory ({error}) at {culprit_site}, leaving {others} waiting",
+        reason="{culprits} ran out of memory ({error}){culprit_at}, leaving {others} waiting",
         fix="Cut this rank's peak memory: uneven sample lengths put the largest batch on one "
         "rank; shard or checkpoint activations rather than waiting out the hang.",
     ),
@@ -141,7 +157,7 @@ _CAUSES = (
         verdict="ok",
         recipe="D23",
         title="straggler",
-        reason="{culprits} reached {culprit_op} at {culprit_site} {late} after the others "
+        reason="{culprits} reached {culprit_op}{culprit_at} {late} after the others "
         "({collective}); the job went on",
         fix="Not a hang: balance the slow rank's work (data loading, rank-0-only eval or "
         "saving), and tell slow from stuck with the step counter before raising timeouts.",
@@ -151,7 +167,7 @@ _CAUSES = (
         verdict="hang",
         recipe="D19",
         title="a rank left no evidence",
-        reason="{others} wait in {other_op} at {other_site} ({collective}) for {culprits}, "
+        reason="{others} wait in {other_op}{other_at} ({collective}) for {culprits}, "
         "which left no record of its collectives",
         fix="Get that rank's evidence (flight-recorder dump, stacks, logs): it may have died or "
         "hung before its recorder started; keep the flight recorder on for every rank.",
@@ -161,7 +177,7 @@ _CAUSES = (
         verdict="hang",
         recipe="D19",
         title="every rank is inside the same collective",
-        reason="{others} all waited in {other_op} at {other_site} ({collective}) with matching "
+        reason="{others} all waited in {other_op}{other_at} ({collective}) with matching "
         "calls: no rank diverged and none is missing",
         fix="The ranks agree, so look below Python: the transport (NCCL_DEBUG=INFO, the network "
         "between hosts), a device fault, or native stacks (py-spy dump --native).",
@@ -254,10 +270,11 @@ FAILURE_KINDS: Mapping[str, str] = {
 
 
 def explain(cause: str, facts: Mapping[str, Any]) -> str:
-    """The cause's one-line reason filled from ``facts`` (missing facts read as ``?``)."""
+    """The cause's one-line reason filled from ``facts``; a fact that is not there reads as
+    ``unknown`` (a template names only facts its cause always has)."""
     return CAUSES[cause].reason.format_map(_Facts(facts))
 
 
 class _Facts(dict):
     def __missing__(self, key: str) -> str:
-        return "?"
+        return "unknown"

@@ -3,19 +3,31 @@
 The questions are asked in this order, and the first that finds something answers:
 
 1. Did the ranks never form a group because of the environment or the launch? (``launch_error``)
-2. Did a rank fail on its own (an exception outside any collective, an OOM, a NaN, DDP's
-   reduction error) and leave the others waiting? (``crash``)
-3. Where do the ranks' collective sequences first part, per process group: a different op,
-   shape or dtype, or a rank that never made the call? What was that rank doing instead
-   (exited early, crashed, stuck in a point-to-point cycle, busy elsewhere)? (``hang``)
-4. Are ranks still waiting with no divergence (a cycle, a rank that left no evidence, plain
-   timeouts)? (``hang``)
-5. Did every collective complete, but with one rank arriving far behind? (``ok``, straggler)
+2. Did a rank report a failure of its own (an exception outside any collective, an OOM, a NaN,
+   DDP's reduction error) and leave the others waiting? (``crash``)
+3. Did ranks call different collectives (op, shape, dtype) where their sequences first part?
+   (``hang``) A mismatch comes before any death: it can kill a rank (gloo aborts a rank that
+   receives more bytes than it expects), and that rank is its victim.
+4. Did a rank die of a signal (SIGKILL, SIGSEGV, SIGABRT, ...) that no text of its own blames on
+   a peer? (``crash``, ``rank_killed`` for SIGKILL)
+5. Where else do the sequences part: a rank that never made the call? What was it doing
+   instead (exited early, crashed, stuck in a point-to-point cycle, busy elsewhere)? (``hang``)
+6. Are ranks still waiting with no divergence (a cycle, a rank that left no evidence, plain
+   timeouts in the logs)? (``hang``)
+7. Did a rank exit non-zero with nothing else to say why? (``crash``)
+8. Did every collective complete, but with one rank arriving far behind? (``ok``, straggler)
+
+With no answer, the job is ``ok`` only if the evidence shows it healthy; a rank that ended in a
+way nothing explains, or no record at all, is ``unknown``. Ranks that are victims (their own
+error texts name a peer's exit, a mismatch or a timeout, or a call of theirs failed) and ranks
+ended by a teardown or a stop are never culprits for that.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import os
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -25,17 +37,14 @@ import numpy as np
 import pandas as pd
 
 from rankscope.analyze import align
-from rankscope.analyze.catalogue import CAUSES, FAILURE_KINDS, LAUNCH_KINDS, explain
+from rankscope.analyze.catalogue import CAUSES, FAILURE_KINDS, LAUNCH_KINDS, Verdict, explain
 from rankscope.analyze.diagnosis import CollectiveInfo, Diagnosis, EvidenceRef, compact_ranks
-from rankscope.analyze.evidence import (
-    SYMPTOM_KINDS,
-    TIMEOUT_KINDS,
-    Evidence,
-    RankFacts,
-    crash_cause,
-)
+from rankscope.analyze.evidence import SIGNAL_TEXT, Evidence, RankFacts, crash_cause
+from rankscope.collect.signatures import SIGNATURES, VICTIM_ROLES
 from rankscope.rundir import RunDir
 
+#: What each error signature means, to explain a rank that died of another's problem.
+SIGNATURE_DOCS = {s.kind: s.doc for s in SIGNATURES}
 #: How many supporting rows of one kind a diagnosis lists (a 16k-rank job has 16k waiters).
 MAX_REFS = 8
 #: Ranks per distinct call whose flight-recorder frames are read to find its call site.
@@ -86,7 +95,9 @@ class _Failure:
     rank: int
     cause: str
     message: str
-    ref: EvidenceRef
+    ref: EvidenceRef | None
+    site: str | None = None
+    facts: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(kw_only=True)
@@ -149,7 +160,9 @@ class _Analysis:
 
     # --- the answer -----------------------------------------------------------------------
     def diagnose(self) -> Diagnosis:
-        self._require_evidence()
+        unreadable = self._require_evidence()
+        if unreadable is not None:
+            return unreadable
         self._note_missing()
         if self._all_exited_zero():
             # Whatever the flight recorder still lists as in flight (DDP's last bucket is
@@ -158,10 +171,13 @@ class _Analysis:
             return self._diagnosis(finding) if finding else self._healthy()
         finding = (
             self._launch_error()
-            or self._crash()
+            or self._crash(self._failures())
+            or self._mismatch_first()
+            or self._crash(self._deaths())
             or self._divergence()
             or self._still_waiting()
             or self._errors_only()
+            or self._crash(self._deaths(bare=True))
             or self._straggler()
         )
         if finding is None:
@@ -179,8 +195,10 @@ class _Analysis:
             "others": _who(f.waiting, "no other rank"),
             **f.facts,
         }
+        facts["culprit_at"] = _at(facts.get("culprit_site"))
+        facts["other_at"] = _at(facts.get("other_site"))
         reason = explain(f.cause, facts)
-        notes = f.notes + self._torchrun_notes(f.culprits)
+        notes = f.notes + self._aftermath(f.culprits) + self._torchrun_notes(f.culprits)
         summary = f"{cause.title[0].upper()}{cause.title[1:]}: {reason}."
         return Diagnosis(
             verdict=cause.verdict,
@@ -199,8 +217,20 @@ class _Analysis:
         )
 
     def _healthy(self) -> Diagnosis:
+        """No rule found a problem: ``ok`` only if the evidence shows the job was healthy;
+        ``unknown`` when ranks ended in a way nothing explains, or nothing was recorded."""
         codes = {r: f.exit_code for r, f in self.facts.items()}
         done = int(self.calls["idx"].notna().sum())
+        recorded = f" {done} collective calls recorded ({self.source})." if done else ""
+        ended = {
+            r: f for r, f in self.facts.items() if f.died and not (self.ev.stopped and f.signal)
+        }
+        if ended:
+            return self._unknown(
+                f"No rank diverged, waited or failed on its own in the evidence, yet "
+                f"{self._endings(ended)}; the evidence does not show why.{recorded}",
+                ranks=sorted(ended),
+            )
         if codes and all(c == 0 for c in codes.values()):
             summary = f"All {len(codes)} ranks exited 0; no collective was left in flight."
         elif self.ev.stopped:
@@ -208,20 +238,63 @@ class _Analysis:
                 f"The job was stopped ({self.ev.info.get('stop_reason')}) with no rank stuck "
                 "and no failure in the evidence."
             )
+        elif not done and not self.ev.table("events")["ev"].isin(["heartbeat", "step"]).any():
+            return self._unknown(
+                "There is no record of any collective call or of any rank's progress, and no "
+                "exit code: the evidence cannot tell whether the job was healthy."
+            )
         else:
-            summary = "No failure, divergence or waiting rank in the evidence."
-        summary += f" {done} collective calls recorded ({self.source})." if done else ""
+            summary = "No failure, divergence or waiting rank in the evidence so far."
+        return self._causeless("ok", summary + recorded, notes=self._torchrun_notes([]))
+
+    def _unknown(self, summary: str, *, ranks: list[int] | None = None) -> Diagnosis:
+        notes = self._torchrun_notes([]) + self._aftermath([], only=ranks)
+        return self._causeless("unknown", summary, notes=notes)
+
+    def _causeless(self, verdict: Verdict, summary: str, *, notes: list[str]) -> Diagnosis:
         return Diagnosis(
-            verdict="ok",
+            verdict=verdict,
             cause=None,
             culprit_ranks=[],
             waiting_ranks=[],
             recipe=None,
             summary=summary,
             missing=self.missing_notes,
-            notes=self._torchrun_notes([]),
+            notes=notes,
             run=self.ev.path,
         )
+
+    def _endings(self, ranks: dict[int, RankFacts]) -> str:
+        """``rank 2 died of SIGKILL (exit code -9), then ranks 0-1, 3 died of SIGTERM ...``:
+        how ranks ended, grouped by how, the first to go first (by their last records)."""
+        by_how: dict[str, list[int]] = {}
+        for r, f in sorted(ranks.items(), key=lambda kv: (kv[1].last_seen_s or np.inf, kv[0])):
+            by_how.setdefault(f.died or "ended", []).append(r)
+        parts = [f"{_who(rs)} {how}" for how, rs in by_how.items()]
+        return ", then ".join(parts)
+
+    def _aftermath(self, culprits: list[int], *, only: list[int] | None = None) -> list[str]:
+        """How the other ranks that did not exit cleanly ended, and what their own error texts
+        say of it (a victim's text names a peer's mismatch, exit or timeout)."""
+        errors = self.ev.table("errors")
+        notes = []
+        for rank, f in sorted(self.facts.items()):
+            if rank in culprits or not f.died or (only is not None and rank not in only):
+                continue
+            if only is None and self.ev.stopped and f.signal:
+                continue  # ended by the stop, as every rank was
+            mine = errors[(errors["rank"] == rank) & errors["role"].isin(list(VICTIM_ROLES))]
+            if f.end_reason and f.signal and f.end_reason == f.signal:
+                how = f"was ended by {f.signal} and left a capture (stacks, flight recorder)"
+            else:
+                how = f.died
+            text = f"rank {rank} {how}"
+            if len(mine):
+                kind = str(mine["kind"].iloc[0])
+                text += f" after it reported {kind} ({_short(mine['message'].iloc[0], 100)})"
+                text += f", which says {SIGNATURE_DOCS[kind]}" if kind in SIGNATURE_DOCS else ""
+            notes.append(text)
+        return notes
 
     # --- 1. launch ------------------------------------------------------------------------
     def _launch_error(self) -> _Finding | None:
@@ -268,8 +341,9 @@ class _Analysis:
 
     # --- 2. a rank that failed on its own -------------------------------------------------
     def _failures(self) -> list[_Failure]:
-        """Every rank's own failure (not a collective that failed because of a peer), earliest
-        first: an exception raised outside any collective, or an error of its own in its logs."""
+        """Every rank's own failure that it reported (not a collective that failed because of a
+        peer), earliest first: an exception raised outside any collective, or an error of its
+        own in its logs."""
         probe = self.ev.table("collectives")
         failed = probe[_failed(probe)]
         raised_in_call = {
@@ -312,41 +386,115 @@ class _Analysis:
             )
         return sorted(out, key=lambda o: (o.t_s, o.rank))
 
-    def _crash(self) -> _Finding | None:
-        failures = self._failures()
+    def _deaths(self, *, bare: bool = False) -> list[_Failure]:
+        """Ranks that died without a word, earliest first: killed or crashed by a signal
+        (``bare=False``), or only a non-zero exit code (``bare=True``: weaker than any other
+        evidence, so asked last). Not a rank ended by a teardown or a stop, one whose call
+        failed, nor one whose own texts say it waited on others."""
+        probe = self.ev.table("collectives")
+        victims = set(probe.loc[_failed(probe), "rank"].dropna().astype(int).tolist())
+        victims |= self.ev.waiters
+        reported = {f.rank for f in self._failures()}
+        out = []
+        for rank, f in self.facts.items():
+            if f.died is None or rank in victims or rank in reported or f.exception:
+                continue
+            if self.ev.terminated(f.exit_code) or bool(f.signal) == bare:
+                continue
+            out.append(self._death(f))
+        return sorted(out, key=lambda o: (o.t_s, o.rank))
+
+    def _death(self, f: RankFacts) -> _Failure:
+        """A rank that died without an error of its own: killed, crashed in native code, or an
+        exit code with no exception. The time is its last record (it died after that)."""
+        note = f.died or "died"
+        ref = (
+            None if f.row is None else EvidenceRef(table="ranks", row=f.row, rank=f.rank, note=note)
+        )
+        # Stacks from the fatal signal itself (faulthandler) show where it crashed; older
+        # captures show where it was then, not where it died.
+        site = f.stack_site if f.signal and f.stack_reason == f.signal else None
+        last = self.last.loc[f.rank] if f.rank in self.last.index else None
+        after = ""
+        if last is not None:
+            state = "which returned" if _done(last.to_frame().T).iloc[0] else "still in flight"
+            after = (
+                f" after its last recorded call ({last['op']}{_at(_opt(last['site']))}, {state})"
+            )
+        elif f.last_seen_s is not None:
+            after = " after its last recorded event"
+        if f.signal == "SIGKILL":
+            return _Failure(
+                t_s=f.last_seen_s or np.inf,
+                rank=f.rank,
+                cause="rank_killed",
+                message=f"{f.signal} ({SIGNAL_TEXT[f.signal]})",
+                ref=ref,
+                site=site,
+                facts={"death": f"was killed by SIGKILL (exit code {f.exit_code}){after}"},
+            )
+        if f.signal:
+            text = SIGNAL_TEXT.get(f.signal)
+            message = f"{f.signal}" + (f" ({text})" if text else "")
+        else:
+            message = f"exit code {f.exit_code} and no exception"
+        return _Failure(
+            t_s=f.last_seen_s or np.inf,
+            rank=f.rank,
+            cause="rank_crashed",
+            message=message + after,
+            ref=ref,
+            site=site,
+        )
+
+    def _crash(self, failures: list[_Failure]) -> _Finding | None:
+        """The earliest of these failures is the cause; the ranks that failed the same way
+        with it are the culprits."""
         if not failures:
             return None
         first = failures[0]
         same = [f for f in failures if f.cause == first.cause]
         culprits = sorted({f.rank for f in same})
-        site = (
-            self.ev.traceback_site(first.rank, first.message) or self.facts[first.rank].stack_site
-        )
+        if first.ref is not None and first.ref.table in ("events", "errors"):
+            site = (
+                self.ev.traceback_site(first.rank, first.message)
+                or self.facts[first.rank].stack_site
+            )
+        else:
+            site = first.site
         div = self._divergence_with_missing(set(culprits))
+        waiting = self._blocked(exclude=set(culprits))
+        facts = {"error": _short(first.message), "culprit_site": site, **first.facts}
+        if first.cause == "rank_killed":
+            facts["left"] = "waiting"
+            ended = sorted(r for r, f in self.facts.items() if r not in culprits and f.died)
+            if not waiting and ended:
+                how = sorted(
+                    {self.facts[r].signal or f"exit {self.facts[r].exit_code}" for r in ended}
+                )
+                facts["others"] = _who(ended)
+                facts["left"] = f"to be ended by {'/'.join(how)} (torchrun's teardown)"
         return _Finding(
             cause=first.cause,
             culprits=culprits,
-            waiting=self._blocked(exclude=set(culprits)),
-            facts={"error": _short(first.message), "culprit_site": site or "?"},
+            waiting=waiting,
+            facts=facts,
             collective=self._collective(div) if div else None,
-            refs=[f.ref for f in same][:MAX_REFS] + (self._call_refs(div) if div else []),
+            refs=[f.ref for f in same if f.ref is not None][:MAX_REFS]
+            + (self._call_refs(div) if div else []),
             notes=[
                 f"rank {f.rank} also failed: {_short(f.message)}" for f in failures if f not in same
             ],
         )
 
     def _blocked(self, *, exclude: set[int]) -> list[int]:
-        """Ranks left waiting: a call in flight or failed at the end, or a symptom error."""
+        """Ranks left waiting: a call in flight or failed at the end, or a victim's error."""
         last = self.last
         blocked = set()
         if not last.empty:
             stuck = ~_done(last)
             blocked |= set(last.index[stuck.to_numpy()].tolist())
-        errors = self.ev.table("errors")
-        symptom = errors[
-            errors["kind"].isin(list(SYMPTOM_KINDS - {"torchrun_child_failed", "nccl_warn"}))
-        ]
-        blocked |= set(symptom["rank"].dropna().astype(int).tolist())
+        blocked |= self.ev.waiters
         for stall in self.ev.stalls[-1:]:
             blocked |= {
                 int(s["rank"]) for s in stall.get("ranks", []) if s.get("status") == "waiting"
@@ -364,8 +512,13 @@ class _Analysis:
         )
 
     def _divergence_with_missing(self, ranks: set[int]) -> align.Divergence | None:
+        """The first divergence these ranks are missing from, else the first they were left
+        inside of (a call of theirs that never returned)."""
         for d in self.divergences:
             if ranks & set(d.missing):
+                return d
+        for d in self.divergences:
+            if ranks & set(d.rows["rank"][~_done(d.rows)].tolist()):
                 return d
         return None
 
@@ -382,6 +535,13 @@ class _Analysis:
             if not d.missing or any(in_flight.get(r) in (None, d) for r in d.missing)
         ]
         return min(unexplained or divs, key=lambda d: _earliest(d.rows))
+
+    def _mismatch_first(self) -> _Finding | None:
+        """Ranks that called different collectives (op, shapes, dtypes) at the root divergence:
+        that comes before any death, because a mismatch can kill a rank (gloo aborts one that
+        receives more bytes than it expects)."""
+        divs = self.divergences
+        return self._divergence() if divs and self._root(divs).mismatched else None
 
     def _divergence(self) -> _Finding | None:
         divs = self.divergences
@@ -429,8 +589,8 @@ class _Analysis:
         if o["op"] != n["op"]:
             if self._extra_or_skipped(d, odd, norm):
                 cause = "rank_conditional_collective"
-                facts["culprit_doing"] = f"called {o['op']} at {facts['culprit_site']}"
-                facts["other_doing"] = f"called {n['op']} at {facts['other_site']}"
+                facts["culprit_doing"] = f"called {o['op']}{_at(facts['culprit_site'])}"
+                facts["other_doing"] = f"called {n['op']}{_at(facts['other_site'])}"
             else:
                 cause = "op_mismatch"
         elif o["shapes"] != n["shapes"]:
@@ -510,14 +670,14 @@ class _Analysis:
                 fact = self.facts[first]
                 found.cause = crash_cause(fact.exception)
                 facts["error"] = _short(fact.exception or f"exit code {fact.exit_code}")
-                facts["culprit_site"] = where[first].site or "?"
+                facts["culprit_site"] = where[first].site
             return found
         if set(d.missing) & {r for c in self.cycles for r in c}:
             return self._cycle_finding(self.cycles, extra_waiting=waiting)
         if any(w.state == "busy" for w in where.values()):
             found.cause = "rank_conditional_collective"
             facts["culprit_doing"] = f"never called it ({_some(where)})"
-            facts["other_doing"] = f"waited in {facts['other_op']} at {facts['other_site']}"
+            facts["other_doing"] = f"waited in {facts['other_op']}{_at(facts['other_site'])}"
         else:
             facts["culprit_doing"] = _some(where)
         return found
@@ -540,7 +700,7 @@ class _Analysis:
     def _where(self, rank: int, call: Any, site: str | None) -> _Where:
         f = self.facts.get(rank) or RankFacts(rank=rank)
         if f.exit_code is not None and not self.ev.terminated(f.exit_code):
-            note = f"exited with code {f.exit_code}"
+            note = f.died or f"exited with code {f.exit_code}"
             where = self.ev.traceback_site(rank, f.exception) if f.exception else None
             ref = None
             if f.end_row is not None or f.row is not None:
@@ -680,13 +840,13 @@ class _Analysis:
                 waiting=reporters,
                 facts={
                     "other_op": "monitored_barrier",
-                    "other_site": self._log_site(barrier) or "?",
+                    "other_site": self._log_site(barrier),
                     "collective": _short(barrier["message"].iloc[0]),
                     "culprit_doing": "monitored_barrier timed out waiting for it",
                 },
                 refs=_error_refs(barrier, "monitored_barrier names the ranks that did not arrive"),
             )
-        timeouts = errors[errors["kind"].isin(list(TIMEOUT_KINDS))]
+        timeouts = errors[(errors["role"] == "timeout") | (errors["kind"] == "monitored_barrier")]
         if timeouts.empty:
             return None
         fields = timeouts["fields"].iloc[0]
@@ -728,8 +888,8 @@ class _Analysis:
             "other_shapes": norm[1],
             "culprit_dtypes": odd[2],
             "other_dtypes": norm[2],
-            "culprit_site": self._log_site(mismatch[mismatch["rank"].isin(culprits)]) or "?",
-            "other_site": self._log_site(mismatch[~mismatch["rank"].isin(culprits)]) or "?",
+            "culprit_site": self._log_site(mismatch[mismatch["rank"].isin(culprits)]),
+            "other_site": self._log_site(mismatch[~mismatch["rank"].isin(culprits)]),
             "collective": "as TORCH_DISTRIBUTED_DEBUG=DETAIL reported it",
         }
         cause = (
@@ -862,11 +1022,18 @@ class _Analysis:
         for r in ranks:
             if r in state:
                 continue
+            f = self.facts.get(r) or RankFacts(rank=r)
             if r not in self.evidence_ranks:
-                state[r] = "no evidence"
+                state[r] = "no record of this rank's calls" + (f" ({f.died})" if f.died else "")
                 continue
             site[r] = absent[r].site
-            state[r] = f"never called it: {absent[r].note}"
+            if self._known_absent(r):
+                state[r] = f"never called it: {absent[r].note}"
+            else:
+                state[r] = (
+                    f"no record of it (its record may stop early: no ring file, no end "
+                    f"event): {absent[r].note}"
+                )
         desc = rows["pg_desc"].dropna()
         return CollectiveInfo(
             pg=d.pg,
@@ -885,6 +1052,15 @@ class _Analysis:
             source=self.source,
         )
 
+    def _known_absent(self, rank: int) -> bool:
+        """Whether a rank's record of calls is whole, so a call missing from it was not made:
+        the probe's, when written durably at every call or flushed at its end; a dump's, up to
+        the moment it was taken."""
+        if self.source == "collectives":
+            f = self.facts.get(rank)
+            return f is not None and f.record_complete
+        return rank in self.evidence_ranks
+
     def _call_refs(self, d: align.Divergence) -> list[EvidenceRef]:
         rows = d.rows
         keys = rows["key"]
@@ -900,23 +1076,33 @@ class _Analysis:
                 out.append(EvidenceRef(table=self.source, row=int(row), rank=int(r), note=note))
         return out
 
-    def _require_evidence(self) -> None:
+    def _require_evidence(self) -> Diagnosis | None:
+        """Raise when there is nothing at all; an ``unknown`` diagnosis when there were files
+        but none could be read."""
         ev = self.ev
         if (
             self.calls.empty
             and ev.table("errors").empty
             and ev.table("logs").empty
+            and ev.table("events").empty
+            and ev.table("stacks").empty
             and all(f.exit_code is None for f in self.facts.values())
             and not ev.info
         ):
             where = f" in {ev.path}" if ev.path else ""
-            unread = "; ".join(self._unreadable())
+            unread = self._unreadable()
+            if unread:
+                self.missing_notes += [f"could not read {text}" for text in unread]
+                return self._unknown(
+                    f"Nothing{where} could be read: {len(unread)} file(s) were found but none "
+                    "holds readable evidence (see missing). The evidence cannot tell what "
+                    "happened."
+                )
             raise ValueError(
                 f"nothing to diagnose{where}: no probe events, flight-recorder entries, logs or "
-                "exit codes were found"
-                + (f" (unreadable: {unread})" if unread else "")
-                + "; pass a run directory or a folder with dumps or logs"
+                "exit codes were found; pass a run directory or a folder with dumps or logs"
             )
+        return None
 
     def _unreadable(self) -> list[str]:
         problems = self.ev.table("problems")
@@ -926,9 +1112,10 @@ class _Analysis:
         ]
 
     def _note_missing(self) -> None:
-        """Say what evidence is not there: ranks without records, and (then) the files that
-        could not be read, which may be why. Listing unreadable files loads every table, so it
-        is done only when something is missing."""
+        """Say what evidence is not there: ranks without records, ranks whose record stops
+        early (and why it may), and (then) the files that could not be read, which may be why.
+        Listing unreadable files loads every table, so it is done only when something is
+        missing."""
         notes = self.missing_notes
         world = sorted(set(self.ev.world).union(*self.members.values()))
         lacking = [r for r in world if r not in self.evidence_ranks]
@@ -941,8 +1128,41 @@ class _Analysis:
             notes.append(
                 "no record of collective calls (neither probe events nor flight-recorder entries)"
             )
+        early: dict[str, list[int]] = {}
+        for rank in world:
+            if rank in lacking:
+                continue
+            note = self._early_stop(self.facts.get(rank) or RankFacts(rank=rank))
+            if note:
+                early.setdefault(note, []).append(rank)
+        notes += [f"{_who(ranks)}: {note}" for note, ranks in early.items()]
         if notes:
             notes += [f"could not read {text}" for text in self._unreadable()]
+
+    def _early_stop(self, f: RankFacts) -> str | None:
+        """Why a rank's evidence may stop before its end, if it may."""
+        if f.signal == "SIGKILL":
+            kept = (
+                "its calls up to its death are in its ring file"
+                if f.ring
+                else (
+                    "its last calls (up to half a second of them) may be missing: it has no ring file"
+                )
+            )
+            return (
+                "no stacks or flight-recorder dump from its last moment: a process killed by "
+                f"SIGKILL cannot write them; {kept}"
+            )
+        complete = f.record_complete or self.source != "collectives"
+        if f.started and f.exit_code is not None and not complete:
+            at = _clock(f.last_seen_s)
+            return (
+                f"its record of calls stops{' at ' + at if at else ''} with no end event and "
+                "no ring file: calls after that are unknown"
+            )
+        if f.signal in SIGNAL_TEXT and f.stack_reason != f.signal:
+            return f"no stacks from its {f.signal}: faulthandler was not on (not probed?)"
+        return None
 
     def _torchrun_notes(self, culprits: list[int]) -> list[str]:
         errors = self.ev.table("errors")
@@ -954,7 +1174,7 @@ class _Analysis:
                 continue
             notes.append(
                 f"torchrun's summary names rank {named} as the root cause (its first observed "
-                f"failure); that rank failed only because {_who(culprits)} did not take part"
+                f"failure); that failure followed from {_who(culprits)}'s, above"
             )
             break
         return notes
@@ -1033,14 +1253,33 @@ def _some(where: dict[int, _Where], limit: int = 4) -> str:
     return text + (f"; and {more} more" if more > 0 else "")
 
 
-def _site_of(sites: pd.Series, rows: pd.DataFrame) -> str:
+def _site_of(sites: pd.Series, rows: pd.DataFrame) -> str | None:
     values = sites.loc[rows.index].dropna().unique().tolist()
-    return "/".join(map(str, values)) or "?"
+    return "/".join(map(str, values)) or None
+
+
+def _clock(t_s: float | None) -> str | None:
+    """``12:43:05.812`` (local time), or None."""
+    if t_s is None or not np.isfinite(t_s):
+        return None
+    return dt.datetime.fromtimestamp(t_s).strftime("%H:%M:%S.%f")[:-3]
+
+
+def _at(site: str | None) -> str:
+    """`` at train.py:12``, or nothing when the site is unknown."""
+    return f" at {site}" if site else ""
+
+
+#: What a native error text puts before its message: ``what():``, ``[enforce fail at x.cc:1]``,
+#: ``[/path/to/pair.cc:537]``.
+_NATIVE_PREFIX = re.compile(
+    r"^(?:what\(\):\s*)?(?:(?P<type>[\w.:]+: )?\[(?:enforce fail at )?[^\]\s]*:\d+\]\s*)?"
+)
 
 
 def _short(text: Any, limit: int = 200) -> str:
     text = "" if text is None or (isinstance(text, float) and np.isnan(text)) else str(text)
-    text = text.strip().split("\n", 1)[0]
+    text = _NATIVE_PREFIX.sub(lambda m: m["type"] or "", text.strip().split("\n", 1)[0])
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 

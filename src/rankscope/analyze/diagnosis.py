@@ -126,7 +126,7 @@ class Diagnosis:
             alike: dict[tuple[str, str], list[int]] = {}
             for rank in sorted(c.op_by_rank):
                 op, site = c.op_by_rank[rank], c.site_by_rank.get(rank)
-                what = f"{op} at {site or '?'}" if op else (f"at {site}" if site else "")
+                what = (op or "") + (f" at {site}" if site else "")
                 if op and shapes:
                     what += f" shapes {c.shapes_by_rank.get(rank)}"
                 if op and dtypes:

@@ -17,21 +17,22 @@ import pandas as pd
 
 from rankscope import schema
 from rankscope.analyze.align import is_user_file
+from rankscope.collect.signatures import SIGNATURES, VICTIM_ROLES
+from rankscope.rundir import signal_name
 
-#: Error kinds that are the symptom of another rank's problem, not a failure of their own.
-SYMPTOM_KINDS = frozenset(
-    {
-        "gloo_timeout",
-        "gloo_connection_closed",
-        "nccl_watchdog_timeout",
-        "collective_mismatch",
-        "monitored_barrier",
-        "torchrun_child_failed",
-        "nccl_warn",
-    }
-)
-#: Error kinds that say a collective waited until its timeout.
-TIMEOUT_KINDS = frozenset({"gloo_timeout", "nccl_watchdog_timeout", "monitored_barrier"})
+ROLE_OF_KIND = {s.kind: s.role for s in SIGNATURES}
+
+#: Reports by ranks that were left waiting: the ranks DETAIL compared, monitored_barrier's rank 0.
+WAITER_KINDS = frozenset({"collective_mismatch", "monitored_barrier"})
+#: What each fatal signal usually means, for a rank that died of it.
+SIGNAL_TEXT = {
+    "SIGKILL": "killed from outside: the kernel's OOM killer, a scheduler's limit or kill -9",
+    "SIGSEGV": "a segmentation fault in native code",
+    "SIGABRT": "aborted: a C++ exception or a failed assertion in native code",
+    "SIGBUS": "a bus error (a truncated memory-mapped file, or shared memory exhausted)",
+    "SIGILL": "an illegal instruction (native code built for another CPU)",
+    "SIGFPE": "an arithmetic fault in native code",
+}
 
 _OOM = re.compile(r"out of memory|OutOfMemoryError|can't allocate memory", re.IGNORECASE)
 _NAN = re.compile(r"\bnan\b|non-finite|not finite", re.IGNORECASE)
@@ -63,7 +64,12 @@ class Evidence:
         cache = self._tables
         if name not in cache:
             value = getattr(self.run, name, None)
-            cache[name] = schema.empty(name) if value is None else value
+            table = schema.empty(name) if value is None else value
+            if name == "errors" and table["role"].isna().any():
+                # a table built by hand: each kind's role is the catalogue's
+                role = table["role"].astype(object).fillna(table["kind"].map(ROLE_OF_KIND))
+                table = table.assign(role=role.astype("category"))
+            cache[name] = table
         return cache[name]
 
     def fr_frames(self, ranks: set[int]) -> pd.DataFrame:
@@ -128,6 +134,10 @@ class Evidence:
             f.row = pos
             f.exit_code = None if pd.isna(row.exit_code) else int(row.exit_code)
             f.ended_s = None if pd.isna(row.ended_s) else float(row.ended_s)
+            f.signal = signal_name(f.exit_code) if pd.isna(row.signal) else str(row.signal)
+            f.end_reason = None if pd.isna(row.end_reason) else str(row.end_reason)
+            f.last_seen_s = None if pd.isna(row.last_event_s) else float(row.last_event_s)
+            f.ring = bool(row.ring) if not pd.isna(row.ring) else False
         events = self.table("events")
         special = events[events["ev"].isin(["exception", "end", "start"])]
         for pos, row in zip(special.index, special.itertuples(index=False), strict=True):
@@ -150,13 +160,12 @@ class Evidence:
                 facts[rank].exiting = True
         summary = self.table("stack_summary")
         if not summary.empty:
-            latest = summary.assign(pos=range(len(summary)))
-            latest = latest.sort_values(["capture_id", "capture", "t_s"], na_position="first")
-            for row in latest.drop_duplicates("rank", keep="last").itertuples(index=False):
+            for row in _latest_captures(summary).itertuples(index=False):
                 f = facts.get(int(row.rank))
                 if f is not None:
                     f.stack_site = None if pd.isna(row.site) else str(row.site)
                     f.stack_waiting_in = None if pd.isna(row.waiting_in) else str(row.waiting_in)
+                    f.stack_reason = None if pd.isna(row.reason) else str(row.reason)
                     f.stack_row = int(row.pos)
         return facts
 
@@ -170,6 +179,14 @@ class Evidence:
         func = last["func"].fillna("").astype(str)
         in_end = func.isin(["end", "Probe.end"]) & last["file"].fillna("").str.contains(_PROBE_FILE)
         return set(last.loc[in_end.to_numpy(), "rank"].dropna().astype(int).tolist())
+
+    @cached_property
+    def waiters(self) -> set[int]:
+        """Ranks whose own texts say they waited on others: a victim's error (a timeout, a
+        peer's exit, a mismatch), or a report made while waiting (DETAIL, monitored_barrier)."""
+        errors = self.table("errors")
+        waiting = errors["role"].isin(list(VICTIM_ROLES)) | errors["kind"].isin(list(WAITER_KINDS))
+        return set(errors.loc[waiting, "rank"].dropna().astype(int).tolist())
 
     def terminated(self, code: int | None) -> bool:
         """An exit by SIGTERM, SIGINT or SIGHUP (torchrun or a stop ending a live rank), or by
@@ -216,3 +233,46 @@ class RankFacts:
     stack_row: int | None = None
     exiting: bool = False
     """The rank's last captured stack shows it past its script, in the probe's exit handler."""
+    signal: str | None = None
+    """The signal that ended the process (``SIGKILL`` for exit code -9)."""
+    end_reason: str | None = None
+    """Why the probe's end event was written: ``exit``, ``exception``, ``os._exit``, or the
+    teardown signal (``SIGTERM``); None when the process ended without one (killed)."""
+    last_seen_s: float | None = None
+    """Time of the rank's last recorded event or call."""
+    ring: bool = False
+    """Its calls were recorded durably as they were made (a ring file): none is missing."""
+    stack_reason: str | None = None
+    """Why its latest stacks were taken: ``stall``, ``SIGTERM``, ``SIGSEGV``, ..."""
+
+    @property
+    def record_complete(self) -> bool:
+        """Whether its record of calls is whole up to its end: written durably at every call,
+        or flushed by its end event (or a clean exit, which runs it). A rank without either
+        may have made calls after its last recorded one."""
+        return self.ring or self.end_reason is not None or self.exit_code == 0
+
+    @property
+    def died(self) -> str | None:
+        """How it ended when that was not a clean exit: ``killed by SIGKILL`` (exit -9),
+        ``exited with code 3``; None for exit 0 or an unknown exit."""
+        if self.exit_code is None or self.exit_code == 0:
+            return None
+        if self.signal:
+            return f"died of {self.signal} (exit code {self.exit_code})"
+        return f"exited with code {self.exit_code}"
+
+
+def _latest_captures(summary: pd.DataFrame) -> pd.DataFrame:
+    """Each rank's latest stack capture (with its position ``pos`` in ``summary``): the last one
+    of the rank's own ``stacks.txt``, which the probe appends to, where it has one (a fatal
+    signal's dump there has no capture id or time); else the newest by id and time."""
+    latest = summary.assign(
+        pos=range(len(summary)),
+        own=summary["source"].fillna("").str.endswith("stacks.txt")
+        & ~summary["source"].fillna("").str.startswith("evidence/"),
+    )
+    latest = latest.sort_values(["own", "capture_id", "t_s", "capture"], na_position="first")
+    own = latest[latest["own"]].sort_values(["rank", "capture"], kind="stable")
+    latest = pd.concat([latest[~latest["own"]], own])
+    return latest.drop_duplicates("rank", keep="last")

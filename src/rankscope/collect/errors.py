@@ -22,7 +22,7 @@ from rankscope.collect.logs import line_time, read_logs
 from rankscope.collect.signatures import INT_FIELDS, SIGNATURES, Signature
 from rankscope.rundir import torchrun_failures
 
-_COLUMNS = ("rank", "t_s", "kind", "recipe", "message", "fields", "source", "line_no")
+_COLUMNS = ("rank", "t_s", "kind", "role", "recipe", "message", "fields", "source", "line_no")
 #: Which copy of a message wins: the rank's own output, then error.json, then the launcher's.
 _PRIORITY = {"stdout": 0, "stderr": 0, "log": 0, "nccl": 0, "error_file": 1, "launcher": 2}
 _FINGERPRINT = re.compile(r"Rank (?P<rank>\d+) is running collective: CollectiveFingerPrint\(")
@@ -50,14 +50,17 @@ def find_errors(
 ) -> pd.DataFrame:
     """Known error signatures in a ``logs`` table (and the WARN lines of an ``nccl`` table).
 
+    ``role`` is what the text says of the rank that logged it (:data:`~rankscope.collect.
+    signatures.ROLES`): ``mismatch``, ``peer_exit`` and ``timeout`` make it a victim of another
+    rank's mismatch, exit or delay, never the culprit by that text alone.
     ``fields`` holds what each signature parses (see the catalogue): a gloo timeout's
     ``timeout_ms`` and ``operation``, the watchdog's ``seq``/``op_type``/``numel_in``/
     ``numel_out``/``timeout_ms``, both fingerprints of a DETAIL mismatch, torchrun's root-cause
     rank, exit code and signal, ... Example::
 
-           rank  t_s               kind recipe                                             message                                             fields                                  source  line_no
-        0     0  <NA>  collective_mismatch    D21  RuntimeError: Detected mismatch between colle...  {'rank_a': 0, 'op_type_a': 'ALLGATHER', 'rank...  logs/node0/x_ab/attempt_0/0/stderr.log       12
-        1     1  <NA>       gloo_timeout    D19  RuntimeError: [../unbound_buffer.cc:78] Timed...  {'timeout_ms': 3000, 'operation': 'recv', ...}  logs/node0/x_ab/attempt_0/1/stderr.log        9
+           rank  t_s               kind     role recipe                                             message                                             fields                                  source  line_no
+        0     0  <NA>  collective_mismatch   report    D19  RuntimeError: Detected mismatch between colle...  {'rank_a': 0, 'op_type_a': 'ALLGATHER', 'rank...  logs/node0/x_ab/attempt_0/0/stderr.log       12
+        1     1  <NA>       gloo_timeout  timeout    D19  RuntimeError: [../unbound_buffer.cc:78] Timed...  {'timeout_ms': 3000, 'operation': 'recv', ...}  logs/node0/x_ab/attempt_0/1/stderr.log        9
 
     Args:
         logs: the ``logs`` table (:func:`~rankscope.collect.read_logs`); never modified.
@@ -131,6 +134,7 @@ def _scan(logs: pd.DataFrame, catalogue: Sequence[Signature]) -> list[dict[str, 
                     "rank": rank,
                     "t_s": t_s,
                     "kind": sig.kind,
+                    "role": sig.role,
                     "recipe": sig.recipe,
                     "message": line.strip(),
                     "fields": fields,
@@ -255,6 +259,7 @@ def _nccl_warnings(nccl: pd.DataFrame, catalogue: Sequence[Signature]) -> list[d
             "rank": r["rank"],
             "t_s": r["t_s"],
             "kind": sig.kind,
+            "role": sig.role,
             "recipe": sig.recipe,
             "message": r["message"],
             "fields": {

@@ -1,16 +1,25 @@
-"""The probe's events (``ranks/<rank>/events.jsonl``) and the collective calls they describe."""
+"""The probe's events (``ranks/<rank>/events.jsonl``) and the collective calls they describe.
+
+A rank's last calls are also in its ring files (``calls-<pid>.ring``, written as each call is
+entered and returns, so they survive a process that dies before its events are flushed): a call
+the ring holds and the events do not is added from the ring, with its facts from the ``facts``
+lines, which the probe writes before the first call that has them goes on.
+"""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from rankscope.collect._common import (
     Problems,
+    Source,
     SourceLike,
     as_sources,
     columns,
@@ -21,14 +30,16 @@ from rankscope.collect._common import (
     split_lines,
 )
 from rankscope.collect._values import as_float, as_int, as_str
+from rankscope.rundir import RING_HEADER, RING_MAGIC, RING_SLOT, RING_VERSION
 
 READER = "events"
+RING_READER = "ring"
 
 _EVENT_COLUMNS = ("rank", "ev", "t_s", "coll_id", "op", "pg", "seq", "step", "done", "ok")
 _EVENT_COLUMNS += ("code", "message", "capture_id")
 _ENTER_COLUMNS = ("rank", "life", "coll_id", "pg", "pg_desc", "pg_ranks", "pg_size", "seq", "op")
 _ENTER_COLUMNS += ("peer", "shapes", "dtypes", "async_op", "file", "line", "func", "site")
-_ENTER_COLUMNS += ("t_start_s",)
+_ENTER_COLUMNS += ("thread", "t_start_s")
 _EXIT_COLUMNS = ("rank", "life", "coll_id", "x_op", "x_pg", "x_seq", "duration_s", "t_end_s")
 _EXIT_COLUMNS += ("ok", "error")
 
@@ -66,19 +77,29 @@ def read_collectives(
 
 
 def parse_events(
-    sources: Iterable[SourceLike], *, problems: Problems | None = None
+    sources: Iterable[SourceLike],
+    *,
+    rings: Iterable[SourceLike] = (),
+    problems: Problems | None = None,
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Both tables from one pass over the files: (events, collectives)."""
+    """Both tables from one pass over the files: (events, collectives).
+
+    ``rings`` are the probe's ring files (``calls-<pid>.ring``): calls they hold that the events
+    files lack (a rank that died before its thread wrote them) are added, as ``enter`` and
+    ``exit`` events of the process (``life``) whose ``start`` event has the ring's pid.
+    """
     problems = problem_list(problems)
     events: list[tuple[Any, ...]] = []
     enters: list[tuple[Any, ...]] = []
     exits: list[tuple[Any, ...]] = []
+    lives: dict[int | None, list[_Life]] = {}
     for source in as_sources(sources):
         data = read_bytes(source, problems, READER)
         if data is None:
             continue
         bad: list[int] = []
-        life = 0
+        mine = lives.setdefault(source.rank, [])
+        life = _Life(number=0) if not mine else mine[-1]
         for no, line in enumerate(split_lines(decode_text(data, source, problems, READER)), 1):
             if not line.strip():
                 continue
@@ -92,12 +113,21 @@ def parse_events(
             kind = as_str(ev.get("ev"))
             rank = as_int(ev.get("rank"))
             rank = source.rank if rank is None else rank
-            life += kind == "start"
+            if kind == "start":
+                life = _Life(number=life.number + 1, pid=as_int(ev.get("pid")), rank=rank)
+                lives.setdefault(source.rank, []).append(life)
+            if kind == "facts":
+                fid = as_int(ev.get("facts"))
+                if fid is not None:
+                    life.facts[fid] = ev
+                continue
             events.append(_event(ev, kind, rank))
             if kind == "enter":
-                enters.append(_enter(ev, rank, life))
+                enters.append(_enter(ev, rank, life.number))
+                life.entered.add(as_int(ev.get("id")))
             elif kind == "exit":
-                exits.append(_exit(ev, rank, life))
+                exits.append(_exit(ev, rank, life.number))
+                life.exited.add(as_int(ev.get("id")))
         if bad:
             problems.add(
                 source,
@@ -105,10 +135,162 @@ def parse_events(
                 f"{len(bad)} line(s) are not JSON objects and were skipped "
                 f"(first: line {bad[0]}; a write torn by a kill, or not an events file)",
             )
+    for source in as_sources(rings):
+        ring = read_ring(source, problems)
+        if ring is None:
+            continue
+        life = _life_of(ring, source, lives, problems)
+        for ev in _ring_events(ring, life):
+            kind = ev["ev"]
+            events.append(_event(ev, kind, ev["rank"]))
+            if kind == "enter":
+                enters.append(_enter(ev, ev["rank"], life.number))
+            else:
+                exits.append(_exit(ev, ev["rank"], life.number))
     return (
         finish("events", columns(_EVENT_COLUMNS, events)),
         _pair(columns(_ENTER_COLUMNS, enters), columns(_EXIT_COLUMNS, exits)),
     )
+
+
+@dataclass
+class _Life:
+    """One process of a rank, as its events file tells it (from its ``start`` event on)."""
+
+    number: int
+    pid: int | None = None
+    rank: int | None = None
+    facts: dict[int, dict[str, Any]] = field(default_factory=dict)
+    entered: set[int | None] = field(default_factory=set)
+    exited: set[int | None] = field(default_factory=set)
+
+
+#: A ring slot as NumPy reads it (``rankscope.rundir.RING_SLOT``).
+_SLOT = np.dtype(
+    [
+        ("cid", "<u8"),
+        ("seq", "<i8"),
+        ("t", "<f8"),
+        ("t_end", "<f8"),
+        ("fid", "<u4"),
+        ("state", "<u4"),
+        ("tid", "<u8"),
+        ("pad", "V16"),
+    ]
+)
+assert _SLOT.itemsize == RING_SLOT.size
+
+
+@dataclass(frozen=True)
+class Ring:
+    """A ring file read: its header, and its whole slots in call order."""
+
+    pid: int
+    rank: int
+    created_s: float
+    slots: np.ndarray
+    """Structured array (cid, seq, t, t_end, fid, state, tid) of the slots holding a call."""
+
+
+def read_ring(source: SourceLike, problems: Problems | None = None) -> Ring | None:
+    """One ring file; ``None`` (and a row in ``problems``) when it is not one.
+
+    Slots being written when the process died are left out and reported; so is a file cut
+    short (its whole slots are read)."""
+    problems = problem_list(problems)
+    (source,) = as_sources([source])
+    data = read_bytes(source, problems, RING_READER)
+    if data is None:
+        return None
+    if len(data) < RING_HEADER.size or data[:8] != RING_MAGIC:
+        problems.add(source, RING_READER, "not a rankscope ring file (no RSRING01 header)")
+        return None
+    _, version, slot_size, nslots, pid, rank, created = RING_HEADER.unpack_from(data)
+    if version != RING_VERSION or slot_size != RING_SLOT.size:
+        problems.add(
+            source,
+            RING_READER,
+            f"ring version {version} with {slot_size}-byte slots; this rankscope reads version "
+            f"{RING_VERSION} ({RING_SLOT.size}-byte slots)",
+        )
+        return None
+    body = len(data) - RING_HEADER.size
+    whole = min(nslots, body // RING_SLOT.size)
+    if whole < nslots:
+        problems.add(
+            source,
+            RING_READER,
+            f"cut short: {whole} of {nslots} slots are whole (a copy that did not finish?)",
+        )
+    elif body > nslots * RING_SLOT.size:
+        problems.add(
+            source,
+            RING_READER,
+            f"{body - nslots * RING_SLOT.size} bytes more than its {nslots} slots: not read "
+            "(a corrupted file?)",
+        )
+    slots = np.frombuffer(data, dtype=_SLOT, count=whole, offset=RING_HEADER.size)
+    used = slots["cid"] != 0
+    raw = np.frombuffer(data, dtype=np.uint8, count=whole * RING_SLOT.size, offset=RING_HEADER.size)
+    torn = int((~used & raw.reshape(whole, RING_SLOT.size).any(axis=1)).sum()) if whole else 0
+    if torn:
+        problems.add(
+            source,
+            RING_READER,
+            f"{torn} slot(s) torn (being written when the process ended); their call is unknown",
+        )
+    slots = slots[used]
+    return Ring(pid=pid, rank=rank, created_s=created, slots=slots[np.argsort(slots["cid"])])
+
+
+def _life_of(
+    ring: Ring, source: Source, lives: dict[int | None, list[_Life]], problems: Problems
+) -> _Life:
+    rank = ring.rank if source.rank is None else source.rank
+    mine = lives.get(rank) or []
+    for life in mine:
+        if life.pid == ring.pid:
+            return life
+    problems.add(
+        source,
+        RING_READER,
+        f"no start event of process {ring.pid} in rank {rank}'s events: its calls are added "
+        "without their op, group or call site",
+    )
+    return _Life(number=(mine[-1].number if mine else 0), pid=ring.pid, rank=rank)
+
+
+def _ring_events(ring: Ring, life: _Life) -> list[dict[str, Any]]:
+    """Enter and exit events, as the probe writes them, for what the ring holds and the events
+    file does not."""
+    slots = ring.slots
+    known = np.fromiter((c for c in life.entered if c is not None), dtype=np.uint64)
+    done = np.fromiter((c for c in life.exited if c is not None), dtype=np.uint64)
+    todo = ~np.isin(slots["cid"], known) | ((slots["state"] != 0) & ~np.isin(slots["cid"], done))
+    rank = ring.rank if life.rank is None else life.rank
+    out = []
+    for cid, seq, t, t_end, fid, state, tid, _ in slots[todo].tolist():
+        facts = life.facts.get(fid, {})
+        if cid not in life.entered:
+            enter = {k: v for k, v in facts.items() if k not in ("ev", "facts", "t", "rank")}
+            enter.update(ev="enter", id=cid, seq=seq, tid=tid, t=t, rank=rank)
+            out.append(enter)
+        if state != 0 and cid not in life.exited:
+            out.append(
+                {
+                    "ev": "exit",
+                    "id": cid,
+                    "op": facts.get("op"),
+                    "pg": facts.get("pg"),
+                    "seq": seq,
+                    "dur_s": t_end - t,
+                    "ok": state == 1,
+                    "error": None,
+                    "t": t_end,
+                    "rank": rank,
+                }
+            )
+    return out
 
 
 def _event(ev: dict[str, Any], kind: str | None, rank: Any) -> tuple[Any, ...]:
@@ -117,7 +299,7 @@ def _event(ev: dict[str, Any], kind: str | None, rank: Any) -> tuple[Any, ...]:
         message = f"{as_str(ev.get('type')) or 'Exception'}: {as_str(ev.get('message')) or ''}"
     elif kind == "exit":
         message = as_str(ev.get("error"))
-    elif kind == "capture":
+    elif kind in ("capture", "end"):
         message = as_str(ev.get("reason"))
     coll = ev.get("coll") if kind == "heartbeat" else ev.get("id")
     return (
@@ -159,6 +341,7 @@ def _enter(ev: dict[str, Any], rank: Any, life: int) -> tuple[Any, ...]:
         line,
         as_str(ev.get("func")),
         None if file is None else f"{_basename(file)}:{line}",
+        _thread(ev.get("tid")),
         as_float(ev.get("t")),
     )
 
@@ -197,6 +380,11 @@ def _pair(enters: dict[str, list[Any]], exits: dict[str, list[Any]]) -> pd.DataF
         "collectives",
         both.drop(columns=["life", "x_op", "x_pg", "x_seq", "_merge"]),
     )
+
+
+def _thread(tid: Any) -> str | None:
+    """A thread's ident as faulthandler prints it (``0x00007f...``), to match the stacks."""
+    return f"0x{tid:016x}" if type(tid) is int and tid >= 0 else None
 
 
 def _peer(value: Any) -> str | None:

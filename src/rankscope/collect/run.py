@@ -30,12 +30,13 @@ from rankscope.collect.flight_recorder import load_flight_recorder, read_fr_fram
 from rankscope.collect.logs import read_logs, stream_of
 from rankscope.collect.nccl import load_nccl
 from rankscope.collect.stacks import read_stacks, summarize_stacks
-from rankscope.rundir import RunDir, torchrun_failures
+from rankscope.rundir import RING_MAGIC, RunDir, signal_name, torchrun_failures
 
 _ATTEMPT = re.compile(r"attempt_(\d+)$")
 _NODE = re.compile(r"node(\d+)$")
 _CAPTURE = re.compile(r"capture-(\d+)$")
 _LAUNCHER = re.compile(r"launcher(?:\.node(\d+))?\.log$")
+_RING = re.compile(r"calls-\d+\.ring")
 _NCCL_LINE = re.compile(
     rb"(?m)^(?:\[[^\]\n]*\][: ]?)*\S+:\d+:\d+ (?:\[-?\d+\] )?.{0,80}?NCCL (?:INFO|WARN|TRACE|CALL) |^NCCL version "
 )
@@ -52,6 +53,7 @@ class Inventory:
     """Every file found, by the reader that takes it, and what the layout says about ranks."""
 
     events: list[Source] = field(default_factory=list)
+    rings: list[Source] = field(default_factory=list)
     logs: list[Source] = field(default_factory=list)
     nccl: list[Source] = field(default_factory=list)
     flight_recorder: list[Source] = field(default_factory=list)
@@ -126,7 +128,7 @@ class Run:
         inv, problems = self.inventory, self._problems
 
         def events() -> dict[str, pd.DataFrame]:
-            ev, coll = parse_events(inv.events, problems=problems)
+            ev, coll = parse_events(inv.events, rings=inv.rings, problems=problems)
             return {"events": ev, "collectives": coll}
 
         def logs() -> dict[str, pd.DataFrame]:
@@ -335,6 +337,8 @@ def _rank_file(inv: Inventory, path: Path, name: str, rank: int) -> None:
     source = Source(path, name, rank=rank)
     if path.name == "events.jsonl":
         inv.events.append(source)
+    elif _RING.fullmatch(path.name):
+        inv.rings.append(source)
     elif path.name == "stacks.txt":
         inv.stacks.append(source)
     elif path.name == "nccl.log" or path.name.startswith("nccl"):
@@ -509,6 +513,8 @@ def _kind_by_name(name: str) -> str | None:
         return "stacks"
     if name.endswith("events.jsonl"):
         return "events"
+    if name.endswith(".ring"):
+        return "rings"
     if name == "error.json":
         return "error_file"
     if name.endswith((".pkl", ".pickle")) or _FR_NAME.search(name):
@@ -517,6 +523,8 @@ def _kind_by_name(name: str) -> str | None:
 
 
 def _kind_by_content(head: bytes, suffix: str) -> str | None:
+    if head.startswith(RING_MAGIC):
+        return "rings"
     lead = head.lstrip()[:1]
     if lead == b"\x80":
         return "flight_recorder"
@@ -554,7 +562,7 @@ def _ranks_table(
     failure summary."""
     seen = {
         s.rank
-        for group in (inv.events, inv.logs, inv.nccl, inv.flight_recorder, inv.stacks)
+        for group in (inv.events, inv.rings, inv.logs, inv.nccl, inv.flight_recorder, inv.stacks)
         for s in group
         if s.rank is not None
     }
@@ -563,6 +571,7 @@ def _ranks_table(
     seen |= {r for r in map(as_int, recorded) if r is not None}
     failures = torchrun_failures(launcher_text)
     by_rank = {r: g for r, g in events.groupby("rank", sort=False)} if len(events) else {}
+    ringed = {s.rank for s in inv.rings}
     rows = []
     world = as_int(info.get("world_size"))
     for rank in sorted(seen):
@@ -591,7 +600,10 @@ def _ranks_table(
                 "started_s": as_float(start.get("t")),
                 "ended_s": None if ends is None or not len(ends) else ends["t_s"].iloc[-1],
                 "exit_code": code,
+                "signal": signal_name(code),
+                "end_reason": None if ends is None or not len(ends) else ends["message"].iloc[-1],
                 "last_event_s": None if evs is None else evs["t_s"].max(),
+                "ring": rank in ringed,
             }
         )
     columns = list(schema.RANKS)

@@ -4,8 +4,9 @@ Each entry says what it is (``kind``), a plain substring that every matching lin
 (``literal``, checked first and vectorised, so most lines are never regex-matched), the regex
 whose named groups become the parsed ``fields``, how many following lines may hold more fields
 (``follow`` and ``more``, for messages that torch spreads over several lines), and the recipe
-(D1-D23 of the recipe guide) it points to. To add a signature, add an entry; the texts quoted
-in the comments are real ones.
+(D1-D23 of the recipe guide) it points to, and what the text says of the rank that logged it
+(``role``, one of :data:`ROLES`). To add a signature, add an entry; the texts quoted in the
+comments are real ones.
 
 Named groups ending in ``_ms``, ``_rank``, ``seq`` and the like are converted to ints by
 :data:`INT_FIELDS`; ``parser`` names a function in :mod:`rankscope.collect.errors` for the two
@@ -17,6 +18,20 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+#: What a text says of the rank that logged it. The first three make it a victim: it suffered
+#: another rank's mismatch, exit or delay, and is never the culprit by that text alone.
+ROLES = {
+    "mismatch": "its peers' calls did not match its own (which side is odd, the calls tell)",
+    "peer_exit": "a peer went away (crashed, was killed or exited) while it talked to it",
+    "timeout": "it waited in a collective until a timeout",
+    "own": "a failure of its own (out of memory, DDP's unused parameters)",
+    "launch": "the job's set-up failed (environment, port, rendezvous, hostfile, device)",
+    "abort": "the process aborted itself; why is in the lines around it",
+    "report": "a report naming ranks (torchrun's summary, DETAIL fingerprints, monitored_barrier)",
+    "warning": "a warning (NCCL WARN)",
+}
+VICTIM_ROLES = frozenset({"mismatch", "peer_exit", "timeout"})
+
 
 @dataclass(frozen=True)
 class Signature:
@@ -24,10 +39,14 @@ class Signature:
     recipe: str | None
     literal: str
     regex: re.Pattern[str]
+    role: str
     follow: int = 0
     more: tuple[re.Pattern[str], ...] = ()
     parser: str | None = None
     doc: str = ""
+
+    def __post_init__(self) -> None:
+        assert self.role in ROLES, self.role
 
 
 def _re(pattern: str) -> re.Pattern[str]:
@@ -49,6 +68,12 @@ INT_FIELDS = frozenset(
         "device",
         "peer_port",
         "line",
+        "from_rank",
+        "got_bytes",
+        "expected_bytes",
+        "comm_rank",
+        "last_enqueued",
+        "last_completed",
     }
 )
 
@@ -59,6 +84,7 @@ SIGNATURES: tuple[Signature, ...] = (
         kind="gloo_timeout",
         recipe="D19",
         literal="Timed out waiting",
+        role="timeout",
         regex=_re(
             r"(?:\[(?P<where>[^\]]*?gloo[^\]]*)\] )?Timed out waiting (?P<timeout_ms>\d+)ms for "
             r"(?P<operation>send|recv) operation to complete"
@@ -71,6 +97,7 @@ SIGNATURES: tuple[Signature, ...] = (
         kind="gloo_connection_closed",
         recipe="D20",
         literal=" by peer",
+        role="peer_exit",
         regex=_re(
             r"(?:\[(?P<where>[^\]]*?pair\.cc:\d+)\] )?(?:Read error .*?)?"
             r"Connection (?P<how>closed|reset) by peer(?: \[(?P<peer_addr>[^\]]+)\]:(?P<peer_port>\d+))?"
@@ -84,6 +111,7 @@ SIGNATURES: tuple[Signature, ...] = (
         kind="nccl_watchdog_timeout",
         recipe="D19",
         literal="Watchdog caught collective operation timeout",
+        role="timeout",
         regex=_re(
             r"(?:\[Rank (?P<reporting_rank>\d+)\] )?Watchdog caught collective operation timeout: "
             r"WorkNCCL\((?:SeqNum=(?P<seq>\d+), )?OpType=(?P<op_type>\w+)"
@@ -99,11 +127,96 @@ SIGNATURES: tuple[Signature, ...] = (
     # differ in the following aspects: \t Op type: ALLGATHERvs ALLREDUCE
     Signature(
         kind="collective_mismatch",
-        recipe="D21",
+        recipe="D19",
         literal="Detected mismatch between collectives",
+        role="report",
         regex=_re(r"Detected mismatch between collectives on ranks\."),
         parser="fingerprints",
         doc="TORCH_DISTRIBUTED_DEBUG=DETAIL found ranks calling different collectives",
+    ),
+    # terminate called after throwing an instance of 'gloo::EnforceNotMet'
+    #   what():  [enforce fail at ../gloo/transport/tcp/pair.cc:456] op.preamble.length <=
+    #   op.nbytes. 10 vs 8. Received data size doesn't match expected size. Is there a
+    #   distributed collective mismatch in your code?
+    # (gloo's background thread: a peer sent more bytes than this rank's call expects)
+    Signature(
+        kind="gloo_size_mismatch",
+        recipe="D19",
+        literal="Received data size doesn't match expected size",
+        role="mismatch",
+        regex=_re(
+            r"(?:op\.preamble\.length <= op\.nbytes\. (?P<got_bytes>\d+) vs "
+            r"(?P<expected_bytes>\d+)\. )?Received data size doesn't match expected size"
+        ),
+        doc="gloo received more bytes from a peer than this rank's collective expects: the ranks "
+        "passed different sizes (or ops) to the same collective",
+    ),
+    # terminate called after throwing an instance of 'gloo::EnforceNotMet'
+    # terminate called after throwing an instance of 'c10::DistBackendError'
+    Signature(
+        kind="cpp_abort",
+        recipe="D20",
+        literal="terminate called after throwing",
+        role="abort",
+        regex=_re(r"terminate called after throwing an instance of '(?P<exception>[^']+)'"),
+        follow=2,
+        more=(_re(r"what\(\):\s+(?P<what>\S.*)"),),
+        doc="a C++ exception escaped a thread of torch or its backend and aborted the process "
+        "(SIGABRT)",
+    ),
+    # [rank1]:[E1010 06:10:06 ProcessGroupNCCL.cpp:758] [Rank 1] To avoid data inconsistency, we
+    # are taking the entire process down.
+    Signature(
+        kind="nccl_async_abort",
+        recipe="D19",
+        literal="taking the entire process down",
+        role="abort",
+        regex=_re(
+            r"(?:\[Rank (?P<reporting_rank>\d+)\] )?(?:Some NCCL operations have failed or timed "
+            r"out\..*?)?To avoid (?:data|this) inconsistency, we are taking the entire process down"
+        ),
+        doc="NCCL's watchdog found a failed or timed-out collective and ends the process "
+        "(TORCH_NCCL_ASYNC_ERROR_HANDLING)",
+    ),
+    # [E ProcessGroupNCCL.cpp:852] [Rank 16] NCCL watchdog thread terminated with exception: NCCL
+    # error: remote process exited or there was a network error, NCCL version 2.19.3
+    # ncclRemoteError: A call failed possibly due to a network error or a remote process exiting
+    # prematurely.
+    Signature(
+        kind="nccl_remote_error",
+        recipe="D20",
+        literal="remote process exit",
+        role="peer_exit",
+        regex=_re(
+            r"remote process exited or there was a network error|A call failed possibly due to a "
+            r"network error or a remote process exiting prematurely"
+        ),
+        doc="NCCL lost a peer: another rank's process ended (or the network between them failed)",
+    ),
+    # DistBackendError: NCCL communicator was aborted on rank 1.
+    Signature(
+        kind="nccl_comm_aborted",
+        recipe="D19",
+        literal="NCCL communicator was aborted",
+        role="abort",
+        regex=_re(r"NCCL communicator was aborted on rank (?P<comm_rank>\d+)"),
+        doc="the rank's NCCL communicator was aborted (by its watchdog, after an error or timeout)",
+    ),
+    # [rank6]:[E703 21:51:54.11 ProcessGroupNCCL.cpp:1987] [PG ID 0 PG GUID 0(default_pg) Rank 6]
+    # Received a dump signal due to a collective timeout from  rank 7 and we will try our best to
+    # dump the debug info. Last enqueued NCCL work: 56116, last completed NCCL work: 56116.
+    Signature(
+        kind="nccl_dump_signal",
+        recipe="D19",
+        literal="Received a dump signal due to a collective timeout",
+        role="timeout",
+        regex=_re(
+            r"Received a dump signal due to a collective timeout from\s+(?:rank\s+(?P<from_rank>\d+)"
+            r"|this local rank)"
+            r"(?:.*?Last enqueued NCCL work: (?P<last_enqueued>-?\d+), last completed NCCL work: "
+            r"(?P<last_completed>-?\d+))?"
+        ),
+        doc="a rank's watchdog timed out and asked every rank to dump its flight recorder",
     ),
     # RuntimeError: [Rank 0]: Rank 1 failed to pass monitoredBarrier in 2000 ms
     # RuntimeError: [Rank 0]: Ranks 1, 3 failed to pass monitoredBarrier in 2000 ms
@@ -111,6 +224,7 @@ SIGNATURES: tuple[Signature, ...] = (
         kind="monitored_barrier",
         recipe="D20",
         literal="failed to pass monitoredBarrier",
+        role="report",
         regex=_re(
             r"(?:\[Rank (?P<reporting_rank>\d+)\]: )?Ranks? (?P<failed_ranks>\d+(?:, \d+)*) "
             r"failed to pass monitoredBarrier in (?P<timeout_ms>\d+) ms"
@@ -123,6 +237,7 @@ SIGNATURES: tuple[Signature, ...] = (
         kind="ddp_unused_parameters",
         recipe="D8",
         literal="Expected to have finished reduction",
+        role="own",
         regex=_re(r"Expected to have finished reduction in the prior iteration"),
         follow=8,
         more=(
@@ -140,6 +255,7 @@ SIGNATURES: tuple[Signature, ...] = (
         kind="torchrun_child_failed",
         recipe="D20",
         literal="ChildFailedError",
+        role="report",
         regex=_re(r"\bChildFailedError:"),
         follow=400,
         parser="child_failed",
@@ -151,6 +267,7 @@ SIGNATURES: tuple[Signature, ...] = (
         kind="env_missing",
         recipe="D1",
         literal="expected, but not set",
+        role="launch",
         regex=_re(r"[Ee]nvironment variable (?P<variable>\w+) expected, but not set"),
         doc="the process was started without the launcher's RANK/WORLD_SIZE/MASTER_* contract",
     ),
@@ -161,6 +278,7 @@ SIGNATURES: tuple[Signature, ...] = (
         kind="address_in_use",
         recipe="D4",
         literal="lready in use",
+        role="launch",
         regex=_re(r"(?:port: (?P<port>\d+).*?)?[Aa]ddress already in use"),
         doc="the rendezvous port is taken, usually by another job on the same host",
     ),
@@ -171,6 +289,7 @@ SIGNATURES: tuple[Signature, ...] = (
         kind="rendezvous_timeout",
         recipe="D2",
         literal="RendezvousTimeoutError",
+        role="launch",
         regex=_re(r"^\s*(?:[\w.]+\.)?RendezvousTimeoutError\b:?\s*(?P<detail>.*)$"),
         doc="torchrun's agents waited out the join timeout for nodes that never joined",
     ),
@@ -181,6 +300,7 @@ SIGNATURES: tuple[Signature, ...] = (
         kind="deepspeed_hostfile",
         recipe="D6",
         literal="ValueError: Hostfile",
+        role="launch",
         regex=_re(
             r"ValueError: Hostfile (?P<problem>contains a bad entry: (?P<entry>.*?), unable to "
             r"proceed with launching|contains multiple entries for (?P<host>\S+), unable to "
@@ -194,6 +314,7 @@ SIGNATURES: tuple[Signature, ...] = (
         kind="cuda_oom",
         recipe="D20",
         literal="CUDA out of memory",
+        role="own",
         regex=_re(
             r"CUDA out of memory\.(?: Tried to allocate (?P<requested>[\d.]+ \w+)\.)?"
             r"(?: GPU (?P<device>\d+) has a total capacity of (?P<capacity>[\d.]+ \w+) of which "
@@ -206,6 +327,7 @@ SIGNATURES: tuple[Signature, ...] = (
         kind="invalid_device_ordinal",
         recipe="D3",
         literal="invalid device ordinal",
+        role="launch",
         regex=_re(r"(?:CUDA|HIP) error: invalid device ordinal"),
         doc="a process asked for a GPU index the node does not have (RANK used for LOCAL_RANK)",
     ),
@@ -215,6 +337,7 @@ SIGNATURES: tuple[Signature, ...] = (
         kind="nccl_warn",
         recipe="D19",
         literal="NCCL WARN",
+        role="warning",
         regex=_re(
             r"(?:(?P<file>[\w/.\-]+):(?P<line>\d+) (?:\([^)]*\) )?)?NCCL WARN (?P<warning>.*)"
         ),

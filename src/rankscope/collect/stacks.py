@@ -28,7 +28,16 @@ from rankscope.collect._values import as_int, as_str
 
 READER = "stacks"
 
-_MARKER = re.compile(r"# rankscope capture id=(?P<id>\S+) t=(?P<t>\S+)")
+_MARKER = re.compile(r"# rankscope capture id=(?P<id>\S+) t=(?P<t>\S+)(?: reason=(?P<reason>\S+))?")
+#: faulthandler's first line when a fatal signal ends the process, and the signals' names.
+_FATAL = re.compile(r"Fatal Python error: (?P<what>.*?)\s*$")
+_FATAL_SIGNALS = {
+    "Segmentation fault": "SIGSEGV",
+    "Aborted": "SIGABRT",
+    "Bus error": "SIGBUS",
+    "Illegal instruction": "SIGILL",
+    "Floating-point exception": "SIGFPE",
+}
 _FH_THREAD = re.compile(
     r"(?P<current>Current thread|Thread) (?P<tid>0x[0-9a-fA-F]+)(?: \[(?P<name>[^\]]*)\])?"
     r" \(most recent call first\):|Stack \(most recent call first\):"
@@ -56,6 +65,7 @@ class _Capture:
     tool: str
     capture_id: int | None
     t_s: float | None
+    reason: str | None = None
     threads: list[_Thread] = field(default_factory=list)
 
 
@@ -96,24 +106,29 @@ def _in_collective(frame: dict[str, Any]) -> bool:
 
 
 def _faulthandler(lines: list[str]) -> Iterator[_Capture]:
-    """Dumps in a text: each starts at a rankscope marker or at the first thread header after a
-    blank line or other text."""
+    """Dumps in a text: each starts at a rankscope marker, at faulthandler's ``Fatal Python
+    error:`` line (its reason: the signal), or at the first thread header after a blank line or
+    other text."""
     capture: _Capture | None = None
     thread: _Thread | None = None
-    pending = (None, None)  # the last marker's (id, t)
+    pending: tuple[int | None, float | None, str | None] = (None, None, None)  # id, t, reason
     for line in lines:
-        if line.startswith("# rankscope capture"):
+        fatal = _FATAL.match(line) if line.startswith("Fatal Python error") else None
+        if line.startswith("# rankscope capture") or fatal:
             if capture is not None and capture.threads:
                 yield capture
-            m = _MARKER.match(line)
-            pending = (as_int(m["id"]), _float(m["t"])) if m else (None, None)
+            if fatal:
+                pending = (None, None, _FATAL_SIGNALS.get(fatal["what"], f"fatal: {fatal['what']}"))
+            else:
+                m = _MARKER.match(line)
+                pending = (as_int(m["id"]), _float(m["t"]), m["reason"]) if m else (None,) * 3
             capture, thread = None, None
             continue
         m = _FH_THREAD.match(line)
         if m:
             if capture is None:
                 capture = _Capture("faulthandler", *pending)
-                pending = (None, None)
+                pending = (None, None, None)
             thread = _Thread(tid=m["tid"], name=m["name"], current=m["current"] == "Current thread")
             if m["tid"] is None:
                 thread.current = True
@@ -235,6 +250,7 @@ def read_stacks(sources: Iterable[SourceLike], *, problems: Problems | None = No
                             index,
                             capture.t_s,
                             capture.tool,
+                            capture.reason,
                             thread.tid,
                             thread.name,
                             thread.current,
@@ -249,7 +265,7 @@ def read_stacks(sources: Iterable[SourceLike], *, problems: Problems | None = No
     return finish("stacks", columns(_STACK_COLUMNS, rows))
 
 
-_STACK_COLUMNS = ("rank", "capture_id", "capture", "t_s", "tool", "thread", "thread_name")
+_STACK_COLUMNS = ("rank", "capture_id", "capture", "t_s", "tool", "reason", "thread", "thread_name")
 _STACK_COLUMNS += ("is_current", "depth", "func", "file", "line", "is_user", "source")
 
 
@@ -285,19 +301,22 @@ def summarize_stacks(stacks: pd.DataFrame) -> pd.DataFrame:
                 first["capture"],
                 first["t_s"],
                 first["tool"],
+                first["reason"],
                 tid,
                 top["func"] if top else None,
                 file,
                 line,
                 None if file is None else f"{file.replace(chr(92), '/').rsplit('/', 1)[-1]}:{line}",
                 waiting,
+                first["source"],
             )
         )
     return finish("stack_summary", columns(_SUMMARY_COLUMNS, rows))
 
 
-_SUMMARY_COLUMNS = ("rank", "capture_id", "capture", "t_s", "tool", "thread", "func", "file")
-_SUMMARY_COLUMNS += ("line", "site", "waiting_in")
+_SUMMARY_COLUMNS = ("rank", "capture_id", "capture", "t_s", "tool", "reason", "thread", "func")
+_SUMMARY_COLUMNS += ("file",)
+_SUMMARY_COLUMNS += ("line", "site", "waiting_in", "source")
 
 
 def _chosen_thread(threads: dict[Any, list[dict[str, Any]]]) -> tuple[Any, list[dict[str, Any]]]:

@@ -28,13 +28,28 @@ arithmetic, not ``repr``, and the ``write`` runs with the GIL released. A flush 
 a microsecond of the thread's time per call. Every flush writes the ``enter`` line of the call
 in flight, and between heartbeats a call in flight at two looks in a row gets its line at once,
 so a blocked rank is visible within ``HEARTBEAT_S``. Capture, exception and exit flush the
-queue first; only a SIGKILL can lose the last ``HEARTBEAT_S`` of completed calls.
+queue first.
+
+Evidence survives any death. Every call is also written, as it is entered and as it returns, into
+a ring of fixed-size slots in a file the probe maps shared (``calls-<pid>.ring``, layout in
+:mod:`rankscope.rundir`): a store into that memory is in the kernel's page cache at once, so the
+file keeps it however the process ends (SIGKILL, an abort in a C++ thread, a segfault a
+microsecond later). A slot holds numbers only: ids, times, the thread and the id of the call's
+facts, whose ``facts`` line is written to ``events.jsonl`` (one ``write``) before the first call
+that has them proceeds. The thread's batches stay the history; the ring is the last calls,
+whatever happened to the batches. A SIGTERM (torchrun tearing the job down because another rank
+failed, or a stop) is a capture: stacks of all threads and the flight recorder are written, then
+the process dies of the signal as it would have; a thread that waits in ``os.read`` on Python's
+signal wake-up pipe does it while the main thread is blocked in a C++ collective. Fatal signals
+(abort, segfault, bus error, illegal instruction) leave faulthandler's dump of every thread in
+``stacks.txt``.
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
+import ctypes
 import datetime
 import faulthandler
 import functools
@@ -42,10 +57,12 @@ import gc
 import inspect
 import itertools
 import json
+import mmap
 import os
 import pickle
 import signal
 import socket
+import struct
 import sys
 import threading
 import time
@@ -58,7 +75,17 @@ import torch
 import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
-from rankscope.rundir import DIST_ENV, ENV_RUN_DIR, RunDir, atomic_write_bytes
+from rankscope.rundir import (
+    DIST_ENV,
+    ENV_RUN_DIR,
+    RING_HEADER,
+    RING_MAGIC,
+    RING_SLOT,
+    RING_SLOTS,
+    RING_VERSION,
+    RunDir,
+    atomic_write_bytes,
+)
 
 #: The wrapper in C (``_fast.c``), built at install where a compiler exists; without it, or with
 #: ``RANKSCOPE_PYTHON_PROBE=1`` in the environment, the same steps run in Python.
@@ -162,12 +189,19 @@ class Probe:
         self.dir.mkdir(parents=True, exist_ok=True)
         self._fd = os.open(run.events(rank), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         self._stacks = open(run.stacks(rank), "a")  # noqa: SIM115  (faulthandler keeps the fd)
+        self._ring = _Ring(run.ring(rank, os.getpid()), rank)
         self._local = threading.local()
         self._write_lock = threading.Lock()
         self._capture_lock = threading.Lock()
-        self._state = _fast.State(_Call) if _fast is not None else _State()
+        self._end_lock = threading.RLock()  # a second end() waits for the first to finish
+        self._state = (
+            _fast.State(_Call, self._ring.map) if _fast is not None else _State(self._ring)
+        )
         self._entered: set[int] = set()  # calls whose enter line is written, exit not yet
-        self._static: dict[Any, str] = {}  # JSON fragments of enter/exit lines, see _enter_line
+        # JSON fragments of lines: a facts id's enter fragment, (op, pg)'s exit fragment.
+        self._static: dict[Any, str] = {}
+        self._facts: dict[Any, int] = {}  # facts id by the facts' value, see _facts_id
+        self._fids = _Counter(1)
         self._stop = threading.Event()
         self._ids = _Counter(1)  # call ids; per-group sequence numbers in _seqs
         self._step: int | None = None
@@ -180,6 +214,7 @@ class Probe:
         self._request_stamp: tuple[int, int] | None = None
         self._originals: list[tuple[Any, str, Any]] = []
         self._ended = False
+        self._pid = os.getpid()  # a forked child (a DataLoader worker) is not the rank
         self._thread = threading.Thread(target=self._loop, name="rankscope-probe", daemon=True)
         self._warmup: threading.Thread | None = None
 
@@ -213,45 +248,55 @@ class Probe:
         self._entered.add(cur.cid)
         return self._enter_line(cur)
 
+    def _facts_id(self, *facts: Any) -> int:
+        """The id of these facts (what repeats from call to call at a call site). New facts get
+        the next id and their ``facts`` line is written at once, before the call that has them
+        goes on: the ring's slots name their facts by this id. ``_fast.c`` calls this when a
+        call site's facts change; the Python wrapper at every call. ``facts`` are
+        :func:`_fragment`'s arguments."""
+        op, pg, pg_desc, pg_ranks, peer, shapes, dtypes, async_op, site = facts
+        peer_key = peer if isinstance(peer, (int, str, type(None))) else repr(peer)
+        ranks_key = tuple(pg_ranks) if isinstance(pg_ranks, list) else pg_ranks
+        key: Any = (op, pg, pg_desc, ranks_key, peer_key, shapes, dtypes, async_op, site)
+        try:
+            fid = self._facts.get(key)
+        except TypeError:  # an unhashable part: new facts every time
+            fid, key = None, None
+        if fid is not None:
+            return fid
+        fid = next(self._fids) & 0xFFFFFFFF  # a u32 in the ring
+        fragment = _fragment(*facts)
+        if len(self._facts) > 50_000:  # shapes that never repeat: keep the caches bounded
+            self._facts.clear()
+            self._static.clear()
+        if key is not None:
+            self._facts[key] = fid
+        self._static[fid] = fragment
+        line = f'{{"ev":"facts","facts":{fid},{fragment},"t":{_seconds(time.time())},'
+        line += f'"rank":{self.rank}}}\n'
+        with contextlib.suppress(OSError):
+            os.write(self._fd, line.encode())
+        return fid
+
     def _enter_line(self, call: _Call) -> str:
-        # Everything but the id, sequence number and time repeats from call to call at a given
-        # call site: it is encoded once per distinct value and reused. _fast.c looks the
-        # fragments up under the same keys (here and in _exit_line).
-        peer = call.peer if isinstance(call.peer, (int, str, type(None))) else repr(call.peer)
-        key = (
-            call.op,
-            call.pg,
-            call.site,
-            call.shapes,
-            call.dtypes,
-            call.async_op,
-            peer,
-        )
-        static = self._static.get(key)
-        if static is None:
-            if len(self._static) > 50_000:  # shapes that never repeat: keep the cache bounded
-                self._static.clear()
-            static = json.dumps(
-                {
-                    "op": call.op,
-                    "pg": call.pg,
-                    "pg_desc": call.pg_desc,
-                    "pg_ranks": call.pg_ranks,
-                    "peer": call.peer,
-                    "shapes": [list(s) for s in call.shapes],
-                    "dtypes": [str(d).removeprefix("torch.") for d in call.dtypes],
-                    "async_op": call.async_op,
-                    "file": call.site[0],
-                    "line": call.site[1],
-                    "func": call.site[2],
-                },
-                separators=(",", ":"),
-                default=str,
-            )[1:-1]
-            self._static[key] = static
+        # Everything but the id, sequence number, thread and time is the call's facts, encoded
+        # once when they were new (_facts_id). _fast.c writes the same line.
+        static = self._static.get(call.fid)
+        if static is None:  # dropped from the bounded cache while the call was queued
+            static = _fragment(
+                call.op,
+                call.pg,
+                call.pg_desc,
+                call.pg_ranks,
+                call.peer,
+                call.shapes,
+                call.dtypes,
+                call.async_op,
+                call.site,
+            )
         return (
-            f'{{"id":{call.cid},"seq":{call.seq},{static},"ev":"enter","t":{_seconds(call.t)},'
-            f'"rank":{self.rank}}}\n'
+            f'{{"id":{call.cid},"seq":{call.seq},"tid":{call.tid},{static},"ev":"enter",'
+            f'"t":{_seconds(call.t)},"rank":{self.rank}}}\n'
         )
 
     def _exit_line(self, call: _Call, t_end: float, ok: bool, error: str | None) -> str:
@@ -278,31 +323,41 @@ class Probe:
             argv=sys.argv,
             python=sys.version.split()[0],
             torch=torch.__version__,
+            main_tid=threading.main_thread().ident,
             env=env,
         )
         self.flush()
-        faulthandler.enable(file=sys.__stderr__ or self._stacks, all_threads=True)
+        # A fatal signal (abort, segfault, bus error, illegal instruction) leaves every
+        # thread's Python stack here; the collectors read it as a capture with that reason.
+        faulthandler.enable(file=self._stacks, all_threads=True)
         if signal.getsignal(signal.SIGUSR1) in (signal.SIG_DFL, None):
             # Fallback for a rank whose probe thread cannot run (the GIL held by a stuck C call):
             # the watchdog writes a marker line and sends SIGUSR1; faulthandler needs no GIL.
             faulthandler.register(signal.SIGUSR1, file=self._stacks, all_threads=True)
+        self._catch_teardown()
         self._patch()
         self._thread.start()
         atexit.register(self.end, None, reason="exit")
 
-    def end(self, code: int | None, *, reason: str = "exit") -> None:
-        """Final dump and end event; runs once (bootstrap, atexit or ``os._exit``)."""
-        if self._ended:
+    def end(self, code: int | None, *, reason: str = "exit", dying: bool = False) -> None:
+        """Final dump and end event; runs once (bootstrap, atexit, ``os._exit`` or a teardown
+        signal), and a second caller waits until the first is done. ``dying``: the process is
+        about to be ended by a signal, not to finalize. Nothing in a forked child of the rank
+        (a DataLoader worker exiting, or terminated by its parent)."""
+        if os.getpid() != self._pid:
             return
-        self._ended = True
-        # Evidence first: a rank that fails is often sent SIGTERM by torchrun moments later.
-        self.capture(reason=reason)
-        self._stop.set()  # no heartbeat after the end event
-        if self._thread.is_alive() and self._thread is not threading.current_thread():
-            self._thread.join(timeout=2)
-        self.emit("end", code=code)
-        self.flush()
-        if self._warmup is not None:
+        with self._end_lock:
+            if self._ended:
+                return
+            self._ended = True
+            # Evidence first: a rank that fails is often sent SIGTERM by torchrun moments later.
+            self.capture(reason=reason)
+            self._stop.set()  # no heartbeat after the end event
+            if self._thread.is_alive() and self._thread is not threading.current_thread():
+                self._thread.join(timeout=2)
+            self.emit("end", code=code, reason=reason)
+            self.flush()
+        if self._warmup is not None and not dying:
             # A thread still inside torch's dump when the interpreter finalizes aborts the process.
             self._warmup.join(timeout=30)
 
@@ -314,6 +369,65 @@ class Probe:
             traceback="".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
         )
         self.flush()
+
+    # --- teardown ---------------------------------------------------------------------------
+    def _catch_teardown(self) -> None:
+        """Make a SIGTERM a capture. Only where the script leaves SIGTERM to its default (it
+        kills the process) and from the main thread, where Python lets handlers be set.
+
+        Python runs a signal's handler in the main thread between bytecodes, which a main
+        thread blocked in a C++ collective never reaches; but its C-level handler writes the
+        signal's number to the wake-up fd at once, and a thread blocked in ``os.read`` on that
+        pipe does the capture. Where the script has a wake-up fd of its own (asyncio), that is
+        left alone and only the Python handler catches the signal."""
+        if threading.current_thread() is not threading.main_thread():
+            return
+        if signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, None):
+            return
+        signal.signal(signal.SIGTERM, self._on_signal)
+        read, write = os.pipe()
+        os.set_blocking(write, False)
+        try:
+            previous = signal.set_wakeup_fd(write, warn_on_full_buffer=False)
+        except ValueError:
+            previous = -2
+        if previous != -1:  # the script's own wake-up fd (or none could be set): keep it
+            if previous >= 0:
+                signal.set_wakeup_fd(previous)
+            os.close(read)
+            os.close(write)
+            return
+        watcher = threading.Thread(
+            target=self._watch_signals, args=(read,), name="rankscope-signals", daemon=True
+        )
+        watcher.start()
+
+    def _watch_signals(self, fd: int) -> None:
+        while True:
+            try:
+                data = os.read(fd, 64)
+            except InterruptedError:
+                continue
+            except OSError:
+                return
+            if not data:
+                return
+            if signal.SIGTERM in data:
+                if signal.getsignal(signal.SIGTERM) == self._on_signal:  # bound: == not is
+                    self._teardown(signal.SIGTERM)
+                else:  # the script took SIGTERM over since: its handler decides; keep evidence
+                    self.capture(reason="SIGTERM")
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        if os.getpid() != self._pid:  # a forked child inherited the handler: as without it
+            _die_of(signum)
+        self._teardown(signum)
+
+    def _teardown(self, signum: int) -> None:
+        """Capture and end as the signal's name, then die of the signal (exit code -signum)."""
+        with contextlib.suppress(Exception):
+            self.end(-signum, reason=signal.Signals(signum).name, dying=True)
+        _die_of(signum)
 
     # --- the daemon thread ------------------------------------------------------------------
     def _loop(self) -> None:
@@ -459,6 +573,7 @@ class Probe:
         """The wrapper without the C extension; ``_fast.c`` does the same steps."""
         local = self._local
         state = self._state
+        ring = self._ring
         clock = time.time
 
         def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -469,7 +584,9 @@ class Probe:
                 if before is not None:
                     before(args, kwargs)
                 try:
-                    call = state.current = self._enter(spec, args, kwargs, sys._getframe(1))
+                    call = self._enter(spec, args, kwargs, sys._getframe(1))
+                    ring.enter(call)  # in the file before anything can see the call in flight
+                    state.current = call
                 except Exception:  # the probe must never break the user's collective
                     call = None
                 error = None
@@ -482,10 +599,12 @@ class Probe:
                     if after is not None:
                         after()
                     if call is not None:  # the exit record, inline: the hot path
+                        t_end = clock()
+                        ring.exit(call, t_end, error is None)
                         if state.current is call:
                             state.current = None
                         state.done += 1
-                        state.append((call, clock(), error is None, error))
+                        state.append((call, t_end, error is None, error))
             finally:
                 local.busy = False
 
@@ -534,6 +653,10 @@ class Probe:
         if async_op is None and spec.async_at is not None and len(args) > spec.async_at:
             async_op = args[spec.async_at]
         site = self._sites.get((frame.f_code, frame.f_lasti)) or self._call_site(frame)
+        async_op = spec.always_async or bool(async_op)
+        fid = self._facts_id(
+            spec.name, pg, pg_desc, pg_ranks, peer_val, shapes, dtypes, async_op, site
+        )
         # next() on a counter is atomic under the GIL: ids stay unique across calling threads.
         return tuple.__new__(
             _Call,
@@ -541,6 +664,7 @@ class Probe:
                 next(self._ids),
                 next(seqs),
                 time.time(),
+                threading.get_ident(),
                 spec.name,
                 pg,
                 pg_desc,
@@ -548,8 +672,9 @@ class Probe:
                 peer_val,
                 shapes,
                 dtypes,
-                spec.always_async or bool(async_op),
+                async_op,
                 site,
+                fid,
             ),
         )
 
@@ -604,16 +729,56 @@ class Probe:
         self.emit("step", step=self._step)
 
 
+class _Ring:
+    """A process's ``calls-<pid>.ring`` (layout in :mod:`rankscope.rundir`), mapped shared: what
+    is stored in it is in the file whatever becomes of the process. ``_fast.c`` writes the same
+    slots into the same map."""
+
+    def __init__(self, path: Path, rank: int, slots: int = RING_SLOTS):
+        size = RING_HEADER.size + slots * RING_SLOT.size
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            os.ftruncate(fd, size)
+            self.map = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        finally:
+            os.close(fd)
+        for at in range(0, size, mmap.PAGESIZE):  # fault every page in now, not at a call
+            self.map[at] = 0
+        header = (RING_MAGIC, RING_VERSION, RING_SLOT.size, slots, os.getpid(), rank, time.time())
+        RING_HEADER.pack_into(self.map, 0, *header)
+        self.slots = slots
+
+    def _at(self, cid: int) -> int:
+        return RING_HEADER.size + cid % self.slots * RING_SLOT.size
+
+    def enter(self, call: _Call) -> None:
+        at = self._at(call.cid)
+        _U64.pack_into(self.map, at, 0)  # torn until the id is written again, last
+        RING_SLOT.pack_into(self.map, at, 0, call.seq, call.t, 0.0, call.fid, 0, call.tid)
+        _U64.pack_into(self.map, at, call.cid)
+
+    def exit(self, call: _Call, t_end: float, ok: bool) -> None:
+        at = self._at(call.cid)
+        if _U64.unpack_from(self.map, at)[0] == call.cid:  # not taken by a later call meanwhile
+            _F64.pack_into(self.map, at + _T_END, t_end)
+            _U32.pack_into(self.map, at + _STATE, 1 if ok else 2)
+
+
+_U64, _U32, _F64 = struct.Struct("<Q"), struct.Struct("<I"), struct.Struct("<d")
+_T_END, _STATE = 24, 36  # offsets in a RING_SLOT
+
+
 class _State:
     """What the wrappers and the probe thread share (``_fast.State`` where the C is built)."""
 
-    __slots__ = ("current", "done", "epoch", "queue")
+    __slots__ = ("current", "done", "epoch", "queue", "ring")
 
-    def __init__(self) -> None:
+    def __init__(self, ring: _Ring | None = None) -> None:
         self.queue: list[tuple[Any, ...]] = []  # records: (fields,) or (call, t_end, ok, error)
         self.current: _Call | None = None  # the call in flight
         self.done = 0  # calls completed
         self.epoch = 0  # process groups created or destroyed (see Probe._groups_changed)
+        self.ring = ring  # the C State writes the ring itself; the Python wrapper calls it
 
     def append(self, record: tuple[Any, ...]) -> None:
         self.queue.append(record)
@@ -695,6 +860,7 @@ class _Call(NamedTuple):
     cid: int
     seq: int
     t: float
+    tid: int  # threading.get_ident() of the calling thread
     # The call's "facts": what repeats from call to call at a call site.
     op: str
     pg: str | None
@@ -705,6 +871,53 @@ class _Call(NamedTuple):
     dtypes: tuple[Any, ...]  # torch.dtype objects
     async_op: bool
     site: tuple[str | None, int | None, str | None]  # file, line, function
+    fid: int  # the facts' id (Probe._facts_id)
+
+
+def _fragment(
+    op: str,
+    pg: str | None,
+    pg_desc: str | None,
+    pg_ranks: list[int] | None,
+    peer: Any,
+    shapes: tuple[Any, ...],
+    dtypes: tuple[Any, ...],
+    async_op: bool,
+    site: tuple[str | None, int | None, str | None],
+) -> str:
+    """The JSON fields of a call's facts, without braces: its ``facts`` and ``enter`` lines'."""
+    return json.dumps(
+        {
+            "op": op,
+            "pg": pg,
+            "pg_desc": pg_desc,
+            "pg_ranks": pg_ranks,
+            "peer": peer,
+            "shapes": [list(s) for s in shapes],
+            "dtypes": [str(d).removeprefix("torch.") for d in dtypes],
+            "async_op": async_op,
+            "file": site[0],
+            "line": site[1],
+            "func": site[2],
+        },
+        separators=(",", ":"),
+        default=str,
+    )[1:-1]
+
+
+def _die_of(signum: int) -> None:
+    """End the process by ``signum`` with its default action, as if no handler had caught it
+    (torchrun then reports the signal), from any thread: Python's ``signal.signal`` may only be
+    called from the main thread, libc's ``signal`` from any."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.signal.restype = ctypes.c_void_p
+        libc.signal.argtypes = (ctypes.c_int, ctypes.c_void_p)
+        libc.signal(signum, None)  # SIG_DFL
+        os.kill(os.getpid(), signum)
+        time.sleep(5)  # delivered to some thread meanwhile
+    finally:
+        os._exit(128 + signum)
 
 
 def _js(value: Any) -> str:

@@ -17,11 +17,15 @@
  * collective costs about as much as the rest of the wrapper together.
  *
  * What a wrapper shares with the Probe object (looked up once, when the wrapper is made): the
- * probe's State (below: the records, the call in flight, the count of calls done), the group
- * cache and ``_describe_group``, the per-group sequence counters, the call-site cache and
- * ``_call_site``, and the call-id counter. The probe thread turns the records into JSON lines
- * and writes them with State.write, also here: into a buffer the State keeps from flush to
- * flush, then to the events file with the GIL released.
+ * probe's State (below: the records, the call in flight, the count of calls done, the ring),
+ * the group cache and ``_describe_group``, the per-group sequence counters, the call-site cache
+ * and ``_call_site``, ``_facts_id`` and the call-id counter. The probe thread turns the records
+ * into JSON lines and writes them with State.write, also here: into a buffer the State keeps
+ * from flush to flush, then to the events file with the GIL released.
+ *
+ * Every call is also written into the State's ring as it is entered and as it returns: a slot
+ * of plain numbers in a file mapped shared (layout: rankscope.rundir.RING_SLOT), which the
+ * kernel keeps however the process dies.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -32,7 +36,9 @@
 #include <string.h>
 #include <time.h>
 #include <errno.h>
+#include <stdint.h>
 #include <unistd.h>
+#include <pythread.h>
 
 #include "_tensor_meta.h"
 
@@ -77,18 +83,33 @@ count_next(PyObject *counter)
 
 /* --- Records and the State ------------------------------------------------------------------- */
 
-/* The facts of a call: what repeats from call to call at a call site. */
-enum { F_OP, F_PG, F_DESC, F_RANKS, F_PEER, F_SHAPES, F_DTYPES, F_ASYNC, F_SITE, N_FACTS };
+/* The facts of a call: what repeats from call to call at a call site, and their id
+ * (Probe._facts_id). A _Call is (cid, seq, t, tid, *facts). */
+enum { F_OP, F_PG, F_DESC, F_RANKS, F_PEER, F_SHAPES, F_DTYPES, F_ASYNC, F_SITE, F_FID, N_FACTS };
 #define FACT(facts, i) PyTuple_GET_ITEM(facts, i)
+#define CALL_HEAD 4
 
 /* A completed call, the call in flight, or an event. Owns what and error. */
 typedef struct {
     PyObject *what;   /* a call's facts tuple, or an event's fields (cid 0) */
     PyObject *error;  /* a call's "Type: message" when it raised, else NULL */
     long long cid, seq;
+    unsigned long long tid; /* the calling thread (threading.get_ident()) */
     double t, t_end;  /* time.time() at enter and exit */
     int ok;
 } Record;
+
+/* A slot of the ring file, as rankscope.rundir.RING_SLOT lays it out. */
+typedef struct {
+    uint64_t cid; /* 0 while being written */
+    int64_t seq;
+    double t, t_end;
+    uint32_t fid, state; /* state: 0 in flight, 1 returned, 2 raised; written after t_end */
+    uint64_t tid;
+    char pad[16];
+} RingSlot;
+_Static_assert(sizeof(RingSlot) == 64, "RING_SLOT is 64 bytes");
+#define RING_HEADER_SIZE 64
 
 /* Bytes being formatted. */
 typedef struct {
@@ -115,6 +136,9 @@ typedef struct {
     PyObject *call_type; /* _Call: how `current` and the formatters' slow path see a call */
     Buffer out;         /* State.write's lines; in use while writing is set */
     int writing;
+    Py_buffer ring;     /* the ring file's map (ring.obj NULL: none) */
+    RingSlot *slots;
+    uint64_t nslots;
 } State;
 
 static PyTypeObject StateType;
@@ -153,24 +177,29 @@ push(State *st, Record *r)
     return 0;
 }
 
-/* Fill r from a _Call tuple (cid, seq, t, *facts); 0, or -1 with an exception set. */
+/* Fill r from a _Call tuple (cid, seq, t, tid, *facts); 0, or -1 with an exception set. */
 static int
 record_of_call(PyObject *call, Record *r)
 {
-    if (!PyTuple_Check(call) || PyTuple_GET_SIZE(call) != 3 + N_FACTS) {
-        PyErr_SetString(PyExc_TypeError, "a call record must be a 12-field _Call");
+    if (!PyTuple_Check(call) || PyTuple_GET_SIZE(call) != CALL_HEAD + N_FACTS) {
+        PyErr_SetString(PyExc_TypeError, "a call record must be a 14-field _Call");
         return -1;
     }
     r->cid = PyLong_AsLongLong(PyTuple_GET_ITEM(call, 0));
     r->seq = PyLong_AsLongLong(PyTuple_GET_ITEM(call, 1));
     r->t = PyFloat_AsDouble(PyTuple_GET_ITEM(call, 2));
+    r->tid = PyLong_AsUnsignedLongLongMask(PyTuple_GET_ITEM(call, 3));
     if (PyErr_Occurred())
         return -1;
     if (r->cid <= 0) {
         PyErr_SetString(PyExc_ValueError, "a call's id must be positive (0 marks an event)");
         return -1;
     }
-    if ((r->what = PyTuple_GetSlice(call, 3, 3 + N_FACTS)) == NULL)
+    if (!PyLong_Check(PyTuple_GET_ITEM(call, CALL_HEAD + F_FID))) {
+        PyErr_SetString(PyExc_TypeError, "a call's facts id must be an int");
+        return -1;
+    }
+    if ((r->what = PyTuple_GetSlice(call, CALL_HEAD, CALL_HEAD + N_FACTS)) == NULL)
         return -1;
     PyObject_GC_UnTrack(r->what); /* see new_facts */
     return 0;
@@ -181,14 +210,14 @@ static PyObject *
 call_of_record(State *st, Record *r)
 {
     PyTypeObject *type = (PyTypeObject *)st->call_type;
-    PyObject *call = type->tp_alloc(type, 3 + N_FACTS);
+    PyObject *call = type->tp_alloc(type, CALL_HEAD + N_FACTS);
     if (call == NULL)
         return NULL;
-    PyObject *items[3] = {
-        PyLong_FromLongLong(r->cid), PyLong_FromLongLong(r->seq), PyFloat_FromDouble(r->t)};
-    for (int i = 0; i < 3; i++) {
+    PyObject *items[CALL_HEAD] = {PyLong_FromLongLong(r->cid), PyLong_FromLongLong(r->seq),
+                                  PyFloat_FromDouble(r->t), PyLong_FromUnsignedLongLong(r->tid)};
+    for (int i = 0; i < CALL_HEAD; i++) {
         if (items[i] == NULL) {
-            for (int j = 0; j < 3; j++)
+            for (int j = 0; j < CALL_HEAD; j++)
                 Py_XDECREF(items[j]);
             Py_DECREF(call);
             return NULL;
@@ -196,7 +225,7 @@ call_of_record(State *st, Record *r)
         PyTuple_SET_ITEM(call, i, items[i]);
     }
     for (int i = 0; i < N_FACTS; i++)
-        PyTuple_SET_ITEM(call, 3 + i, Py_NewRef(FACT(r->what, i)));
+        PyTuple_SET_ITEM(call, CALL_HEAD + i, Py_NewRef(FACT(r->what, i)));
     return call;
 }
 
@@ -234,7 +263,7 @@ typedef struct {
     int always_async;
     PyObject *enter;
     State *state;
-    PyObject *pg_cache, *describe_group, *seqs, *sites, *call_site, *ids;
+    PyObject *pg_cache, *describe_group, *seqs, *sites, *call_site, *facts_id, *ids;
     PyObject *tensor_type;
     PyObject *before, *after;  /* hooks: before(args, kwargs) and after(), or NULL */
     PyObject *dict;            /* __wrapped__, __name__, __rankscope__, ... */
@@ -477,9 +506,21 @@ new_facts(Wrapper *w, SiteSlot *slot, PyFrameObject *frame, PyObject *code, long
         goto fail;
     PyObject_GC_UnTrack(shapes);
     PyObject_GC_UnTrack(dtypes);
-    facts = PyTuple_Pack(N_FACTS, w->name, pg, PyTuple_GET_ITEM(info, 1),
-                         PyTuple_GET_ITEM(info, 2), peer ? peer : Py_None, shapes, dtypes,
-                         async_op ? Py_True : Py_False, site);
+    PyObject *args[] = {w->name, pg, PyTuple_GET_ITEM(info, 1), PyTuple_GET_ITEM(info, 2),
+                        peer ? peer : Py_None, shapes, dtypes, async_op ? Py_True : Py_False,
+                        site};
+    /* the facts' id, and their facts line written, before this call goes on */
+    PyObject *fid = PyObject_Vectorcall(w->facts_id, args, F_FID, NULL);
+    if (fid == NULL)
+        goto fail;
+    if (!PyLong_Check(fid)) {
+        Py_DECREF(fid);
+        PyErr_SetString(PyExc_TypeError, "_facts_id must return an int");
+        goto fail;
+    }
+    facts = PyTuple_Pack(N_FACTS, args[0], args[1], args[2], args[3], args[4], args[5], args[6],
+                         args[7], args[8], fid);
+    Py_DECREF(fid);
     if (facts == NULL)
         goto fail;
     PyObject_GC_UnTrack(facts);
@@ -589,6 +630,7 @@ fast_enter(Wrapper *w, Args *args, PyFrameObject *frame, Record *r)
         Py_CLEAR(r->what);
         goto done;
     }
+    r->tid = PyThread_get_thread_ident();
     r->t = now();
     bad = 0;
 done:
@@ -634,6 +676,38 @@ error_text(void)
     return out;
 }
 
+/* The call's slot in the ring: its numbers, then its id, last (a reader that finds the id
+ * finds the rest). */
+static void
+ring_enter(State *st, Record *r)
+{
+    if (st->slots == NULL)
+        return;
+    RingSlot *s = &st->slots[(uint64_t)r->cid % st->nslots];
+    __atomic_store_n(&s->cid, 0, __ATOMIC_RELAXED);
+    __atomic_thread_fence(__ATOMIC_RELEASE);
+    s->seq = r->seq;
+    s->t = r->t;
+    s->t_end = 0.0;
+    s->fid = (uint32_t)PyLong_AsUnsignedLongMask(FACT(r->what, F_FID));
+    s->state = 0;
+    s->tid = r->tid;
+    __atomic_store_n(&s->cid, (uint64_t)r->cid, __ATOMIC_RELEASE);
+}
+
+/* The call's end in its slot, unless a later call has taken the slot since. */
+static void
+ring_exit(State *st, Record *r)
+{
+    if (st->slots == NULL)
+        return;
+    RingSlot *s = &st->slots[(uint64_t)r->cid % st->nslots];
+    if (__atomic_load_n(&s->cid, __ATOMIC_RELAXED) != (uint64_t)r->cid)
+        return;
+    s->t_end = r->t_end;
+    __atomic_store_n(&s->state, r->ok ? 1u : 2u, __ATOMIC_RELEASE);
+}
+
 /* Before the call: 0 to go on, with *r the call in flight, or -1 to return with the exception
  * set. The probe must never break the user's collective: an Exception of its own is dropped
  * (the call goes on unrecorded); only KeyboardInterrupt and the like go up. */
@@ -641,6 +715,7 @@ static int
 entered(State *st, Record *r, int bad)
 {
     if (!bad) {
+        ring_enter(st, r); /* in the file before anything can see the call in flight */
         st->current = r;
         return 0;
     }
@@ -663,6 +738,7 @@ finish(Wrapper *w, Record *r, PyObject *result)
             r->error = error_text();
         r->ok = result != NULL;
         r->t_end = now();
+        ring_exit(st, r);
         if (st->current == r)
             st->current = NULL;
         st->done++;
@@ -782,6 +858,14 @@ put_int(Buffer *b, long long x)
     return put(b, p, end - p);
 }
 
+static int
+put_uint(Buffer *b, unsigned long long x)
+{
+    char tmp[24], *end = tmp + sizeof tmp;
+    char *p = digits(end, x, 1);
+    return put(b, p, end - p);
+}
+
 /* Seconds to the microsecond, as _core._seconds writes them: the nearest whole number of
  * microseconds (ties to even, as Python's round()), then "[-]S.UUUUUU". */
 static int
@@ -863,28 +947,25 @@ put_slow(Buffer *b, State *st, Record *r, PyObject *slow, int exit)
     return put_call(b, line);
 }
 
-/* The enter line of a call, as Probe._enter_line writes it, from the fragment _enter_line
- * caches for the call's facts (the key is the one it uses); a miss goes to _enter_line. */
+/* The enter line of a call, as Probe._enter_line writes it, from the fragment _facts_id made
+ * for the call's facts (statics[fid]); a miss goes to _enter_line. */
 static int
 enter_line(Buffer *b, State *st, Record *r, Memo *m, PyObject *statics, PyObject *slow,
            long long rank)
 {
-    PyObject *facts = r->what, *peer = FACT(facts, F_PEER);
+    PyObject *facts = r->what;
     memo_for(m, facts);
-    if (m->enter == NULL &&
-        (peer == Py_None || PyLong_CheckExact(peer) || PyUnicode_CheckExact(peer))) {
-        m->enter = fragment(statics, PyTuple_Pack(7, FACT(facts, F_OP), FACT(facts, F_PG),
-                                                  FACT(facts, F_SITE), FACT(facts, F_SHAPES),
-                                                  FACT(facts, F_DTYPES), FACT(facts, F_ASYNC),
-                                                  peer));
+    if (m->enter == NULL) {
+        m->enter = fragment(statics, Py_NewRef(FACT(facts, F_FID)));
         if (m->enter == NULL && PyErr_Occurred())
             return -1;
     }
     if (m->enter == NULL)
         return put_slow(b, st, r, slow, 0);
     if (PUT(b, "{\"id\":") || put_int(b, r->cid) || PUT(b, ",\"seq\":") || put_int(b, r->seq) ||
-        PUT(b, ",") || put_str(b, m->enter) || PUT(b, ",\"ev\":\"enter\",\"t\":") ||
-        put_seconds(b, r->t) || PUT(b, ",\"rank\":") || put_int(b, rank) || PUT(b, "}\n"))
+        PUT(b, ",\"tid\":") || put_uint(b, r->tid) || PUT(b, ",") || put_str(b, m->enter) ||
+        PUT(b, ",\"ev\":\"enter\",\"t\":") || put_seconds(b, r->t) || PUT(b, ",\"rank\":") ||
+        put_int(b, rank) || PUT(b, "}\n"))
         return -1;
     return 0;
 }
@@ -1098,13 +1179,37 @@ fail:
 static PyObject *
 state_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 {
-    static char *kwlist[] = {"call_type", NULL};
-    PyObject *call_type;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!:State", kwlist, &PyType_Type, &call_type))
+    static char *kwlist[] = {"call_type", "ring", NULL};
+    PyObject *call_type, *ring = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!|O:State", kwlist, &PyType_Type, &call_type,
+                                     &ring))
         return NULL;
     State *st = (State *)type->tp_alloc(type, 0);
-    if (st != NULL)
-        st->call_type = Py_NewRef(call_type);
+    if (st == NULL)
+        return NULL;
+    st->call_type = Py_NewRef(call_type);
+    if (ring != Py_None) {
+        if (PyObject_GetBuffer(ring, &st->ring, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) {
+            Py_DECREF(st);
+            return NULL;
+        }
+        const char *head = st->ring.buf;
+        uint32_t version, slot_size, nslots;
+        if (st->ring.len >= RING_HEADER_SIZE) {
+            memcpy(&version, head + 8, 4);
+            memcpy(&slot_size, head + 12, 4);
+            memcpy(&nslots, head + 16, 4);
+        }
+        if (st->ring.len < RING_HEADER_SIZE || memcmp(head, "RSRING01", 8) || version != 1 ||
+            slot_size != sizeof(RingSlot) || nslots == 0 ||
+            st->ring.len < RING_HEADER_SIZE + (Py_ssize_t)nslots * (Py_ssize_t)sizeof(RingSlot)) {
+            PyErr_SetString(PyExc_ValueError, "State: ring is not a ring file's map (rundir.RING_*)");
+            Py_DECREF(st);
+            return NULL;
+        }
+        st->slots = (RingSlot *)((char *)st->ring.buf + RING_HEADER_SIZE);
+        st->nslots = nslots;
+    }
     return (PyObject *)st;
 }
 
@@ -1135,6 +1240,9 @@ state_clear(State *st)
     st->out.data = NULL;
     st->out.len = st->out.cap = 0;
     Py_CLEAR(st->call_type);
+    st->slots = NULL;
+    if (st->ring.obj != NULL)
+        PyBuffer_Release(&st->ring);
     return 0;
 }
 
@@ -1173,7 +1281,7 @@ static PyMethodDef state_methods[] = {
 /* Every object a wrapper holds (its site slots too): its traverse and clear walk this list. */
 #define WRAPPER_REFS(X)                                                                        \
     X(fn) X(spec) X(name) X(peer) X(state) X(enter) X(pg_cache) X(describe_group) X(seqs)      \
-    X(sites) X(call_site) X(ids) X(tensor_type) X(before) X(after) X(dict)                     \
+    X(sites) X(call_site) X(facts_id) X(ids) X(tensor_type) X(before) X(after) X(dict)         \
     for (int i = 0; i < SITE_SLOTS; i++) {                                                     \
         X(sites_seen[i].code) X(sites_seen[i].info) X(sites_seen[i].counter)                   \
         X(sites_seen[i].facts)                                                                 \
@@ -1258,6 +1366,7 @@ wrapper_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
         {&w->seqs, "_seqs"},
         {&w->sites, "_sites"},
         {&w->call_site, "_call_site"},
+        {&w->facts_id, "_facts_id"},
         {&w->ids, "_ids"},
     };
     for (size_t i = 0; i < sizeof shared / sizeof *shared; i++) {
@@ -1310,9 +1419,10 @@ static PyTypeObject WrapperType = {
 static PyTypeObject StateType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "rankscope.probe._fast.State",
-    .tp_doc = "State(call_type)\n\n"
+    .tp_doc = "State(call_type, ring=None)\n\n"
               "What the probe's wrappers and its thread share: the records not yet written, the "
-              "call in flight, the count of calls done.",
+              "call in flight, the count of calls done, and the ring file's map, where each call "
+              "is written as it is entered and as it returns.",
     .tp_basicsize = sizeof(State),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
     .tp_new = state_new,

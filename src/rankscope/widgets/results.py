@@ -22,6 +22,7 @@ VERDICT_COLOURS = {
     "hang": "#d62728",
     "crash": "#d62728",
     "launch_error": "#ff7f0e",
+    "unknown": "#7f7f7f",
 }
 #: Tabs of the results area, in order; NCCL only when the run has NCCL logs.
 NO_DIAGNOSIS = "<i>no diagnosis yet: it comes when the job stalls or ends, or on Diagnose</i>"
@@ -70,8 +71,8 @@ def _collective_table(d: Diagnosis) -> str:
         style = " style='color:#d62728;font-weight:bold'" if rank in d.culprit_ranks else ""
         cells = (
             rank,
-            c.op_by_rank.get(rank) or "(never called)",
-            c.site_by_rank.get(rank) or "?",
+            c.op_by_rank.get(rank) or "(none recorded)",
+            c.site_by_rank.get(rank) or "unknown",
             c.shapes_by_rank.get(rank) or "",
             c.state_by_rank.get(rank, ""),
         )
