@@ -147,7 +147,7 @@ CASES = {
         "D19",
         [0, 1],
         [],
-        2,
+        1,  # the first point-to-point call of each (p2p calls are numbered apart)
         {0: site("p2p_cycle.py", "recv"), 1: site("p2p_cycle.py", "recv")},
         HANG,
     ),

@@ -63,6 +63,18 @@ EXPECTED = {
         {6: "train.py:52"},
     ),
     "partial": ("hang", "lagging_rank", "D19", [2], [0, 1], "0", 7, {1: "train.py:41"}),
+    # Across groups: rank 3 waits in tp1 for rank 2, which skipped that call and waits in the
+    # world group, where ranks 0 and 1 wait for rank 3. The culprit is rank 2, not rank 3.
+    "tp_skip": (
+        "hang",
+        "rank_conditional_collective",
+        "D21",
+        [2],
+        [0, 1, 3],
+        "2",
+        5,
+        {3: "train.py:30", 2: "train.py:32"},
+    ),
 }
 
 
@@ -119,3 +131,17 @@ def test_fixtures_match_their_generator(tmp_path):
                 f"{name}/{path.name}"
             )
         assert sorted(p.name for p in (DATA / name).iterdir()) == sorted(p.name for p in written)
+
+
+def test_the_chain_across_groups_from_dumps_alone():
+    """The wait-for graph crosses groups: the chain goes from the culprit's tp partner to the
+    culprit, whose own wait is in the world group, and on to the ranks waiting there."""
+    d = diagnose(load_run(DATA / "tp_skip"))
+    chain = [
+        (link["ranks"], link["waits_in"]["pg"], link["waits_in"]["seq"], link["waits_for"])
+        for link in d.chain
+    ]
+    assert chain == [([3], "2", 5, [2]), ([2], "0", 5, [3]), ([0, 1], "0", 5, [3])]
+    assert d.chain[0]["waits_in"]["site"] == "train.py:30"
+    assert d.to_dict()["chain"][1]["text"].startswith("rank 2 waits in all_reduce on group 0")
+    assert "chain: rank 3 waits in all_reduce on group 2 (tp1) #5" in d.render()

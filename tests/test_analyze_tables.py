@@ -108,15 +108,13 @@ def test_probe_calls_count_collectives_only_per_group():
         call(1, 3),
     ]
     calls = calls_from_probe(schema.conform("collectives", pd.DataFrame(rows)))
-    coll = calls[calls["idx"].notna()]
-    assert coll[["rank", "idx", "seq"]].values.tolist() == [
-        [0, 1, 1],
-        [0, 2, 3],
-        [1, 1, 1],
-        [1, 2, 3],
-    ]
-    p2p = calls[calls["idx"].isna()]
+    coll = calls[calls["seq"].notna()]
+    # seq is the n-th collective on the group, whatever the probe's own count said (older
+    # events counted the point-to-point calls too)
+    assert coll[["rank", "seq"]].values.tolist() == [[0, 1], [0, 2], [1, 1], [1, 2]]
+    p2p = calls[calls["seq"].isna()]
     assert p2p["op"].tolist() == ["send", "recv"] and p2p["peer"].tolist() == [1, 0]
+    assert p2p["p2p_seq"].tolist() == [1, 1]
     # Same op, shapes and dtypes: same key.
     assert coll["key"].nunique() == 1
 
@@ -127,7 +125,7 @@ def test_find_divergences_names_the_first_position_and_the_missing_rank():
     members = group_members(calls)
     assert members == {"0": (0, 1, 2)}
     (d,) = find_divergences(calls, members=members, ranks={0, 1, 2}, complete={0, 1, 2})
-    assert (d.pg, d.idx, d.missing, d.present, d.mismatched) == ("0", 4, (2,), (0, 1), False)
+    assert (d.pg, d.seq, d.missing, d.present, d.mismatched) == ("0", 4, (2,), (0, 1), False)
 
 
 def test_find_divergences_compares_a_ring_buffer_only_where_every_rank_has_records():
@@ -140,7 +138,7 @@ def test_find_divergences_compares_a_ring_buffer_only_where_every_rank_has_recor
             )
     calls = calls_from_flight_recorder(schema.conform("flight_recorder", pd.DataFrame(entries)))
     (d,) = find_divergences(calls, members={"0": (0, 1, 2)}, ranks={0, 1, 2}, complete={0, 2})
-    assert (d.idx, d.mismatched, d.missing) == (5, True, ())
+    assert (d.seq, d.mismatched, d.missing) == (5, True, ())
 
 
 def fr_entry(
@@ -191,9 +189,14 @@ def test_flight_recorder_calls_keep_the_latest_dump_and_map_p2p_peers_to_global_
     coalesced = fr_entry(0, 2, record_id=3, input_sizes="[[8]]")
     table = schema.conform("flight_recorder", pd.DataFrame([*old, *new, coalesced, p2p]))
     calls = calls_from_flight_recorder(table)
-    assert calls[calls["idx"].notna()][["idx", "order"]].values.tolist() == [[1, 0], [2, 1]]
-    recv = calls[calls["idx"].isna()].iloc[0]
-    assert (recv["op"], recv["peer"], recv["seq"], bool(recv["completed"])) == ("recv", 6, 1, False)
+    assert calls[calls["seq"].notna()][["seq", "order"]].values.tolist() == [[1, 0], [2, 1]]
+    recv = calls[calls["seq"].isna()].iloc[0]
+    assert (recv["op"], recv["peer"], recv["p2p_seq"], bool(recv["completed"])) == (
+        "recv",
+        6,
+        1,
+        False,
+    )
 
 
 # --- diagnose() on tables ---------------------------------------------------------------------

@@ -117,6 +117,17 @@ def test_rank_timeline_from_flight_recorder_dumps() -> None:
     assert list(next(t for t in fig.data if t.name == "divergence").y) == [3]
 
 
+def test_rank_timeline_draws_the_chain_of_waits() -> None:
+    """The diagnosis's calls and chain (dumps of a cross-group hang): an arrow from each
+    waiting rank to the rank it waits for, where the calls in flight end."""
+    from rankscope.analyze import diagnose
+
+    d = diagnose(load_run(DATA / "nccl_fr" / "tp_skip"))
+    fig = plot.rank_timeline(d.calls, culprit_ranks=d.culprit_ranks, chain=d.chain)
+    arrows = {(a.ay, a.y) for a in fig.layout.annotations if a.showarrow and a.axref == "x"}
+    assert arrows == {(3, 2), (2, 3), (0, 3), (1, 3)}
+
+
 def test_rank_timeline_hover_budget_keeps_latest_and_culprit_calls() -> None:
     rows = [call(r, n) for r in range(4) for n in range(1, 8)]
     budget = plot.timeline.HOVER_BUDGET

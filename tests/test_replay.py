@@ -34,6 +34,10 @@ def _generator():
     return module
 
 
+#: What a replay's diagnosis may call the original's cause.
+SAME_HANG = {"uneven_inputs": {"uneven_inputs", "rank_conditional_collective"}}
+
+
 def assert_replay_reproduces(
     run_path: Path,
     original: Diagnosis,
@@ -69,7 +73,9 @@ def assert_replay_reproduces(
     job.wait(timeout=150)
     got = diagnose(job.run.path)
     said = f"original: {original.render()}\n\nreplay: {got.render()}\n\n{replay.header}"
-    assert got.cause == original.cause, said
+    # A cause that rests on the original's loops (a rank out of iterations) is a rank-conditional
+    # collective in the replay, which writes each call out: the same hang, told less.
+    assert got.cause in SAME_HANG.get(original.cause, {original.cause}), said
     assert got.culprit_ranks == replay.remap(original.culprit_ranks), said
     want_ops = {
         replay.rank_map[r]: op

@@ -51,8 +51,9 @@ EVENT_KINDS = {
     "heartbeat": "done (collectives completed), step, coll (id of the collective in flight or null)",
     "facts": "facts (their id in the ring), then enter's fields from op to func; written at once, "
     "before the first call that has them proceeds",
-    "enter": "id, seq, tid, op, pg, pg_desc, pg_ranks, peer, shapes, dtypes, async_op, file, line, "
-    "func",
+    "enter": "id, seq (the n-th collective of the rank on the group, from 1; point-to-point calls "
+    "are numbered apart), tid, op, pg, pg_desc, pg_ranks, peer, shapes, dtypes, async_op, file, "
+    "line, func",
     "exit": "id, op, pg, seq, dur_s, ok, error",
     "step": "step (the user's step marker)",
     "exception": "type, message, traceback",

@@ -32,6 +32,7 @@ RANKS: Columns = {
     "end_reason": "string",  # the probe's end event: exit, exception, os._exit, SIGTERM, ...
     "last_event_s": "Float64",  # the rank's last recorded event or call (ring included)
     "ring": "boolean",  # its calls were recorded durably (a ring file): none is missing
+    "main_thread": "string",  # its main thread's ident, "0x00007f..." (as in stacks, calls)
 }
 
 #: The probe's events, one row per line of ranks/<rank>/events.jsonl.
@@ -59,7 +60,7 @@ COLLECTIVES: Columns = {
     "pg_desc": "category",
     "pg_ranks": "string",  # "0,1,2,3" (global ranks of the group)
     "pg_size": "Int64",
-    "seq": "Int64",  # the rank's own count of recorded calls on this group, from 1
+    "seq": "Int64",  # the n-th collective of the rank on the group (p2p calls: numbered apart)
     "op": "category",  # torch.distributed function name: all_reduce, barrier, send, ...
     "peer": "string",  # src/dst/root as passed, or "isend:1,irecv:0" for batch_isend_irecv
     "shapes": "string",  # JSON: [[4], [2, 3]]
@@ -192,6 +193,7 @@ STACKS: Columns = {
     "file": "string",
     "line": "Int64",
     "is_user": "boolean",  # outside torch, the standard library and rankscope
+    "code": "string",  # the frame's source line, for the user's frames whose file is readable
     "source": "string",
 }
 
@@ -230,6 +232,34 @@ PROBLEMS: Columns = {
     "source": "string",
     "reader": "category",
     "reason": "string",
+}
+
+#: The analyzer's calls: every rank's collective and point-to-point calls, the probe's and the
+#: flight recorder's merged into one sequence per rank (rankscope.analyze.calls). Not a table of
+#: a run: diagnose() builds it and the plots and the replay read it (Diagnosis.calls).
+CALLS: Columns = {
+    "rank": "int64",
+    "pg": "category",  # process-group name ("0" is the world group)
+    "pg_desc": "category",
+    "pg_ranks": "category",  # "0,1,2,3" when the source knows the members
+    "seq": "Int64",  # the n-th collective of the rank on the group, from 1; <NA> for p2p calls
+    "p2p_seq": "Int64",  # the n-th point-to-point call of the rank on the group; <NA> otherwise
+    "op": "category",
+    "shapes": "category",
+    "dtypes": "category",
+    "key": "int64",  # equal keys: the same call (op, shapes and dtypes)
+    "peer": "Int64",  # global rank of the other side of a p2p call, when known
+    "root": "Int64",  # the root of a rooted collective (broadcast's src, reduce's dst; probe)
+    "completed": "boolean",
+    "ok": "boolean",  # the call returned normally (probe only)
+    "error": "category",
+    "t_start_s": "Float64",
+    "t_end_s": "Float64",
+    "site": "category",  # "train.py:12" of the user's call (probe; fr_sites for the recorder)
+    "thread": "category",  # the calling thread's ident, "0x00007f..." (probe; recorder 2.10+)
+    "order": "int64",  # position of the call in its rank's merged sequence, from 0
+    "row": "int64",  # row of the source table: the evidence reference
+    "source": "category",  # the table of that row: collectives or flight_recorder
 }
 
 TABLES: dict[str, Columns] = {
@@ -303,8 +333,12 @@ def validate(name: str, df: pd.DataFrame) -> pd.DataFrame:
     return df
 
 
+#: Tables that no reader makes, built from the others.
+DERIVED: dict[str, Columns] = {"calls": CALLS}
+
+
 def _columns(name: str) -> Columns:
     try:
-        return TABLES[name]
+        return TABLES[name] if name in TABLES else DERIVED[name]
     except KeyError:
-        raise SchemaError(f"unknown table {name!r}; known: {sorted(TABLES)}") from None
+        raise SchemaError(f"unknown table {name!r}; known: {sorted([*TABLES, *DERIVED])}") from None

@@ -29,6 +29,7 @@ class Cause:
     reason: str
     """Template for the one-line reason; fields are those of :func:`explain`."""
     fix: str
+    """The advice; a template too where it depends on what the culprit was doing."""
 
 
 _CAUSES = (
@@ -63,6 +64,17 @@ _CAUSES = (
         "must match across ranks); the 'detail' preset checks dtypes too.",
     ),
     Cause(
+        name="root_mismatch",
+        verdict="hang",
+        recipe="D19",
+        title="the ranks disagree on the root",
+        reason="{culprits} called {culprit_op}{culprit_at} with root {culprit_root} where "
+        "{others} named root {other_root} ({collective})",
+        fix="Pass the same src/dst on every rank, as a global rank: on a sub-group, use "
+        "group_src/group_dst or torch.distributed.get_global_rank(group, r), not the rank "
+        "within the group; the 'detail' preset checks the collectives first.",
+    ),
+    Cause(
         name="rank_conditional_collective",
         verdict="hang",
         recipe="D21",
@@ -81,6 +93,27 @@ _CAUSES = (
         "{others} still waited in {other_op}{other_at} ({collective})",
         fix="Give every rank the same number of steps (DistributedSampler with the same "
         "drop_last everywhere), or wrap the loop in torch.distributed.algorithms.Join.",
+    ),
+    Cause(
+        name="uneven_inputs",
+        verdict="hang",
+        recipe="D9",
+        title="a rank ran out of data (uneven inputs)",
+        reason="{culprits} ran out of iterations: {culprit_done}, then {culprit_went}, while "
+        "{others} still wait in {other_op}{other_at} ({collective})",
+        fix="Give every rank the same number of batches (DistributedSampler with the same "
+        "drop_last everywhere, or all-reduce the count and stop together), or wrap the loop in "
+        "torch.distributed.algorithms.Join; a loader whose length differs per rank is recipe "
+        "D22.",
+    ),
+    Cause(
+        name="stuck_outside",
+        verdict="hang",
+        recipe="D19",
+        title="a rank is stuck outside the collectives",
+        reason="{others} wait in {other_op}{other_at} ({collective}) for {culprits}, which is "
+        "{culprit_doing}",
+        fix="{wait_fix}",
     ),
     Cause(
         name="lagging_rank",
@@ -273,6 +306,11 @@ def explain(cause: str, facts: Mapping[str, Any]) -> str:
     """The cause's one-line reason filled from ``facts``; a fact that is not there reads as
     ``unknown`` (a template names only facts its cause always has)."""
     return CAUSES[cause].reason.format_map(_Facts(facts))
+
+
+def fix_for(cause: str, facts: Mapping[str, Any]) -> str:
+    """The cause's advice, filled from ``facts`` where it depends on them."""
+    return CAUSES[cause].fix.format_map(_Facts(facts))
 
 
 class _Facts(dict):

@@ -1,9 +1,9 @@
 """The :class:`Diagnosis` of one job: what it is, its JSON form, its terminal form, its file.
 
 The JSON keys ``verdict``, ``cause``, ``culprit_ranks``, ``waiting_ranks``, ``recipe``,
-``summary`` and ``collective`` (``pg``, ``pg_ranks``, ``seq``, ``op_by_rank``, ``site_by_rank``)
-are read by other tools: keep them stable. JSON objects have string keys, so the per-rank maps
-are keyed ``"0"``, ``"1"``, ...
+``summary``, ``collective`` (``pg``, ``pg_ranks``, ``seq``, ``op_by_rank``, ``site_by_rank``)
+and ``chain`` are read by other tools: keep them stable. JSON objects have string keys, so the
+per-rank maps are keyed ``"0"``, ``"1"``, ...
 """
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+import pandas as pd
 
 from rankscope.analyze.catalogue import Verdict
 from rankscope.rundir import RunDir, atomic_write_json
@@ -77,12 +79,19 @@ class Diagnosis:
     reason: str = ""
     fix: str = ""
     collective: CollectiveInfo | None = None
+    chain: list[dict[str, Any]] = field(default_factory=list)
+    """The waits that lead to the culprits, nearest first: each ``{rank, ranks, waits_in,
+    waits_for, text}``, ``waits_in`` the call (``pg``, ``pg_desc``, ``seq``, ``op``, ``site``,
+    ``thread``, ``peer``) or None for a culprit that waits in nothing."""
     evidence: list[EvidenceRef] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)
     """Evidence that was not there (ranks without dumps, unreadable files, ...)."""
     notes: list[str] = field(default_factory=list)
     """Other facts worth knowing (what torchrun named as root cause, ...)."""
     run: str | None = None
+    calls: pd.DataFrame | None = field(default=None, repr=False, compare=False)
+    """The calls table the diagnosis was built from (:data:`rankscope.schema.CALLS`: the
+    probe's and the flight recorder's calls merged); not part of the JSON."""
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form (see the module docstring for the stable keys)."""
@@ -97,6 +106,7 @@ class Diagnosis:
             "reason": self.reason,
             "fix": self.fix,
             "collective": self.collective.to_dict() if self.collective else None,
+            "chain": [dict(link) for link in self.chain],
             "evidence": [asdict(ref) for ref in self.evidence],
             "missing": list(self.missing),
             "notes": list(self.notes),
@@ -119,14 +129,15 @@ class Diagnosis:
         c = self.collective
         if c is not None:
             desc = f" ({c.pg_desc})" if c.pg_desc else ""
-            lines.append(f"collective: group {c.pg}{desc}, #{c.seq}, ranks {_ranks(c.pg_ranks)}")
+            number = f", #{c.seq}" if c.seq is not None else ""
+            lines.append(f"collective: group {c.pg}{desc}{number}, ranks {_ranks(c.pg_ranks)}")
             one_op = len({op for op in c.op_by_rank.values() if op}) == 1
             shapes = one_op and len(set(c.shapes_by_rank.values())) > 1
             dtypes = one_op and len(set(c.dtypes_by_rank.values())) > 1
             alike: dict[tuple[str, str], list[int]] = {}
             for rank in sorted(c.op_by_rank):
                 op, site = c.op_by_rank[rank], c.site_by_rank.get(rank)
-                what = (op or "") + (f" at {site}" if site else "")
+                what = ((op or "") + (f" at {site}" if site else "")).strip()
                 if op and shapes:
                     what += f" shapes {c.shapes_by_rank.get(rank)}"
                 if op and dtypes:
@@ -135,6 +146,8 @@ class Diagnosis:
             for (what, state), ranks in alike.items():
                 who = ("rank " if len(ranks) == 1 else "ranks ") + _ranks(ranks)
                 lines.append("  " + ": ".join(p for p in (who, what, state) if p))
+        if self.chain:
+            lines.append("chain: " + "; ".join(link["text"] for link in self.chain))
         if self.fix:
             lines.append(f"fix: {self.fix}")
         lines += [f"note: {n}" for n in self.notes]

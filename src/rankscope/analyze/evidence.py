@@ -16,8 +16,8 @@ from typing import Any
 import pandas as pd
 
 from rankscope import schema
-from rankscope.analyze.align import is_user_file
 from rankscope.collect.signatures import SIGNATURES, VICTIM_ROLES
+from rankscope.collect.stacks import is_user_file, latest_captures
 from rankscope.rundir import signal_name
 
 ROLE_OF_KIND = {s.kind: s.role for s in SIGNATURES}
@@ -73,21 +73,17 @@ class Evidence:
         return cache[name]
 
     def fr_frames(self, ranks: set[int]) -> pd.DataFrame:
-        """Flight-recorder frames of some ranks. For a run from :func:`rankscope.collect.load_run`
-        only these ranks' dumps are read again (through the collectors), not every rank's: a
-        call site needs a handful of entries, not millions of frames."""
+        """Flight-recorder frames of some ranks: from a :class:`rankscope.collect.Run`, only
+        these ranks' dumps (``Run.fr_frames_for``); else the ``fr_frames`` table's rows."""
         cache = self._frames
         key = frozenset(ranks)
         if key not in cache:
-            sources = getattr(getattr(self.run, "inventory", None), "flight_recorder", None)
-            if sources is None:
+            some = getattr(self.run, "fr_frames_for", None)
+            if some is not None:
+                cache[key] = some(set(ranks))
+            else:
                 frames = self.table("fr_frames")
                 cache[key] = frames[frames["rank"].isin(list(ranks))]
-            else:
-                from rankscope.collect import Problems, read_fr_frames
-
-                mine = [s for s in sources if s.rank in ranks]
-                cache[key] = read_fr_frames(mine, problems=Problems(), workers=1)
         return cache[key]
 
     @cached_property
@@ -138,6 +134,7 @@ class Evidence:
             f.end_reason = None if pd.isna(row.end_reason) else str(row.end_reason)
             f.last_seen_s = None if pd.isna(row.last_event_s) else float(row.last_event_s)
             f.ring = bool(row.ring) if not pd.isna(row.ring) else False
+            f.main_thread = None if pd.isna(row.main_thread) else str(row.main_thread)
         events = self.table("events")
         special = events[events["ev"].isin(["exception", "end", "start"])]
         for pos, row in zip(special.index, special.itertuples(index=False), strict=True):
@@ -160,7 +157,8 @@ class Evidence:
                 facts[rank].exiting = True
         summary = self.table("stack_summary")
         if not summary.empty:
-            for row in _latest_captures(summary).itertuples(index=False):
+            positioned = summary.assign(pos=range(len(summary)))
+            for row in latest_captures(positioned).itertuples(index=False):
                 f = facts.get(int(row.rank))
                 if f is not None:
                     f.stack_site = None if pd.isna(row.site) else str(row.site)
@@ -244,6 +242,8 @@ class RankFacts:
     """Its calls were recorded durably as they were made (a ring file): none is missing."""
     stack_reason: str | None = None
     """Why its latest stacks were taken: ``stall``, ``SIGTERM``, ``SIGSEGV``, ..."""
+    main_thread: str | None = None
+    """Its main thread's ident (``0x00007f...``), as the stacks and the calls name threads."""
 
     @property
     def record_complete(self) -> bool:
@@ -261,18 +261,3 @@ class RankFacts:
         if self.signal:
             return f"died of {self.signal} (exit code {self.exit_code})"
         return f"exited with code {self.exit_code}"
-
-
-def _latest_captures(summary: pd.DataFrame) -> pd.DataFrame:
-    """Each rank's latest stack capture (with its position ``pos`` in ``summary``): the last one
-    of the rank's own ``stacks.txt``, which the probe appends to, where it has one (a fatal
-    signal's dump there has no capture id or time); else the newest by id and time."""
-    latest = summary.assign(
-        pos=range(len(summary)),
-        own=summary["source"].fillna("").str.endswith("stacks.txt")
-        & ~summary["source"].fillna("").str.startswith("evidence/"),
-    )
-    latest = latest.sort_values(["own", "capture_id", "t_s", "capture"], na_position="first")
-    own = latest[latest["own"]].sort_values(["rank", "capture"], kind="stable")
-    latest = pd.concat([latest[~latest["own"]], own])
-    return latest.drop_duplicates("rank", keep="last")

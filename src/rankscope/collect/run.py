@@ -187,6 +187,16 @@ class Run:
             "ranks": (ranks, ("ranks",)),
         }
 
+    def fr_frames_for(self, ranks: set[int]) -> pd.DataFrame:
+        """The flight-recorder frames of some ranks only: their dumps are read again, not every
+        rank's (a call site needs a handful of entries, not millions of frames)."""
+        if "fr_frames" in self._cache:
+            frames = self._cache["fr_frames"]
+            return frames[frames["rank"].isin(list(ranks))]
+        kept = set(self.table("pg_status")["source"]) | set(self.flight_recorder["source"])
+        mine = [s for s in self.inventory.flight_recorder if s.rank in ranks and s.name in kept]
+        return read_fr_frames(mine, problems=Problems(), workers=1)
+
     def _launcher_text(self) -> str:
         text = ""
         for source in self.inventory.logs:
@@ -554,6 +564,11 @@ def _year(info: dict[str, Any]) -> int | None:
 
 
 # --- the ranks table ---------------------------------------------------------------------------
+def _thread_ident(tid: Any) -> str | None:
+    """A thread's ident as faulthandler prints it: ``0x00007f...``."""
+    return f"0x{tid:016x}" if type(tid) is int and tid >= 0 else None
+
+
 def _ranks_table(
     events: pd.DataFrame, inv: Inventory, info: dict[str, Any], launcher_text: str
 ) -> pd.DataFrame:
@@ -604,6 +619,7 @@ def _ranks_table(
                 "end_reason": None if ends is None or not len(ends) else ends["message"].iloc[-1],
                 "last_event_s": None if evs is None else evs["t_s"].max(),
                 "ring": rank in ringed,
+                "main_thread": _thread_ident(start.get("main_tid")),
             }
         )
     columns = list(schema.RANKS)

@@ -4,12 +4,14 @@ py-spy dumps (text and ``--json``), as one table of frames and a per-capture sum
 from __future__ import annotations
 
 import json
+import linecache
 import re
 import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from rankscope.collect._common import (
@@ -259,6 +261,7 @@ def read_stacks(sources: Iterable[SourceLike], *, problems: Problems | None = No
                             file,
                             line,
                             is_user_file(file),
+                            _source_line(file, line) if is_user_file(file) else None,
                             source.name,
                         )
                     )
@@ -266,7 +269,16 @@ def read_stacks(sources: Iterable[SourceLike], *, problems: Problems | None = No
 
 
 _STACK_COLUMNS = ("rank", "capture_id", "capture", "t_s", "tool", "reason", "thread", "thread_name")
-_STACK_COLUMNS += ("is_current", "depth", "func", "file", "line", "is_user", "source")
+_STACK_COLUMNS += ("is_current", "depth", "func", "file", "line", "is_user", "code", "source")
+
+
+def _source_line(file: str | None, line: int | None) -> str | None:
+    """The text of a frame's line when its file is readable here (the run was made on this
+    machine, or its sources were copied along): what the rank was doing, in its own words."""
+    if not file or not line or file.startswith("<"):
+        return None
+    text = linecache.getline(file, line).strip()
+    return text[:200] or None
 
 
 def summarize_stacks(stacks: pd.DataFrame) -> pd.DataFrame:
@@ -334,3 +346,26 @@ def _chosen_thread(threads: dict[Any, list[dict[str, Any]]]) -> tuple[Any, list[
         if max(frames, key=lambda r: r["depth"])["func"] == "<module>":
             return tid, frames
     return items[-1]
+
+
+def latest_captures(table: pd.DataFrame) -> pd.DataFrame:
+    """The rows of each rank's latest capture, from the ``stacks`` or the ``stack_summary``
+    table: the last capture of the rank's own ``stacks.txt`` where it has one (the probe appends
+    to it, and a fatal signal's dump there has no capture id or time), else the newest by
+    capture id and time."""
+    source = table["source"].fillna("")
+    own = source.str.endswith("stacks.txt") & ~source.str.startswith("evidence/")
+    ranked = table.assign(
+        _own=own.to_numpy(),
+        _id=table["capture_id"].astype("Float64").fillna(-1.0).to_numpy(dtype=float),
+        _t=table["t_s"].astype("Float64").fillna(-1.0).to_numpy(dtype=float),
+    )
+    # Own captures by their place in the file; others by id, then time.
+    ranked["_k1"] = np.where(ranked["_own"], 1, 0)
+    ranked["_k2"] = np.where(ranked["_own"], ranked["capture"].astype(float), ranked["_id"])
+    ranked["_k3"] = np.where(ranked["_own"], 0.0, ranked["_t"])
+    ordered = ranked.sort_values(["_k1", "_k2", "_k3"], kind="stable")
+    last = ordered.drop_duplicates("rank", keep="last")[["rank", "source", "capture"]]
+    chosen = ranked
+    out = chosen.merge(last, on=["rank", "source", "capture"], how="inner")
+    return out.drop(columns=["_own", "_id", "_t", "_k1", "_k2", "_k3"])

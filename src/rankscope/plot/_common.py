@@ -32,7 +32,7 @@ def as_calls(table: pd.DataFrame) -> pd.DataFrame:
     Raises:
         ValueError: the table is none of these.
     """
-    if "idx" in table.columns and "key" in table.columns:
+    if "p2p_seq" in table.columns and "key" in table.columns:
         return table
     if "coll_id" in table.columns:
         return calls_from_probe(table)

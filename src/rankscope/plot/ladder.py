@@ -39,7 +39,7 @@ def ladder_table(calls: pd.DataFrame) -> pd.DataFrame:
     """Per (process group, rank): the last collective entered and the last one completed.
 
     ``entered`` and ``completed`` count the rank's collectives on the group (the analyzer's
-    ``idx``; point-to-point calls are left out); ``front`` is the furthest any rank of the group
+    ``seq``; point-to-point calls are left out); ``front`` is the furthest any rank of the group
     entered; ``op`` and ``site`` are those of the last call entered. Example::
 
           pg  rank  entered  completed  front          op         site
@@ -47,20 +47,20 @@ def ladder_table(calls: pd.DataFrame) -> pd.DataFrame:
         1  0     1        3          3      4  all_reduce  train.py:14
     """
     table = as_calls(calls)
-    coll = table[table["idx"].notna()]
+    coll = table[table["seq"].notna()]
     if coll.empty:
         return pd.DataFrame({c: pd.Series([], dtype=t) for c, t in LADDER.items()})
-    last = coll.loc[coll.groupby(["pg", "rank"], observed=True)["idx"].idxmax().to_numpy()]
+    last = coll.loc[coll.groupby(["pg", "rank"], observed=True)["seq"].idxmax().to_numpy()]
     done = coll[coll["completed"].fillna(False).to_numpy(dtype=bool)]
-    completed = done.groupby(["pg", "rank"], observed=True)["idx"].max()
+    completed = done.groupby(["pg", "rank"], observed=True)["seq"].max()
     keys = pd.MultiIndex.from_arrays([last["pg"], last["rank"]])
     out = pd.DataFrame(
         {
             "pg": last["pg"].astype(str).to_numpy(),
             "rank": last["rank"].to_numpy(dtype=np.int64),
-            "entered": last["idx"].to_numpy(dtype=np.int64),
+            "entered": last["seq"].to_numpy(dtype=np.int64),
             "completed": completed.reindex(keys).fillna(0).to_numpy(dtype=np.int64),
-            "front": last.groupby("pg", observed=True)["idx"].transform("max").to_numpy(np.int64),
+            "front": last.groupby("pg", observed=True)["seq"].transform("max").to_numpy(np.int64),
             "op": text_or(last["op"]).to_numpy(),
             "site": text_or(last["site"]).to_numpy(),
         }

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -38,6 +38,7 @@ def rank_timeline(
     divergence: Mapping[str, Any] | None = None,
     now: float | None = None,
     ranks: Iterable[int] = (),
+    chain: Sequence[Mapping[str, Any]] = (),
 ) -> go.Figure:
     """One row per rank, one bar per collective or point-to-point call over wall time.
 
@@ -56,6 +57,8 @@ def rank_timeline(
         now: wall-clock seconds since the epoch up to which calls in flight are drawn; by
             default the latest time in the table.
         ranks: every rank of the job, so that a rank without calls still gets its row.
+        chain: the wait-for chain of a diagnosis (``Diagnosis.chain``): at ``now``, an arrow
+            from each waiting rank to the ranks it waits for.
 
     Returns:
         The figure; x is seconds since the first call.
@@ -110,6 +113,7 @@ def rank_timeline(
         )
     )
     _mark_divergence(fig, table, divergence, t0=t0)
+    _draw_chain(fig, chain, x=now - t0)
     highlight_ranks(fig, culprits, axis="y")
     fig.add_vline(
         x=now - t0,
@@ -149,7 +153,7 @@ def _with_hover(table: pd.DataFrame, *, culprits: list[int], inflight: np.ndarra
 
 
 def _hover(table: pd.DataFrame, op: pd.Series, dur: np.ndarray, inflight: np.ndarray) -> np.ndarray:
-    number = text_or(table["idx"].fillna(table["seq"]))
+    number = text_or(table["seq"].fillna(table["p2p_seq"]))
     took = pd.Series(dur, index=table.index).map("{:.3f} s".format)
     state = np.where(inflight, "in flight for ", "took ")
     text = (
@@ -176,7 +180,7 @@ def _mark_divergence(
     if not divergence or divergence.get("seq") is None:
         return
     pg, seq = str(divergence.get("pg")), int(divergence["seq"])
-    rows = table[(table["pg"].astype(str) == pg).to_numpy() & (table["idx"] == seq).fillna(False)]
+    rows = table[(table["pg"].astype(str) == pg).to_numpy() & (table["seq"] == seq).fillna(False)]
     label = f"first divergence: group {pg} #{seq}"
     if rows.empty:
         fig.add_annotation(text=label, xref="paper", yref="paper", x=0, y=1.06, showarrow=False)
@@ -210,3 +214,37 @@ def _mark_divergence(
         annotation_text=label,
         annotation_font_color=ALERT,
     )
+
+
+#: Arrows of a chain drawn at most (a 16k-rank chain is a handful of links, each many ranks).
+CHAIN_ARROWS = 64
+
+
+def _draw_chain(fig: go.Figure, chain: Sequence[Mapping[str, Any]], *, x: float) -> None:
+    """Where the calls in flight end (``now``), an arrow from each waiting rank to each rank it
+    waits for: the chain that leads to the culprit."""
+    drawn = 0
+    for link in chain:
+        for source in link.get("ranks", ())[:4]:
+            for target in link.get("waits_for", ())[:4]:
+                if drawn >= CHAIN_ARROWS or source == target:
+                    continue
+                where = link.get("waits_in") or {}
+                fig.add_annotation(
+                    x=x,
+                    y=target,
+                    ax=x,
+                    ay=source,
+                    xref="x",
+                    yref="y",
+                    axref="x",
+                    ayref="y",
+                    showarrow=True,
+                    arrowhead=3,
+                    arrowwidth=1.5,
+                    arrowcolor=ALERT,
+                    text="",
+                    hovertext=f"rank {source} waits in {where.get('op')} #{where.get('seq')} "
+                    f"for rank {target}",
+                )
+                drawn += 1

@@ -214,6 +214,7 @@ class Probe:
         self._request_stamp: tuple[int, int] | None = None
         self._originals: list[tuple[Any, str, Any]] = []
         self._ended = False
+        self._ending: int | None = None  # the thread inside end(), until it is done
         self._pid = os.getpid()  # a forked child (a DataLoader worker) is not the rank
         self._thread = threading.Thread(target=self._loop, name="rankscope-probe", daemon=True)
         self._warmup: threading.Thread | None = None
@@ -350,6 +351,7 @@ class Probe:
             if self._ended:
                 return
             self._ended = True
+            self._ending = threading.get_ident()
             # Evidence first: a rank that fails is often sent SIGTERM by torchrun moments later.
             self.capture(reason=reason)
             self._stop.set()  # no heartbeat after the end event
@@ -357,6 +359,7 @@ class Probe:
                 self._thread.join(timeout=2)
             self.emit("end", code=code, reason=reason)
             self.flush()
+            self._ending = None
         if self._warmup is not None and not dying:
             # A thread still inside torch's dump when the interpreter finalizes aborts the process.
             self._warmup.join(timeout=30)
@@ -424,7 +427,11 @@ class Probe:
         self._teardown(signum)
 
     def _teardown(self, signum: int) -> None:
-        """Capture and end as the signal's name, then die of the signal (exit code -signum)."""
+        """Capture and end as the signal's name, then die of the signal (exit code -signum).
+        A signal that lands in a thread already inside end() (the rank was exiting anyway) lets
+        that end finish: the process is on its way out with its own exit code."""
+        if self._ending == threading.get_ident():
+            return
         with contextlib.suppress(Exception):
             self.end(-signum, reason=signal.Signals(signum).name, dying=True)
         _die_of(signum)
@@ -552,6 +559,7 @@ class Probe:
             # reduce, send, recv and friends take the short path.
             one_tensor=params[:1] == ["tensor"]
             and not any(p in _TENSOR_PARAMS for p in params[1:]),
+            p2p=name in P2P,
         )
         before = after = None
         if name == "init_process_group":
@@ -648,7 +656,8 @@ class Probe:
             pg, pg_desc, pg_ranks = self._pg_cache[group]
         except (KeyError, TypeError):
             pg, pg_desc, pg_ranks = self._describe_group(group)
-        seqs = self._seqs.get(pg) or self._seqs.setdefault(pg, _Counter(1))
+        counter = (pg, "p2p") if spec.p2p else pg
+        seqs = self._seqs.get(counter) or self._seqs.setdefault(counter, _Counter(1))
         async_op = kwargs.get("async_op") if kwargs else None
         if async_op is None and spec.async_at is not None and len(args) > spec.async_at:
             async_op = args[spec.async_at]
@@ -830,6 +839,15 @@ class _Spec(NamedTuple):
     async_at: int | None
     always_async: bool
     one_tensor: bool
+    p2p: bool  # numbered among the group's point-to-point calls, not its collectives
+
+
+#: Point-to-point calls: the probe numbers them apart from the group's collectives, so that a
+#: collective's ``seq`` is the n-th collective of the rank on the group (as torch's recorder
+#: counts them).
+P2P = frozenset(
+    {"send", "recv", "isend", "irecv", "batch_isend_irecv", "send_object_list", "recv_object_list"}
+)
 
 
 #: Parameters of torch.distributed's functions that hold tensors or lists of tensors.

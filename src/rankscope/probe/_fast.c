@@ -261,6 +261,7 @@ typedef struct {
     PyObject *peer;            /* spec.peer: the keyword naming the peer, or NULL */
     Py_ssize_t group_at, peer_at, async_at; /* positional indexes, -1 when absent */
     int always_async;
+    int p2p; /* counted among the group's point-to-point calls: its counter is seqs[(pg, "p2p")] */
     PyObject *enter;
     State *state;
     PyObject *pg_cache, *describe_group, *seqs, *sites, *call_site, *facts_id, *ids;
@@ -472,24 +473,29 @@ new_facts(Wrapper *w, SiteSlot *slot, PyFrameObject *frame, PyObject *code, long
     if (site == NULL)
         goto fail;
 
-    /* The group's counter: the slot's when the group is, else from the probe's dict. */
+    /* The group's counter: the slot's when the group is, else from the probe's dict, under
+     * the group's name (collectives) or (name, "p2p") (point-to-point calls), as _enter. */
     if (slot != NULL && slot->info == info && slot->counter != NULL)
         *counter = Py_NewRef(slot->counter);
     else {
-        *counter = PyDict_GetItemWithError(w->seqs, pg);
+        PyObject *key = w->p2p ? Py_BuildValue("(Os)", pg, "p2p") : Py_NewRef(pg);
+        if (key == NULL)
+            goto fail;
+        *counter = PyDict_GetItemWithError(w->seqs, key);
         if (*counter != NULL)
             Py_INCREF(*counter);
-        else if (PyErr_Occurred())
-            goto fail;
-        else {
+        else if (!PyErr_Occurred()) {
             Counter *c = PyObject_New(Counter, &CounterType);
-            if (c == NULL)
-                goto fail;
-            c->next = 1;
-            *counter = (PyObject *)c;
-            if (PyDict_SetItem(w->seqs, pg, *counter))
-                goto fail;
+            if (c != NULL) {
+                c->next = 1;
+                *counter = (PyObject *)c;
+                if (PyDict_SetItem(w->seqs, key, *counter))
+                    Py_CLEAR(*counter);
+            }
         }
+        Py_DECREF(key);
+        if (*counter == NULL)
+            goto fail;
     }
 
     if (dtype != NULL) {
@@ -1327,8 +1333,8 @@ wrapper_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     if (meta != Py_None &&
         (read = (tensor_meta_fn)PyCapsule_GetPointer(meta, TENSOR_META_CAPSULE)) == NULL)
         return NULL;
-    if (PyTuple_GET_SIZE(spec) != 7) {
-        PyErr_SetString(PyExc_TypeError, "Wrapper: the spec must be a 7-field _Spec");
+    if (PyTuple_GET_SIZE(spec) != 8) {
+        PyErr_SetString(PyExc_TypeError, "Wrapper: the spec must be an 8-field _Spec");
         return NULL;
     }
     Wrapper *w = (Wrapper *)type->tp_alloc(type, 0);
@@ -1343,6 +1349,7 @@ wrapper_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     w->peer_at = index_of(spec, 3);
     w->async_at = index_of(spec, 4);
     w->always_async = PyObject_IsTrue(PyTuple_GET_ITEM(spec, 5)) == 1;
+    w->p2p = PyObject_IsTrue(PyTuple_GET_ITEM(spec, 7)) == 1;
     w->before = before == Py_None ? NULL : Py_NewRef(before);
     w->after = after == Py_None ? NULL : Py_NewRef(after);
     w->tensor_type = Py_NewRef(tensor_type);

@@ -22,9 +22,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rankscope.analyze import align
+from rankscope.analyze import align, diagnose
 from rankscope.analyze.diagnosis import Diagnosis, compact_ranks
 from rankscope.analyze.evidence import Evidence
+from rankscope.collect import load_run
 from rankscope.replay import _plan
 from rankscope.replay._plan import WORLD, Plan
 from rankscope.replay._script import DEFAULT_TIMEOUT_S, Writer, clean
@@ -113,21 +114,16 @@ def build(
     if scale_down is not None and scale_down < 1:
         raise ValueError(f"scale_down must be at least 1 element, got {scale_down}")
     if isinstance(run, (str, os.PathLike)):
-        from rankscope.collect import load_run
-
         run = load_run(run)
     path = getattr(run, "path", None)
     name = Path(path).name if path is not None else "the evidence"
-    probe, fr = _plan.probe_calls(run), _plan.fr_calls(run)
-    if probe.empty and fr.empty:
+    if run.collectives.empty and run.flight_recorder.empty:
         raise ValueError(_nothing_to_replay(run, name))
     if diagnosis is None:
-        from rankscope.analyze import diagnose
-
         diagnosis = diagnose(run)
     _check_replayable(diagnosis, name)
-    source = _plan.choose_source(diagnosis, probe, fr)
-    calls = probe if source == "collectives" else fr
+    calls = _plan.calls_of(run, diagnosis)
+    source = _plan.source_of(calls)
     ev = Evidence(run)
     members = align.group_members(calls, world=ev.world)
     world = sorted(
@@ -137,17 +133,15 @@ def build(
     )
     # A rank with no record (no dump, no probe events) cannot be replayed: what it did is unknown.
     evidence = set(calls["rank"].unique().tolist()) | set(diagnosis.culprit_ranks)
-    if source == "collectives":
-        evidence |= {r for r, f in ev.ranks.items() if f.started}
-    else:
-        evidence |= set(ev.table("pg_status")["rank"].dropna().astype(int).tolist())
+    evidence |= {r for r, f in ev.ranks.items() if f.started}
+    evidence |= set(ev.table("pg_status")["rank"].dropna().astype(int).tolist())
     silent = [r for r in world if r not in evidence]
     candidates = [r for r in world if r in evidence]
     waits = _plan.waits_for(calls, members)
     kept = _plan.choose_ranks(candidates, diagnosis, waits, _plan.signatures(calls), ranks)
     new_rank = {r: i for i, r in enumerate(kept)}
     steps = _plan.steps_of(
-        run, calls, source, kept, members, site_ranks=_site_sample(kept, diagnosis, calls)
+        run, calls, kept, members, site_ranks=_site_sample(kept, diagnosis, calls)
     )
     ends = _plan.ends_of(run, steps)
     steps, trimmed, left = _plan.trim(steps, kept, new_rank)
@@ -295,6 +289,11 @@ def _header(plan: Plan, writer: Writer, filename: str) -> str:
         )
     if plan.source == "collectives":
         out.append("Replayed from: the probe's events (every call, with its call site).")
+    elif plan.source == "merged":
+        out += wrap.wrap(
+            "Replayed from: the probe's events and the flight-recorder dumps together (the "
+            "collectives torch issued from C++, such as DDP's buckets, are the recorder's)."
+        )
     else:
         out += wrap.wrap(
             "Replayed from: the flight-recorder dumps (each rank's last recorded collectives"
@@ -317,7 +316,10 @@ def _header(plan: Plan, writer: Writer, filename: str) -> str:
         f"Dropped: {_who(dropped)} ({len(dropped)} of {n})." if dropped else "Dropped: no rank."
     )
     if plan.silent:
-        what = "probe events" if plan.source == "collectives" else "flight-recorder dump"
+        what = {
+            "collectives": "probe events",
+            "flight_recorder": "flight-recorder dump",
+        }.get(plan.source, "probe events and no flight-recorder dump")
         out += wrap.wrap(
             f"Not replayed: {_who(plan.silent)}: no {what}, so what it did is unknown; the "
             "others wait for it only if they did in the original."

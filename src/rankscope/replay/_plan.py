@@ -1,7 +1,9 @@
 """From a diagnosed run to a replay plan: which ranks, which groups, which calls, how each rank ends.
 
-The calls come from the same source the analyzer used for its diagnosis: the probe's events (every
-call, exact call sites) or torch's flight recorder (the last entries of each rank's ring buffer).
+The calls are the ones the analyzer built its diagnosis from (``Diagnosis.calls``): the probe's
+events (every call made from Python, exact call sites) and torch's flight recorder (the last
+entries of each rank's ring buffer, collectives torch issues from C++ included), merged into one
+sequence per rank. Each call's details (tensors, peers) are read from the row it came from.
 Everything here is about the original job; :mod:`rankscope.replay._script` writes the plan out.
 """
 
@@ -16,8 +18,15 @@ from typing import Any
 import pandas as pd
 
 from rankscope.analyze import align
+from rankscope.analyze.calls import (
+    calls_from_flight_recorder,
+    calls_from_probe,
+    fr_sites,
+    merge_calls,
+)
 from rankscope.analyze.diagnosis import Diagnosis, compact_ranks
 from rankscope.analyze.evidence import Evidence
+from rankscope.analyze.waits import wait_graph
 from rankscope.replay._ops import GLOO_DTYPES, OPS, OpSpec, dtype_name, op_spec
 
 WORLD = "0"
@@ -44,9 +53,9 @@ class Step:
     op: str
     """The op as recorded (probe: torch.distributed function; recorder: the backend's name)."""
     pg: str
-    idx: int | None
-    """The collective's number on its group (``None`` for point-to-point calls)."""
     seq: int | None
+    """The collective's number on its group (``None`` for point-to-point calls)."""
+    p2p_seq: int | None
     tensors: tuple[Tensor, ...] = ()
     peer: int | None = None
     """Original global rank: the root of a rooted collective, the other side of a p2p call."""
@@ -96,6 +105,8 @@ class Plan:
     name: str
     diagnosis: Diagnosis
     source: str
+    """Where the calls come from: ``collectives`` (the probe), ``flight_recorder``, or
+    ``merged`` (both: collectives torch issued from C++ are the recorder's)."""
     world: list[int]
     """Every rank the evidence knows of."""
     kept: list[int]
@@ -118,25 +129,17 @@ class Plan:
 
 
 # --- the calls -------------------------------------------------------------------------------
-def probe_calls(run: Any) -> pd.DataFrame:
-    probe = run.collectives
-    return align.calls_from_probe(probe) if not probe.empty else pd.DataFrame()
+def calls_of(run: Any, diagnosis: Diagnosis) -> pd.DataFrame:
+    """The calls the diagnosis was built from; made again when it does not carry them."""
+    if diagnosis.calls is not None:
+        return diagnosis.calls
+    probe, fr = run.collectives, run.flight_recorder
+    return merge_calls(calls_from_probe(probe), calls_from_flight_recorder(fr))
 
 
-def fr_calls(run: Any) -> pd.DataFrame:
-    fr = run.flight_recorder
-    return align.calls_from_flight_recorder(fr) if not fr.empty else pd.DataFrame()
-
-
-def choose_source(diagnosis: Diagnosis, probe: pd.DataFrame, fr: pd.DataFrame) -> str:
-    """The calls the analyzer based its answer on: the probe's, unless it used the recorder
-    (collectives torch issues from C++, such as DDP's buckets, are in the recorder only)."""
-    wanted = diagnosis.collective.source if diagnosis.collective is not None else None
-    if wanted == "flight_recorder" and not fr.empty:
-        return "flight_recorder"
-    if wanted == "collectives" and not probe.empty:
-        return "collectives"
-    return "collectives" if not probe.empty else "flight_recorder"
+def source_of(calls: pd.DataFrame) -> str:
+    sources = set(calls["source"].astype(str))
+    return sources.pop() if len(sources) == 1 else "merged"
 
 
 def _json_list(text: Any, cache: dict[Any, list[Any]]) -> list[Any]:
@@ -255,7 +258,6 @@ def _values(col: pd.Series) -> list[Any]:
 def steps_of(
     run: Any,
     calls: pd.DataFrame,
-    source: str,
     ranks: Iterable[int],
     members: Mapping[str, Sequence[int]],
     *,
@@ -272,26 +274,44 @@ def steps_of(
     if mine.empty:
         return out
     n = len(mine)
-    if source == "collectives":
-        raw = run.collectives.loc[mine["row"].to_numpy(), ["peer", "async_op"]]
-        raw_peer = _values(raw["peer"])
-        raw_async = raw["async_op"].fillna(False).astype(bool).tolist()
-        sites = _values(mine["site"].astype("string"))
-        described = [_values(mine["shapes"]), _values(mine["dtypes"])]
-    else:
+    probed = (mine["source"].astype(str) == "collectives").to_numpy()
+    raw_peer: list[Any] = [None] * n
+    raw_async = [False] * n
+    sites = _values(mine["site"].astype("string"))
+    described: list[list[Any]] = [[None] * n for _ in range(4)]
+    if probed.any():
+        raw = run.collectives.loc[mine["row"].to_numpy()[probed], ["peer", "async_op"]]
+        for i, peer, flag in zip(
+            probed.nonzero()[0], _values(raw["peer"]), raw["async_op"].fillna(False), strict=True
+        ):
+            raw_peer[i], raw_async[i] = peer, bool(flag)
+        for i, shapes, dtypes in zip(
+            probed.nonzero()[0],
+            _values(mine["shapes"][probed]),
+            _values(mine["dtypes"][probed]),
+            strict=True,
+        ):
+            described[0][i], described[1][i] = shapes, dtypes
+    if (~probed).any():
+        fr_rows = mine[~probed]
         raw = run.flight_recorder.loc[
-            mine["row"].to_numpy(),
+            fr_rows["row"].to_numpy(),
             ["input_sizes", "output_sizes", "input_dtypes", "output_dtypes"],
         ]
-        frames = _frames(run, set(site_ranks) if site_ranks is not None else want)
-        found = align.fr_sites(frames, mine) if frames is not None else None
-        sites = _values(found) if found is not None else [None] * n
-        raw_peer = [None] * n
-        raw_async = [False] * n
-        described = [_values(raw[c]) for c in raw.columns]
+        cols = [_values(raw[c]) for c in raw.columns]
+        for k, i in enumerate((~probed).nonzero()[0]):
+            for j in range(4):
+                described[j][i] = cols[j][k]
+        unknown = [i for i in (~probed).nonzero()[0] if sites[i] is None]
+        if unknown:
+            frames = _frames(run, set(site_ranks) if site_ranks is not None else want)
+            if frames is not None:
+                found = fr_sites(frames, mine.iloc[unknown], run.flight_recorder)
+                for i, site in zip(unknown, _values(found), strict=True):
+                    sites[i] = site
     ranks_col = mine["rank"].astype("int64").tolist()
     ops, pgs = _values(mine["op"]), _values(mine["pg"])
-    idxs, seqs, peers = _values(mine["idx"]), _values(mine["seq"]), _values(mine["peer"])
+    seqs, p2p_seqs, peers = _values(mine["seq"]), _values(mine["p2p_seq"]), _values(mine["peer"])
     done = mine["completed"].fillna(False).astype(bool).tolist()
     failed = mine["ok"].eq(False).fillna(False).astype(bool).tolist()
     errors, orders = _values(mine["error"]), mine["order"].astype("int64").tolist()
@@ -301,11 +321,11 @@ def steps_of(
     for i in range(n):
         op, pg = str(ops[i]), str(pgs[i])
         size = len(members.get(pg, ())) or 1
-        what = (op, size, *(d[i] for d in described))
+        what = (bool(probed[i]), op, size, *(d[i] for d in described))
         if what not in made:
             spec = op_spec(op)
-            if source == "collectives":
-                shapes, dtypes = (_json_list(d[i], cache) for d in described)
+            if probed[i]:
+                shapes, dtypes = (_json_list(d[i], cache) for d in described[:2])
                 tensors, note = _tensors(spec, op, shapes, dtypes, size)
             else:
                 inputs, outputs, in_dt, out_dt = (_json_list(d[i], cache) for d in described)
@@ -316,9 +336,9 @@ def steps_of(
         spec, tensors, note = made[what]
         peer = None if peers[i] is None else int(peers[i])
         batch: tuple[tuple[str, int, Tensor], ...] = ()
-        if source == "collectives":
+        if probed[i]:
             if spec.family == "batch":
-                shapes, dtypes = (_json_list(d[i], cache) for d in described)
+                shapes, dtypes = (_json_list(d[i], cache) for d in described[:2])
                 batch, tensors = _batch(raw_peer[i], tensors, shapes, dtypes), ()
             elif spec.root is not None and peer is None:
                 peer = _int(raw_peer[i])
@@ -327,8 +347,8 @@ def steps_of(
                 spec=spec,
                 op=op,
                 pg=pg,
-                idx=None if idxs[i] is None else int(idxs[i]),
                 seq=None if seqs[i] is None else int(seqs[i]),
+                p2p_seq=None if p2p_seqs[i] is None else int(p2p_seqs[i]),
                 tensors=tensors,
                 peer=peer,
                 batch=batch,
@@ -374,13 +394,10 @@ def _batch(
 
 def _frames(run: Any, ranks: set[int]) -> pd.DataFrame | None:
     """Flight-recorder frames of a few ranks (for call sites), read from their dumps only."""
-    sources = getattr(getattr(run, "inventory", None), "flight_recorder", None)
     try:
-        if sources is not None:
-            from rankscope.collect import Problems, read_fr_frames
-
-            mine = [s for s in sources if s.rank in ranks]
-            return read_fr_frames(mine, problems=Problems(), workers=1)
+        some = getattr(run, "fr_frames_for", None)
+        if some is not None:
+            return some(ranks)
         frames = run.fr_frames
         return frames[frames["rank"].isin(list(ranks))]
     except Exception:  # sites are comments: a replay without them still runs
@@ -431,36 +448,11 @@ def _same(a: str, b: str | None) -> bool:
 
 # --- which ranks -----------------------------------------------------------------------------
 def waits_for(calls: pd.DataFrame, members: Mapping[str, Sequence[int]]) -> dict[int, set[int]]:
-    """For each rank left inside a call: the ranks that kept it there (those of the group that
-    never made the call, or made a different one; the peer of a p2p call)."""
-    last = align.last_calls(calls)
-    if last.empty:
-        return {}
-    stuck = last[~last["completed"].fillna(False).astype(bool)]
-    out: dict[int, set[int]] = {}
-    coll = calls[calls["idx"].notna()]
-    cells = [
-        (str(pg), int(idx))
-        for pg, idx in zip(stuck["pg"], stuck["idx"], strict=True)
-        if not pd.isna(idx)
-    ]
-    made: dict[tuple[str, int], dict[int, int]] = {}
-    if cells:
-        where = pd.MultiIndex.from_arrays([coll["pg"].astype(str), coll["idx"].astype("int64")])
-        sub = coll[where.isin(cells)]
-        for r, p, i, k in zip(sub["rank"], sub["pg"], sub["idx"], sub["key"], strict=True):
-            made.setdefault((str(p), int(i)), {})[int(r)] = int(k)
-    for rank, row in stuck.iterrows():
-        if pd.isna(row["idx"]):
-            if not pd.isna(row["peer"]):
-                out[int(rank)] = {int(row["peer"])}
-            continue
-        cell = made.get((str(row["pg"]), int(row["idx"])), {})
-        mine = cell.get(int(rank))
-        missing = set(members.get(str(row["pg"]), ())) - set(cell)
-        odd = {r for r, k in cell.items() if k != mine}
-        out[int(rank)] = missing | odd
-    return out
+    """For each rank left inside a call: the ranks that kept it there (the analyzer's wait-for
+    graph: those of the group that never made the call, or made a different one; the peer of a
+    p2p call)."""
+    graph = wait_graph(calls, members=members)
+    return {rank: set(w.waits_for) for rank, w in graph.waits.items()}
 
 
 def choose_ranks(
@@ -551,7 +543,7 @@ def signatures(calls: pd.DataFrame) -> dict[int, Any]:
     whether it had completed."""
     last = align.last_calls(calls)
     return {
-        int(r): (str(row["pg"]), row["idx"], str(row["op"]), int(row["key"]), row["completed"])
+        int(r): (str(row["pg"]), row["seq"], str(row["op"]), int(row["key"]), row["completed"])
         for r, row in last.iterrows()
     }
 
@@ -566,8 +558,8 @@ def trim(
     for rank in kept:
         seen: dict[str, int] = {}
         for s in steps[rank]:
-            if s.idx is not None and s.pg not in seen:
-                seen[s.pg] = s.idx
+            if s.seq is not None and s.pg not in seen:
+                seen[s.pg] = s.seq
         for pg, idx in seen.items():
             first[pg] = max(first.get(pg, idx), idx)
     trimmed = {pg: idx for pg, idx in first.items() if idx > 1}
@@ -577,8 +569,8 @@ def trim(
         mine = []
         started = not trimmed
         for s in steps[rank]:
-            if s.idx is not None:
-                if s.idx < first.get(s.pg, 1):
+            if s.seq is not None:
+                if s.seq < first.get(s.pg, 1):
                     left[rank] = left.get(rank, 0) + 1
                     continue
                 started = True

@@ -109,8 +109,8 @@ class Writer:
             s.op,
             label,
             self.group_size(s.pg),
-            s.idx,
             s.seq,
+            s.p2p_seq,
             s.tensors,
             self._root_key(s),
             tuple((k, self.new.get(p), t) for k, p, t in s.batch),
@@ -304,9 +304,9 @@ class Writer:
         s, site = role.steps[pos], role.sites[pos]
         parts = []
         group = self._group_text(role, role.labels[pos])
-        if s.idx is not None:
+        if s.seq is not None:
             if not loop:
-                parts.append(f"{group} #{s.idx}")
+                parts.append(f"{group} #{s.seq}")
         else:
             peer = f" original rank {s.peer}" if s.peer is not None else ""
             to = "from" if "recv" in s.spec.call else "to"
@@ -328,7 +328,7 @@ class Writer:
         return [
             r
             for r in role.ranks
-            if (WORLD if label is None else role.bindings[r][label], s.idx) == self.divergence
+            if (WORLD if label is None else role.bindings[r][label], s.seq) == self.divergence
         ]
 
     def role_function(self, role: Role) -> list[str]:
@@ -387,7 +387,7 @@ class Writer:
         if steps:
             last = steps[-1]
             group = self._group_text(role, role.labels[-1])
-            at = f"{last.op} ({group} #{last.idx})" if last.idx is not None else last.op
+            at = f"{last.op} ({group} #{last.seq})" if last.seq is not None else last.op
         texts = {
             "blocked": f"never returned from {at}",
             "failed": f"{at} failed",
@@ -433,7 +433,7 @@ class Writer:
             s.spec.call,
             s.op,
             role.labels[pos],
-            s.idx is None,
+            s.seq is None,
             s.tensors,
             self._root_key(s),
             s.batch,
@@ -447,10 +447,10 @@ class Writer:
         p2p = 0
         for pos in block:
             s = role.steps[pos]
-            if s.idx is None:
+            if s.seq is None:
                 p2p += 1
             else:
-                groups.setdefault(self._group_text(role, role.labels[pos]), []).append(s.idx)
+                groups.setdefault(self._group_text(role, role.labels[pos]), []).append(s.seq)
         parts = [f"{g} #{min(v)}-#{max(v)}" for g, v in groups.items()]
         if p2p:
             parts.append(f"{p2p} point-to-point calls")

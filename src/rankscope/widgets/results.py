@@ -181,12 +181,17 @@ class ResultsPanel(widgets.VBox):
         self.replay_info.value = ""
         culprits = d.culprit_ranks
         divergence = d.collective.to_dict() if d.collective else None
-        calls = run.collectives if len(run.collectives) else run.flight_recorder
+        calls = d.calls  # what the diagnosis was built from: the probe's and the recorder's
         ranks = run.ranks["rank"].dropna().astype(int).tolist()
         set_figure(
             self.timeline,
             plot.rank_timeline(
-                calls, culprit_ranks=culprits, divergence=divergence, now=now, ranks=ranks
+                calls,
+                culprit_ranks=culprits,
+                divergence=divergence,
+                now=now,
+                ranks=ranks,
+                chain=d.chain,
             ),
         )
         figures: dict[str, go.Figure] = {

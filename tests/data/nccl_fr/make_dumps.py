@@ -17,6 +17,10 @@ in its last one. One rank (``culprit``) diverges at that last record:
 - ``p2p_cycle``: no collective diverges; ranks 0 and 1 each wait in ``recv`` from the other, so
   the rest wait for them in the next collective;
 - ``none``: every rank completes every record (a clean run).
+- ``tp_skip`` (4 ranks, groups ``tp0`` [0, 1] and ``tp1`` [2, 3] besides the world): each step
+  all_reduces on the rank's tp group (train.py:30), then on the world (train.py:32); at the last
+  step the culprit skips its tp all_reduce. Its tp partner waits in the tp group for it, and the
+  other ranks wait in the world group for that partner: a chain across groups.
 
 With ``subgroups`` every fourth record goes to the rank's half of the world (groups ``1`` and
 ``2``) and the culprit diverges in its half's last collective; the other half completes its own
@@ -46,7 +50,7 @@ from pathlib import Path
 from typing import Any
 
 PREFIX = "nccl_trace_rank_"
-DIVERGENCES = ("missing", "op", "shape", "dtype", "p2p_cycle", "none")
+DIVERGENCES = ("missing", "op", "shape", "dtype", "p2p_cycle", "none", "tp_skip")
 TORCH_FILE = "/usr/local/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py"
 USER_FILE = "/srv/job/train.py"
 T0_NS = 1_700_000_000_000_000_000
@@ -76,7 +80,10 @@ FIXTURES: dict[str, dict[str, Any]] = {
     },
     # As "missing", without rank 3's file: the analysis must still name rank 2 and say so.
     "partial": {"world": 4, "entries": 7, "culprit": 2, "divergence": "missing", "drop": [3]},
+    "tp_skip": {"world": 4, "entries": 5, "culprit": 2, "divergence": "tp_skip"},
 }
+#: tp_skip's lines in train.py: the tp all_reduce, the world all_reduce.
+TP_LINE, WORLD_LINE = 30, 32
 
 
 def _groups(world: int, subgroups: bool) -> dict[str, tuple[str, list[int]]]:
@@ -167,6 +174,8 @@ def build_dump(
     subgroups: bool = False,
 ) -> dict[str, Any]:
     """One rank's dump of ``entries`` records, as described in the module docstring."""
+    if divergence == "tp_skip":
+        return build_tp_dump(rank, world=world, steps=entries, culprit=culprit)
     if divergence not in DIVERGENCES:
         raise ValueError(f"divergence must be one of {DIVERGENCES}, got {divergence!r}")
     if divergence in ("missing", "op", "shape", "dtype") and culprit not in range(world):
@@ -246,6 +255,63 @@ def build_dump(
     }
 
 
+def build_tp_dump(rank: int, *, world: int, steps: int, culprit: int | None) -> dict[str, Any]:
+    """``tp_skip``: tensor-parallel pairs inside the world group, one rank skipping a tp call."""
+    if world != 4 or culprit not in range(world):
+        raise ValueError("tp_skip is 4 ranks (tp0 = 0, 1 and tp1 = 2, 3) with a culprit rank")
+    partner = culprit ^ 1
+    tp = "1" if rank < 2 else "2"
+    groups = {"0": ("default_pg", [0, 1, 2, 3]), "1": ("tp0", [0, 1]), "2": ("tp1", [2, 3])}
+    rec = Entries()
+    seqs = {"0": 0, tp: 0}
+    for step in range(1, steps + 1):
+        last = step == steps
+        for name, line in ((tp, TP_LINE), ("0", WORLD_LINE)):
+            if last and rank == culprit and name == tp:
+                continue  # the skipped call
+            seqs[name] += 1
+            waits = last and (name == "0" or rank == partner)
+            sizes = rec.sizes(256)
+            rec.add(
+                pg=(name, groups[name][0]),
+                seq=seqs[name],
+                p2p_seq=0,
+                name="nccl:all_reduce",
+                inp=sizes,
+                out=sizes,
+                dtype="Float",
+                frames=rec.frames("all_reduce", line),
+                done=not waits,
+            )
+            if waits:
+                break
+    status = {
+        name: {
+            "last_enqueued_collective": seqs[name],
+            "last_started_collective": seqs[name],
+            "last_completed_collective": max(
+                (
+                    e["collective_seq_id"]
+                    for e in rec.out
+                    if e["process_group"][0] == name and e["retired"]
+                ),
+                default=0,
+            ),
+        }
+        for name in seqs
+    }
+    return {
+        "version": "2.10",
+        "comm_lib_version": "2.21.5",
+        "pg_config": {
+            name: {"name": name, "desc": groups[name][0], "ranks": str(groups[name][1])}
+            for name in seqs
+        },
+        "pg_status": status,
+        "entries": rec.out,
+    }
+
+
 def write_dumps(
     out: Path,
     *,
@@ -265,6 +331,8 @@ def write_dumps(
     healthy: dict[tuple[str, ...], Path] = {}
     # Ranks whose dumps are identical: those outside the culprit and p2p pair, same subgroup.
     special = {culprit, 0, 1} if divergence == "p2p_cycle" else {culprit}
+    if divergence == "tp_skip":
+        special = set(range(world))
     paths = []
     for rank in range(world):
         path = out / f"{prefix}{rank}"

@@ -1,0 +1,169 @@
+"""Diagnosis accuracy: every scenario of the catalogue and every case of the corpus, run for real.
+
+Each job runs under rankscope (torchrun, the probe, the stall watchdog, stopped after its
+capture) on gloo, then ``diagnose()`` answers from its run directory. Printed: one row per case
+with what was expected and what came out (verdict, cause, recipe, culprits) and how long the
+answer took: from the start of the job to the verdict (``to verdict``, stall timeout included),
+and ``diagnose()`` alone. Then the accuracy of each field over all cases, and a confusion table
+of causes. Target: every case right.
+
+The catalogue's entries say what their broken run must give (``expected``); where an entry leaves
+a field open (null), the table shows what came out without scoring it. The corpus
+(``tests/corpus``) states every field of each case.
+
+    python bench/diagnosis_accuracy.py [--only NAME ...] [--skip-catalogue] [--skip-corpus]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import sys
+import tempfile
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rankscope.analyze import diagnose
+from rankscope.launch import Job, JobSpec
+from rankscope.scenarios import catalogue
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _corpus() -> Any:
+    spec = importlib.util.spec_from_file_location("corpus_expect", ROOT / "tests/corpus/expect.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+@dataclass
+class Row:
+    name: str
+    kind: str
+    want: dict[str, Any]
+    got: dict[str, Any]
+    wrong: list[str]
+    to_verdict_s: float
+    diagnose_s: float
+
+
+def run_case(
+    name: str, kind: str, spec: JobSpec, want: dict[str, Any], root: Path, check: Any
+) -> Row:
+    start = time.monotonic()
+    job = Job(spec, runs_root=root).start()
+    try:
+        job.wait(timeout=180)
+    finally:
+        if job.poll() is None:
+            job.stop(grace_s=2.0)
+    t0 = time.monotonic()
+    d = diagnose(job.run.path)
+    done = time.monotonic()
+    got = {"verdict": d.verdict, "cause": d.cause, "recipe": d.recipe, "culprits": d.culprit_ranks}
+    return Row(name, kind, want, got, check(d), done - start, done - t0)
+
+
+def catalogue_cases(only: set[str]) -> list[tuple[str, JobSpec, dict[str, Any], Any]]:
+    out = []
+    for s in catalogue():
+        if only and s.id not in only:
+            continue
+        if s.missing():
+            print(f"skipped {s.id}: needs {', '.join(s.missing())}", file=sys.stderr)
+            continue
+        want = {
+            "verdict": s.expected["verdict"],
+            "cause": s.expected.get("cause"),
+            "recipe": None,
+            "culprits": s.expected.get("culprit_ranks"),
+        }
+
+        def check(d: Any, want: dict[str, Any] = want) -> list[str]:
+            wrong = []
+            if d.verdict != want["verdict"]:
+                wrong.append(f"verdict {d.verdict}")
+            if want["cause"] is not None and d.cause != want["cause"]:
+                wrong.append(f"cause {d.cause}")
+            if want["culprits"] is not None and d.culprit_ranks != want["culprits"]:
+                wrong.append(f"culprits {d.culprit_ranks}")
+            return wrong
+
+        out.append((s.id, s.spec(on_stall="stop"), want, check))
+    return out
+
+
+def corpus_cases(only: set[str]) -> list[tuple[str, JobSpec, dict[str, Any], Any]]:
+    corpus = _corpus()
+    out = []
+    for c in corpus.cases():
+        if only and c.name not in only:
+            continue
+        spec = JobSpec(script=str(c.path), nproc_per_node=c.ranks, name=c.name, **corpus.RUN)
+        want = {"verdict": c.verdict, "cause": c.cause, "recipe": c.recipe, "culprits": c.culprits}
+        out.append((c.name, spec, want, lambda d, c=c: corpus.check(c, d)))
+    return out
+
+
+def score(rows: list[Row], field: str) -> str:
+    scored = [r for r in rows if r.want.get(field) is not None]
+    right = sum(r.got[field] == r.want[field] for r in scored)
+    return f"{right}/{len(scored)}"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--only", nargs="*", default=[], help="case names to run")
+    ap.add_argument("--skip-catalogue", action="store_true")
+    ap.add_argument("--skip-corpus", action="store_true")
+    args = ap.parse_args()
+    only = set(args.only)
+    cases = []
+    if not args.skip_catalogue:
+        cases += [("catalogue", *c) for c in catalogue_cases(only)]
+    if not args.skip_corpus:
+        cases += [("corpus", *c) for c in corpus_cases(only)]
+    rows: list[Row] = []
+    with tempfile.TemporaryDirectory(prefix="rankscope-accuracy-") as tmp:
+        for kind, name, spec, want, check in cases:
+            row = run_case(name, kind, spec, want, Path(tmp), check)
+            rows.append(row)
+            mark = "ok " if not row.wrong else "BAD"
+            print(
+                f"{mark} {kind:9} {name:26} {row.got['verdict']:12} {row.got['cause'] or '-':28} "
+                f"{row.got['recipe'] or '-':4} culprits {row.got['culprits']!s:10} "
+                f"to verdict {row.to_verdict_s:5.1f} s  diagnose {row.diagnose_s:5.2f} s"
+                + (f"  <- {'; '.join(row.wrong)}" if row.wrong else ""),
+                flush=True,
+            )
+    print()
+    right = sum(not r.wrong for r in rows)
+    print(f"cases right: {right}/{len(rows)}")
+    for field in ("verdict", "cause", "recipe", "culprits"):
+        print(f"  {field:9} {score(rows, field)}")
+    times = sorted(r.to_verdict_s for r in rows)
+    diag = sorted(r.diagnose_s for r in rows)
+    if times:
+        print(
+            f"  time to verdict: median {times[len(times) // 2]:.1f} s, max {times[-1]:.1f} s; "
+            f"diagnose(): median {diag[len(diag) // 2]:.2f} s, max {diag[-1]:.2f} s"
+        )
+    print("\ncauses, expected (rows) against diagnosed (columns):")
+    pairs = Counter((r.want["cause"] or "(open)", r.got["cause"] or "(none)") for r in rows)
+    expected = sorted({a for a, _ in pairs})
+    got = sorted({b for _, b in pairs})
+    width = max(len(x) for x in [*expected, *got, "expected"]) + 2
+    print(" " * width + "".join(f"{g[:14]:>15}" for g in got))
+    for e in expected:
+        print(f"{e:<{width}}" + "".join(f"{pairs.get((e, g), 0) or '.':>15}" for g in got))
+    if right < len(rows):
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

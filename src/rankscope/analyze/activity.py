@@ -1,0 +1,212 @@
+"""What a rank outside every collective was doing, read from its stacks.
+
+A faulthandler dump shows Python frames only: ``time.sleep``, ``Lock.acquire`` and socket reads
+are C, so the innermost frame is the user's line that made them, and its source text (the stacks
+table's ``code``) says what it waits on. Frames of the standard library say it too: a
+``queue.get`` waiting in ``threading.Condition.wait``, a ``Thread.join``. The classification
+looks at the main thread (the one whose outermost frame is the script's ``<module>``), from its
+innermost frame outwards, and lists what the rank's other user threads were doing: the thread
+that holds a lock the main thread waits for is usually one of them.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+
+from rankscope.collect.stacks import latest_captures
+
+#: What a rank can be found waiting on, with the advice that goes with each.
+WAITS: dict[str, tuple[str, str]] = {
+    "lock": (
+        "waiting to acquire a lock",
+        "The main thread waits for a lock that another thread holds and does not release (see "
+        "what the other threads were doing): never hold a lock across something that can "
+        "block (a sleep, I/O, a collective), and give acquire() a timeout that fails loudly.",
+    ),
+    "sleep": (
+        "sleeping",
+        "The rank sleeps while the others wait for it in a collective: a back-off or retry "
+        "loop, a rate limit or a debugging pause on one rank. Make such waits bounded and the "
+        "same on every rank, or keep them out of the steps where the ranks must meet.",
+    ),
+    "queue": (
+        "waiting on a queue",
+        "The rank waits for an item that never comes: the producer (a data-loading thread or "
+        "process) died or is stuck. Give get() a timeout and check the producer's health.",
+    ),
+    "thread_join": (
+        "waiting for a thread to finish",
+        "The rank joins a thread that does not finish (it is stuck itself, see its stack): "
+        "give join() a timeout, and make the thread's own waits bounded.",
+    ),
+    "event": (
+        "waiting for an event or condition",
+        "The rank waits for an event or condition that nothing sets: the thread or process "
+        "that should set it failed or waits too. Use a timeout and report when it expires.",
+    ),
+    "io": (
+        "waiting on I/O",
+        "The rank waits on I/O (a socket, a pipe, a file on a slow or hung shared filesystem, "
+        "standard input): make the I/O time out, keep slow I/O off the path between "
+        "collectives, or do it on every rank alike.",
+    ),
+    "subprocess": (
+        "waiting for a child process",
+        "The rank waits for a child process that does not end: give the wait a timeout and "
+        "check the child's own output.",
+    ),
+}
+
+#: Source text of the innermost user frame, and what it waits on.
+_CODE = [
+    ("lock", re.compile(r"\bwith\b[^:]*lock|\.acquire\(|\block\.")),
+    ("sleep", re.compile(r"\bsleep\(")),
+    ("queue", re.compile(r"\.get\(|\.put\(")),
+    ("thread_join", re.compile(r"\.join\(")),
+    ("event", re.compile(r"\.wait\(")),
+    ("io", re.compile(r"\binput\(|\.recv\w*\(|\.read\w*\(|\.accept\(|\.readline\(|\bselect\(")),
+    ("subprocess", re.compile(r"subprocess\.|\.communicate\(")),
+]
+#: Standard-library frames (file, function) and what they wait on.
+_LIBRARY = [
+    ("queue", re.compile(r"(^|/)queue\.py$"), {"get", "put"}),
+    ("thread_join", re.compile(r"(^|/)threading\.py$"), {"join", "_wait_for_tstate_lock"}),
+    ("event", re.compile(r"(^|/)threading\.py$"), {"wait"}),
+    ("lock", re.compile(r"(^|/)threading\.py$"), {"acquire", "__enter__"}),
+    ("subprocess", re.compile(r"(^|/)subprocess\.py$"), {"wait", "communicate", "_wait"}),
+    ("io", re.compile(r"(^|/)(socket|selectors|ssl)\.py$|(^|/)http/"), None),
+]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Activity:
+    """Where a rank's main thread was, and what it waited on there, when its stacks were taken."""
+
+    kind: str | None
+    """A key of :data:`WAITS`, or None when the stacks do not say (running code, or no code
+    text to read)."""
+    site: str | None
+    """``file.py:line`` of the innermost user frame."""
+    func: str | None
+    code: str | None
+    """That line's source text, when the file was readable."""
+    reason: str | None
+    """Why those stacks were taken (``stall``, ``SIGTERM``, ...)."""
+    others: list[str] = field(default_factory=list)
+    """What the rank's other user threads were doing: ``thread 0x... at w.py:20 (sleeping:
+    time.sleep(60))``."""
+
+    @property
+    def when(self) -> str:
+        """When those stacks were taken, in words."""
+        reason = self.reason or ""
+        if reason.startswith("stall"):
+            return "when the stall watchdog caught the hang"
+        if reason == "SIGTERM":
+            return "as the job was ended (SIGTERM)"
+        if reason.startswith("SIG"):
+            return f"as it died of {reason}"
+        return {"exception": "when it raised", "exit": "at its exit"}.get(reason, "on request")
+
+    @property
+    def doing(self) -> str:
+        """``sleeping at train.py:14 (time.sleep(60))``: what it was doing, in words."""
+        what = WAITS[self.kind][0] if self.kind else "outside any collective"
+        text = what + (f" at {self.site}" if self.site else "")
+        return text + (f" (`{self.code}`)" if self.code else "")
+
+
+def rank_activity(
+    stacks: pd.DataFrame, rank: int, *, main_thread: str | None = None
+) -> Activity | None:
+    """What ``rank`` was doing in its latest capture of stacks, if it was outside every
+    collective; None when it has no stacks or its main thread is inside torch.distributed."""
+    mine = stacks[stacks["rank"] == rank]
+    if mine.empty:
+        return None
+    latest = latest_captures(mine)
+    threads = {
+        tid: frames.sort_values("depth") for tid, frames in latest.groupby("thread", sort=False)
+    }
+    main = _main_thread(threads, main_thread)
+    if main is None:
+        return None
+    frames = threads[main]
+    if frames["file"].fillna("").str.contains("torch/distributed/", regex=False).any():
+        return None
+    kind, user = _classify(frames)
+    others = []
+    for tid, other in threads.items():
+        if tid == main:
+            continue
+        okind, ouser = _classify(other)
+        if ouser is None or _is_probe_thread(other):
+            continue
+        what = WAITS[okind][0] if okind else "running"
+        code = f": {ouser['code']}" if _text(ouser.get("code")) else ""
+        others.append(f"thread {tid} at {_site(ouser)} ({what}{code})")
+    return Activity(
+        kind=kind,
+        site=_site(user) if user is not None else None,
+        func=_text(user.get("func")) if user is not None else None,
+        code=_code(user) if user is not None else None,
+        reason=_text(frames["reason"].iloc[0]) if "reason" in frames else None,
+        others=others,
+    )
+
+
+def _main_thread(threads: dict[Any, pd.DataFrame], main_thread: str | None) -> Any:
+    if main_thread is not None and main_thread in threads:
+        return main_thread
+    for tid, frames in threads.items():
+        if (frames["thread_name"].astype(str) == "MainThread").any():
+            return tid
+    for tid, frames in threads.items():
+        if frames["func"].iloc[-1] == "<module>":
+            return tid
+    return None
+
+
+def _classify(frames: pd.DataFrame) -> tuple[str | None, dict[str, Any] | None]:
+    """(what the thread waits on, its innermost user frame) from its frames, innermost first."""
+    records = frames.to_dict("records")
+    user = next((r for r in records if r.get("is_user") is True), None)
+    inner = records[: records.index(user)] if user is not None else records
+    for r in reversed(inner):  # the library call the user's code made, then what it made
+        file, func = str(r.get("file") or ""), str(r.get("func") or "")
+        for kind, pattern, funcs in _LIBRARY:
+            if pattern.search(file) and (funcs is None or func in funcs):
+                return kind, user
+    code = _text(user.get("code")) if user is not None else None
+    if code:
+        for kind, pattern in _CODE:
+            if pattern.search(code):
+                return kind, user
+    return None, user
+
+
+def _is_probe_thread(frames: pd.DataFrame) -> bool:
+    return frames["file"].fillna("").str.contains("rankscope/probe/", regex=False).any()
+
+
+def _site(frame: dict[str, Any]) -> str | None:
+    file, line = _text(frame.get("file")), frame.get("line")
+    if file is None:
+        return None
+    return f"{file.replace(chr(92), '/').rsplit('/', 1)[-1]}:{line}"
+
+
+def _code(frame: dict[str, Any]) -> str | None:
+    """A frame's source line without its trailing comment."""
+    text = _text(frame.get("code"))
+    return re.sub(r"\s+#.*$", "", text) if text else None
+
+
+def _text(value: Any) -> str | None:
+    if value is None or value is pd.NA or (isinstance(value, float) and value != value):
+        return None
+    return str(value)

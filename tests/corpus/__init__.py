@@ -1,0 +1,1 @@
+"""The diagnosis corpus (see README.md): scripts, their expected answers, and the check."""

@@ -1,0 +1,89 @@
+"""Each corpus script's expected answer, and how a diagnosis is checked against it.
+
+Used by ``tests/test_corpus.py`` and by ``bench/diagnosis_accuracy.py`` (which loads this file
+by its path).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).parent
+_EXPECT = re.compile(r"^# expect: (\{.*\})\s*$", re.M)
+#: How each corpus job runs: a short stall timeout, stopped after the capture.
+RUN = {"stall_timeout_s": 3.0, "on_stall": "stop", "collective_timeout_s": 60.0}
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    path: Path
+    ranks: int
+    verdict: str
+    cause: str | None = None
+    recipe: str | None = None
+    culprits: list[int] | None = None
+    site: str | None = None
+    """Tag of the line (``# site: <tag>``) where the diagnosis must place the culprit."""
+    chain: list[int] = field(default_factory=list)
+    """Ranks the diagnosis's chain of waits must name."""
+    thread: bool = False
+    """The culprit's call came from a thread other than its main one: a note says so."""
+    activity: str | None = None
+    """What the culprit was blocked on, as the stacks say (lock, sleep, queue, ...)."""
+
+    def line(self, tag: str) -> str:
+        for no, text in enumerate(self.path.read_text().splitlines(), 1):
+            if f"# site: {tag}" in text:
+                return f"{self.path.name}:{no}"
+        raise AssertionError(f"no line marked 'site: {tag}' in {self.path.name}")
+
+
+def cases() -> list[Case]:
+    out = []
+    for path in sorted(HERE.glob("*.py")):
+        m = _EXPECT.search(path.read_text())
+        if m is None:
+            continue
+        want: dict[str, Any] = json.loads(m.group(1))
+        out.append(Case(name=path.stem, path=path, **want))
+    return out
+
+
+def check(case: Case, d: Any) -> list[str]:
+    """What the diagnosis ``d`` gets wrong about ``case`` (empty: all right)."""
+    wrong = []
+    if d.verdict != case.verdict:
+        wrong.append(f"verdict {d.verdict} (expected {case.verdict})")
+    if case.cause is not None and d.cause != case.cause:
+        wrong.append(f"cause {d.cause} (expected {case.cause})")
+    if case.recipe is not None and d.recipe != case.recipe:
+        wrong.append(f"recipe {d.recipe} (expected {case.recipe})")
+    if case.culprits is not None and d.culprit_ranks != case.culprits:
+        wrong.append(f"culprits {d.culprit_ranks} (expected {case.culprits})")
+    text = d.render()
+    if case.site is not None and case.line(case.site) not in text:
+        wrong.append(f"the culprit's site {case.line(case.site)} is not in the diagnosis")
+    named = {r for link in d.chain for r in link["ranks"]}
+    if case.chain and not set(case.chain) <= named:
+        wrong.append(f"chain names ranks {sorted(named)} (expected {case.chain} among them)")
+    if case.thread and not any("thread" in n and "not its main thread" in n for n in d.notes):
+        wrong.append("no note names the thread that made the call")
+    if case.activity is not None and not any(
+        w in d.reason for w in _ACTIVITY_WORDS.get(case.activity, (case.activity,))
+    ):
+        wrong.append(f"the reason does not say the culprit was {case.activity}: {d.reason}")
+    if "?" in text.replace("could not read", ""):
+        wrong.append("a '?' in the diagnosis")
+    return wrong
+
+
+_ACTIVITY_WORDS = {
+    "lock": ("waiting to acquire a lock",),
+    "sleep": ("sleeping",),
+    "queue": ("waiting on a queue",),
+}
