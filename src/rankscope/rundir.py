@@ -62,6 +62,12 @@ EVENT_KINDS = {
     "os._exit, or the name of the signal that ended the process: SIGTERM)",
 }
 
+#: Point-to-point calls: an ``enter`` event's ``seq`` numbers them apart from the group's
+#: collectives, so a collective's ``seq`` is the n-th collective of the rank on its group.
+P2P_OPS = frozenset(
+    {"send", "recv", "isend", "irecv", "batch_isend_irecv", "send_object_list", "recv_object_list"}
+)
+
 #: The ring file (``calls-<pid>.ring``): a header, then ``nslots`` slots; the call with id
 #: ``cid`` is in slot ``cid % nslots``. The probe maps the file shared and writes a call's slot
 #: as the call is entered and again as it returns, so the kernel keeps both in the file however

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from rankscope.rundir import P2P_OPS  # only two ranks take part: not aligned by position
 from rankscope.schema import CALLS
 
 #: Recorded calls that are not collectives: process-group set-up and teardown.
@@ -37,10 +38,6 @@ MANAGEMENT_OPS = frozenset(
         "new_subgroups",
         "new_subgroups_by_enumeration",
     }
-)
-#: Point-to-point calls: only two ranks take part, so they are not aligned by position.
-P2P_OPS = frozenset(
-    {"send", "recv", "isend", "irecv", "batch_isend_irecv", "send_object_list", "recv_object_list"}
 )
 #: Collectives whose tensors differ between ranks by design (the root's list, uneven splits).
 UNEVEN_OPS = frozenset(
@@ -142,11 +139,23 @@ def _finish(columns: dict[str, Any], n: int) -> pd.DataFrame:
             codes = np.full(n, -1 if value is None else 0, dtype=np.int8)
             out[col] = pd.Categorical.from_codes(codes, categories=cats)
         elif value is None:
-            out[col] = pd.array([pd.NA] * n if n < 1024 else np.full(n, None), dtype=dtype)
+            out[col] = _nulls(n, dtype)
         else:
             series = pd.Series(value)
             out[col] = series.array if str(series.dtype) == dtype else series.astype(dtype).array
     return pd.DataFrame(out, copy=False)
+
+
+def _nulls(n: int, dtype: str) -> Any:
+    """A column of ``n`` nulls of a nullable dtype, without a Python object per row."""
+    mask = np.ones(n, dtype=bool)
+    if dtype == "Int64":
+        return pd.arrays.IntegerArray(np.zeros(n, dtype=np.int64), mask)
+    if dtype == "Float64":
+        return pd.arrays.FloatingArray(np.zeros(n, dtype=np.float64), mask)
+    if dtype == "boolean":
+        return pd.arrays.BooleanArray(np.zeros(n, dtype=bool), mask)
+    return pd.array(np.full(n, None), dtype=dtype)
 
 
 def _positions(rank: np.ndarray, pg: pd.Series, mask: np.ndarray) -> pd.Series:
@@ -228,15 +237,21 @@ def _ranks_per_group(pg: pd.Series, pg_ranks: pd.Series) -> pd.Categorical:
     return pd.Categorical.from_codes(lookup[codes] if len(codes) else codes, categories=present)
 
 
-def _thread_text(thread_id: pd.Series) -> pd.Series:
+def _thread_text(thread_id: pd.Series) -> pd.Categorical:
     """The recorder's ``thread_id`` (the thread's ident, as a decimal) as faulthandler and the
-    probe print it: ``0x00007f...``."""
-    values = pd.to_numeric(thread_id.astype(object), errors="coerce")
-    known = values.notna() & (values >= 0)
-    out = pd.Series(pd.NA, index=thread_id.index, dtype=object)
-    if known.any():
-        out[known] = [f"0x{int(v):016x}" for v in values[known]]
-    return out
+    probe print it: ``0x00007f...``; worked out once per distinct value."""
+    values = thread_id.astype("category")
+    names = []
+    for value in values.cat.categories:
+        try:
+            number = int(str(value))
+        except ValueError:
+            number = -1
+        names.append(f"0x{number:016x}" if number >= 0 else None)
+    return pd.Categorical.from_codes(
+        values.cat.codes.to_numpy(),
+        categories=pd.Index([n or f"?{i}" for i, n in enumerate(names)], dtype=object),
+    ).remove_categories([f"?{i}" for i, n in enumerate(names) if n is None])
 
 
 def calls_from_flight_recorder(flight_recorder: pd.DataFrame) -> pd.DataFrame:
@@ -250,7 +265,10 @@ def calls_from_flight_recorder(flight_recorder: pd.DataFrame) -> pd.DataFrame:
     df = latest_dumps(flight_recorder[_FR_COLUMNS])
     # An unnamed group is torch's own helper (TORCH_DISTRIBUTED_DEBUG=DETAIL wraps every group
     # and checks each collective on it): not a group of the job's, and not aligned.
-    named = df["pg_name"].notna() & (df["pg_name"].astype(object) != "")
+    names = df["pg_name"].astype("category")
+    named = names.notna() & (
+        names.cat.codes != (names.cat.categories.get_loc("") if "" in names.cat.categories else -2)
+    )
     usable = (df["op"].notna() & named & (df["op"] != "coalesced")).to_numpy()
     if not usable.all():
         df = df[usable]

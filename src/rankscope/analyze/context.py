@@ -46,8 +46,8 @@ class Where:
     """What a rank that never made a call was doing instead."""
 
     state: str
-    """``exited``, ``in_call`` (waiting in another call), ``busy`` (alive, outside any
-    collective) or ``unknown``."""
+    """``exited``, ``in_call`` (waiting in another call), ``busy`` (its stacks show it outside
+    any collective), ``alive`` (outside any collective; no stacks say where) or ``unknown``."""
     site: str | None
     note: str
     ref: EvidenceRef | None
@@ -102,9 +102,11 @@ class Context:
         buffer that still holds its first entry (``record_id`` 0)."""
         probed = {r for r, f in self.facts.items() if f.started}
         fr = self.fr
-        first = set(fr.loc[fr["record_id"].eq(0).fillna(False), "rank"].dropna().astype(int))
+        rank = fr["rank"].to_numpy(dtype=np.int64, na_value=-1)
+        record = fr["record_id"].to_numpy(dtype=np.int64, na_value=-1)
+        first = set(np.unique(rank[record == 0]).tolist())
         dumped = set(self.ev.table("pg_status")["rank"].dropna().astype(int).tolist())
-        return probed | first | (dumped - set(fr["rank"].dropna().astype(int)))
+        return probed | first | (dumped - set(np.unique(rank).tolist()))
 
     @cached_property
     def last(self) -> pd.DataFrame:
@@ -336,9 +338,9 @@ class Context:
             )
             ref = EvidenceRef(table="stack_summary", row=int(f.stack_row), rank=rank, note=note)
             return Where(state="busy", site=f.stack_site, note=note, ref=ref)
-        if f.started:
+        if f.started:  # alive as far as anyone knows, and no stacks say where
             note = "outside any collective" + (f", after its call{at}" if site else "")
-            return Where(state="busy", site=None, note=note, ref=None)
+            return Where(state="alive", site=None, note=note, ref=None)
         if call is None:
             return Where(state="unknown", site=None, note="no record of any call", ref=None)
         note = f"its last recorded call, {call.op}{at}, had completed"
@@ -455,10 +457,9 @@ class Context:
             if note:
                 early.setdefault(note, []).append(rank)
         notes += [f"{who_of(ranks)}: {note}" for note, ranks in early.items()]
-        notes += self.notes_of_sites
         if notes:
             notes += [f"could not read {text}" for text in self.unreadable()]
-        return notes
+        return notes + self.notes_of_sites
 
     def _early_stop(self, f: RankFacts) -> str | None:
         """Why a rank's evidence may stop before its end, if it may."""

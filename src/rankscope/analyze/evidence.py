@@ -57,7 +57,7 @@ class Evidence:
     def __init__(self, run: Any):
         self.run = run
         self._tables: dict[str, pd.DataFrame] = {}
-        self._frames: dict[frozenset[int], pd.DataFrame] = {}
+        self._frames: dict[int, pd.DataFrame] = {}
 
     def table(self, name: str) -> pd.DataFrame:
         """The table ``name`` of :mod:`rankscope.schema`; empty when the run does not have it."""
@@ -75,16 +75,21 @@ class Evidence:
     def fr_frames(self, ranks: set[int]) -> pd.DataFrame:
         """Flight-recorder frames of some ranks: from a :class:`rankscope.collect.Run`, only
         these ranks' dumps (``Run.fr_frames_for``); else the ``fr_frames`` table's rows."""
+        some = getattr(self.run, "fr_frames_for", None)
+        if some is None:
+            frames = self.table("fr_frames")
+            return frames[frames["rank"].isin(list(ranks))]
         cache = self._frames
-        key = frozenset(ranks)
-        if key not in cache:
-            some = getattr(self.run, "fr_frames_for", None)
-            if some is not None:
-                cache[key] = some(set(ranks))
-            else:
-                frames = self.table("fr_frames")
-                cache[key] = frames[frames["rank"].isin(list(ranks))]
-        return cache[key]
+        new = set(ranks) - set(cache)
+        if new:  # each rank's dump is read once, however the samples fall
+            read = some(new)
+            for rank in new:
+                cache[rank] = read[read["rank"] == rank]
+        return (
+            pd.concat([cache[r] for r in sorted(ranks)], ignore_index=True)
+            if ranks
+            else (schema.empty("fr_frames"))
+        )
 
     @cached_property
     def info(self) -> dict[str, Any]:

@@ -163,28 +163,24 @@ def _collective_waits(
     call (one set, shared by every rank stuck there)."""
     if stuck.empty:
         return {}
-    want = pd.MultiIndex.from_arrays([stuck["pg"].astype(str), stuck["seq"].astype("int64")])
-    coll = calls[calls["seq"].notna()]
-    here = pd.MultiIndex.from_arrays([coll["pg"].astype(str), coll["seq"].astype("int64")])
-    made = coll[here.isin(want)]
-    arrived: dict[tuple[str, int, int], set[int]] = {}
-    for (pg, seq, key), ranks in made.groupby(
-        [made["pg"].astype(str), made["seq"].astype("int64"), made["key"]], observed=True
-    )["rank"]:
-        arrived[(pg, int(seq), int(key))] = set(ranks.tolist())
-    out = {}
-    for pg, seq, key in set(
+    cells = set(
         zip(
             stuck["pg"].astype(str),
             stuck["seq"].astype("int64").tolist(),
             stuck["key"].astype("int64").tolist(),
             strict=True,
         )
-    ):
-        group = set(members.get(pg, ()))
-        out[(pg, int(seq), int(key))] = frozenset(
-            group - arrived.get((pg, int(seq), int(key)), set())
-        )
+    )
+    pg_codes = calls["pg"].cat.codes.to_numpy()
+    names = {str(name): code for code, name in enumerate(calls["pg"].cat.categories)}
+    seq = calls["seq"].to_numpy(dtype=np.int64, na_value=-1)
+    key = calls["key"].to_numpy(dtype=np.int64)
+    rank = calls["rank"].to_numpy(dtype=np.int64)
+    out = {}
+    for pg, s, k in cells:  # a handful: the distinct calls ranks are stuck in
+        here = (pg_codes == names.get(pg, -2)) & (seq == s) & (key == k)
+        arrived = set(np.unique(rank[here]).tolist())
+        out[(pg, s, k)] = frozenset(set(members.get(pg, ())) - arrived)
     return out
 
 

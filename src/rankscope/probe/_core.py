@@ -78,6 +78,7 @@ from torch.distributed import distributed_c10d as c10d
 from rankscope.rundir import (
     DIST_ENV,
     ENV_RUN_DIR,
+    P2P_OPS,
     RING_HEADER,
     RING_MAGIC,
     RING_SLOT,
@@ -559,7 +560,7 @@ class Probe:
             # reduce, send, recv and friends take the short path.
             one_tensor=params[:1] == ["tensor"]
             and not any(p in _TENSOR_PARAMS for p in params[1:]),
-            p2p=name in P2P,
+            p2p=name in P2P_OPS,
         )
         before = after = None
         if name == "init_process_group":
@@ -840,14 +841,6 @@ class _Spec(NamedTuple):
     always_async: bool
     one_tensor: bool
     p2p: bool  # numbered among the group's point-to-point calls, not its collectives
-
-
-#: Point-to-point calls: the probe numbers them apart from the group's collectives, so that a
-#: collective's ``seq`` is the n-th collective of the rank on the group (as torch's recorder
-#: counts them).
-P2P = frozenset(
-    {"send", "recv", "isend", "irecv", "batch_isend_irecv", "send_object_list", "recv_object_list"}
-)
 
 
 #: Parameters of torch.distributed's functions that hold tensors or lists of tensors.

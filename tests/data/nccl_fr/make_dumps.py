@@ -234,10 +234,15 @@ def build_dump(
             frames=rec.frames(op, line),
             done=not (hang and i == entries - 1 + other_half),
         )
+    return _dump(rec, groups, seqs)
+
+
+def _dump(rec: Entries, groups: dict[str, tuple[str, list[int]]], seqs: dict[str, int]) -> dict:
+    """A dump of the entries in ``rec``, for the groups in ``seqs`` (with their last numbers)."""
     status = {}
-    for name in mine:
-        mine_entries = [e for e in rec.out if e["process_group"][0] == name and not e["is_p2p"]]
-        done = [e["collective_seq_id"] for e in mine_entries if e["retired"]]
+    for name in seqs:
+        mine = [e for e in rec.out if e["process_group"][0] == name and not e["is_p2p"]]
+        done = [e["collective_seq_id"] for e in mine if e["retired"]]
         status[name] = {
             "last_enqueued_collective": seqs[name],
             "last_started_collective": seqs[name],
@@ -248,7 +253,7 @@ def build_dump(
         "comm_lib_version": "2.21.5",
         "pg_config": {
             name: {"name": name, "desc": groups[name][0], "ranks": str(groups[name][1])}
-            for name in mine
+            for name in seqs
         },
         "pg_status": status,
         "entries": rec.out,
@@ -285,31 +290,7 @@ def build_tp_dump(rank: int, *, world: int, steps: int, culprit: int | None) -> 
             )
             if waits:
                 break
-    status = {
-        name: {
-            "last_enqueued_collective": seqs[name],
-            "last_started_collective": seqs[name],
-            "last_completed_collective": max(
-                (
-                    e["collective_seq_id"]
-                    for e in rec.out
-                    if e["process_group"][0] == name and e["retired"]
-                ),
-                default=0,
-            ),
-        }
-        for name in seqs
-    }
-    return {
-        "version": "2.10",
-        "comm_lib_version": "2.21.5",
-        "pg_config": {
-            name: {"name": name, "desc": groups[name][0], "ranks": str(groups[name][1])}
-            for name in seqs
-        },
-        "pg_status": status,
-        "entries": rec.out,
-    }
+    return _dump(rec, groups, seqs)
 
 
 def write_dumps(

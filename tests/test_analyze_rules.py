@@ -1,0 +1,226 @@
+"""The analyzer's pieces one at a time, on tables built here: the merged calls, the wait-for
+graph (roots, cycles, the rank that departed), what a rank outside the collectives was doing, and
+each rule on a context of its own."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from rankscope import schema
+from rankscope.analyze import diagnose, merge_calls, rules, wait_graph
+from rankscope.analyze.activity import rank_activity
+from rankscope.analyze.calls import calls_from_flight_recorder, calls_from_probe
+from rankscope.analyze.context import Context
+from rankscope.analyze.evidence import Evidence
+from rankscope.analyze.waits import departed
+
+from .test_analyze_tables import T0, call, fr_entry, run_of, steps
+
+
+def probe(rows: list[dict]) -> pd.DataFrame:
+    return calls_from_probe(schema.conform("collectives", pd.DataFrame(rows)))
+
+
+def recorder(rows: list[dict]) -> pd.DataFrame:
+    return calls_from_flight_recorder(schema.conform("flight_recorder", pd.DataFrame(rows)))
+
+
+def context(run) -> Context:
+    return Context(Evidence(run), straggler_s=1.0)
+
+
+# --- the calls ----------------------------------------------------------------------------------
+def test_the_recorders_own_collectives_join_the_probes_calls():
+    """Rank 0's recorder holds its two Python all_reduces (made while the probe's calls ran, on
+    the same thread) and one all_reduce the backend issued itself (DDP's bucket, from C++). The
+    group then takes the recorder's numbers, with the probe's sites on its calls."""
+    thread = 140_000_000_000_000
+    p = [
+        call(0, 1, t=T0 + 1, thread=f"0x{thread:016x}", site="train.py:11"),
+        call(0, 2, t=T0 + 3, thread=f"0x{thread:016x}", site="train.py:12"),
+    ]
+    f = [
+        fr_entry(0, 1, time_created_ns=int((T0 + 1.001) * 1e9), thread_id=str(thread)),
+        fr_entry(0, 2, time_created_ns=int((T0 + 2) * 1e9), thread_id=str(thread)),  # C++
+        fr_entry(0, 3, time_created_ns=int((T0 + 3.001) * 1e9), thread_id=str(thread)),
+    ]
+    merged = merge_calls(probe(p), recorder(f))
+    assert merged["seq"].tolist() == [1, 2, 3]
+    assert merged["source"].astype(str).tolist() == ["flight_recorder"] * 3
+    sites = [None if pd.isna(x) else x for x in merged["site"]]
+    assert sites == ["train.py:11", None, "train.py:12"]
+    # Every recorder entry is a probe call's: the probe's calls are the sequence.
+    only_python = merge_calls(probe(p), recorder([f[0], dict(f[2], collective_seq_id=2)]))
+    assert only_python["source"].astype(str).tolist() == ["collectives"] * 2
+
+
+# --- the wait-for graph -------------------------------------------------------------------------
+def test_roots_are_ranks_waited_on_that_wait_for_nobody():
+    calls = probe([*steps(range(3), 2), call(0, 3, done=False), call(1, 3, done=False)])
+    g = wait_graph(calls, members={"0": (0, 1, 2)})
+    assert g.roots == (2,) and g.cycles == () and g.waiting == [0, 1]
+    assert g.waits[0].waits_for == {2} and g.waiting_on([2]) == [0, 1]
+
+
+def tp_skip() -> pd.DataFrame:
+    """4 ranks, tp groups "1" = [0, 1] and "2" = [2, 3]; at step 2 rank 2 skips its tp call."""
+    rows = []
+    for rank in range(4):
+        tp, members = ("1", "0,1") if rank < 2 else ("2", "2,3")
+        n = 0
+        for step in (1, 2):
+            if not (rank == 2 and step == 2):
+                n += 1
+                last = step == 2 and rank == 3
+                rows.append(
+                    call(
+                        rank, step, pg=tp, pg_ranks=members, site="m.py:5", t=T0 + n, done=not last
+                    )
+                )
+                n += 1
+                if last:
+                    continue
+            rows.append(
+                call(rank, step, pg_ranks="0,1,2,3", site="m.py:6", t=T0 + n + 1, done=step == 1)
+            )
+    return probe(rows)
+
+
+def test_a_cycle_across_groups_and_the_rank_that_departed():
+    calls = tp_skip()
+    members = {"0": (0, 1, 2, 3), "1": (0, 1), "2": (2, 3)}
+    g = wait_graph(calls, members=members)
+    assert g.roots == () and g.cycles == ((2, 3),)
+    assert g.waits[3].pg == "2" and g.waits[3].waits_for == {2}
+    assert g.waits[2].pg == "0" and g.waits[2].waits_for == {3}
+    # rank 2's last two calls (m.py:6 after m.py:6) follow each other nowhere else
+    assert departed(calls, [2, 3]) == [2]
+
+
+def test_a_send_facing_its_receive_is_no_wait():
+    rows = [
+        call(0, 1, op="send", peer="1", done=False, pg_ranks="0,1"),
+        call(1, 1, op="recv", peer="0", done=False, pg_ranks="0,1"),
+    ]
+    g = wait_graph(probe(rows), members={"0": (0, 1)})
+    assert all(not w.waits_for for w in g.waits.values()) and g.cycles == ()
+
+
+# --- what a rank was doing ---------------------------------------------------------------------
+def frames(rank: int, thread: str, *rows: tuple[str, str, int, str | None]) -> list[dict]:
+    """Frames of one thread, innermost first: (func, file, line, code)."""
+    return [
+        {
+            "rank": rank,
+            "capture_id": 1,
+            "capture": 0,
+            "source": f"ranks/{rank}/stacks.txt",
+            "reason": "stall",
+            "thread": thread,
+            "depth": depth,
+            "func": func,
+            "file": file,
+            "line": line,
+            "is_user": not file.startswith("/usr/lib/"),
+            "code": code,
+        }
+        for depth, (func, file, line, code) in enumerate(rows)
+    ]
+
+
+def test_what_the_main_thread_waits_on_and_what_the_others_do():
+    stacks = schema.conform(
+        "stacks",
+        pd.DataFrame(
+            frames(1, "0xa", ("<module>", "/u/train.py", 14, "with log_lock:"))
+            + frames(
+                1,
+                "0xb",
+                ("flush", "/u/train.py", 8, "time.sleep(60)"),
+                ("run", "/usr/lib/python3.11/threading.py", 982, None),
+            )
+            + frames(
+                2,
+                "0xc",
+                ("wait", "/usr/lib/python3.11/threading.py", 331, None),
+                ("get", "/usr/lib/python3.11/queue.py", 171, None),
+                ("<module>", "/u/train.py", 20, "batch = q.get()"),
+            )
+        ),
+    )
+    lock = rank_activity(stacks, 1, main_thread="0xa")
+    assert (lock.kind, lock.site, lock.code) == ("lock", "train.py:14", "with log_lock:")
+    assert lock.others == ["thread 0xb at train.py:8 (sleeping: time.sleep(60))"]
+    assert lock.doing == "waiting to acquire a lock at train.py:14 (`with log_lock:`)"
+    queue = rank_activity(stacks, 2)
+    assert (queue.kind, queue.site) == ("queue", "train.py:20")
+
+
+# --- rules on their own -------------------------------------------------------------------------
+def test_the_waits_rule_names_a_rank_blocked_outside_and_its_fix():
+    rows = [*steps(range(3), 2), call(0, 3, done=False), call(1, 3, done=False)]
+    stacks = [
+        {
+            "rank": 2,
+            "capture_id": 1,
+            "site": "train.py:14",
+            "func": "<module>",
+            "source": "ranks/2/stacks.txt",
+        }
+    ]
+    run = run_of(rows, exits=dict.fromkeys(range(3)), stacks=stacks)
+    run.stacks = schema.conform(
+        "stacks", pd.DataFrame(frames(2, "0xa", ("<module>", "/u/train.py", 14, "time.sleep(300)")))
+    )
+    found = rules.waits(context(run))
+    assert (found.cause, found.culprits, found.waiting) == ("stuck_outside", [2], [0, 1])
+    assert found.facts["culprit_doing"].startswith("sleeping at train.py:14")
+    assert "back-off" in found.facts["wait_fix"]
+    d = diagnose(run)
+    assert d.fix == found.facts["wait_fix"] and "Call collectives" not in d.fix
+
+
+def test_a_rank_out_of_a_loop_at_the_barrier_after_it_is_uneven_inputs():
+    """Rank 1 made 3 all_reduces at the loop's line, then went to the barrier after the loop,
+    while rank 0 makes its 4th: uneven inputs, not a rank-conditional barrier."""
+    rows = [call(0, s, site="train.py:9", pg_ranks="0,1") for s in range(1, 4)]
+    rows += [call(0, 4, site="train.py:9", done=False, pg_ranks="0,1")]
+    rows += [call(1, s, site="train.py:9", pg_ranks="0,1") for s in range(1, 4)]
+    rows += [call(1, 4, op="barrier", site="train.py:12", done=False, pg_ranks="0,1")]
+    found = rules.mismatch(context(run_of(rows, exits={0: None, 1: None}, world=2)))
+    assert (found.cause, found.culprits) == ("uneven_inputs", [1])
+    assert (
+        found.facts["culprit_done"]
+        == "3 calls of all_reduce at train.py:9 where rank 0 is making its 4th"
+    )
+    # Where rank 0 makes its first call at a new line, the barrier is an extra call (D21).
+    rows[3] = dict(rows[3], site="train.py:10")
+    other = rules.mismatch(context(run_of(rows, exits={0: None, 1: None}, world=2)))
+    assert other.cause == "rank_conditional_collective"
+
+
+def test_ranks_that_disagree_on_the_root():
+    rows = [*steps(range(3), 1)]
+    rows += [call(r, 2, op="broadcast", peer="0", done=False) for r in (0, 1)]
+    rows += [call(2, 2, op="broadcast", peer="2", done=False)]
+    found = rules.mismatch(context(run_of(rows, exits=dict.fromkeys(range(3)))))
+    assert (found.cause, found.culprits) == ("root_mismatch", [2])
+    assert (found.facts["culprit_root"], found.facts["other_root"]) == ("2", "0")
+
+
+def test_the_rules_run_in_their_documented_order_and_can_be_replaced():
+    names = [r.__name__ for r in rules.RULES]
+    assert names == [
+        "launch_error",
+        "reported_failure",
+        "mismatch",
+        "signal_death",
+        "waits",
+        "errors_only",
+        "bare_exit",
+        "straggler",
+    ]
+    rows = [*steps(range(3), 2), call(0, 3, done=False), call(1, 3, done=False)]
+    run = run_of(rows, exits=dict.fromkeys(range(3)))
+    assert diagnose(run).cause == "lagging_rank"  # rank 2 is alive; no stacks say where
+    assert diagnose(run, rules=[rules.straggler]).verdict != "hang"
