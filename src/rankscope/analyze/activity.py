@@ -11,13 +11,16 @@ that holds a lock the main thread waits for is usually one of them.
 
 from __future__ import annotations
 
+import ast
+import functools
+import linecache
 import re
 from dataclasses import dataclass, field
 from typing import Any
 
 import pandas as pd
 
-from rankscope.collect.stacks import latest_captures
+from rankscope.collect.stacks import latest_captures, short_site
 
 #: What a rank can be found waiting on, with the advice that goes with each.
 WAITS: dict[str, tuple[str, str]] = {
@@ -125,13 +128,7 @@ def rank_activity(
 ) -> Activity | None:
     """What ``rank`` was doing in its latest capture of stacks, if it was outside every
     collective; None when it has no stacks or its main thread is inside torch.distributed."""
-    mine = stacks[stacks["rank"] == rank]
-    if mine.empty:
-        return None
-    latest = latest_captures(mine)
-    threads = {
-        tid: frames.sort_values("depth") for tid, frames in latest.groupby("thread", sort=False)
-    }
+    threads = _threads(stacks, rank)
     main = _main_thread(threads, main_thread)
     if main is None:
         return None
@@ -157,6 +154,86 @@ def rank_activity(
         reason=_text(frames["reason"].iloc[0]) if "reason" in frames else None,
         others=others,
     )
+
+
+def user_path(
+    stacks: pd.DataFrame, rank: int, *, thread: str | None = None
+) -> list[tuple[str, str, int]] | None:
+    """The user's frames ``(file, func, line)`` of one of ``rank``'s threads in its latest
+    capture of stacks, outermost first: ``thread`` when the capture has it, else the main
+    thread. None when the rank has no stacks."""
+    threads = _threads(stacks, rank)
+    tid = _main_thread(threads, thread)
+    if tid is None:
+        return None
+    frames = threads[tid]
+    user = frames[frames["is_user"].fillna(False).astype(bool)].iloc[::-1]
+    return [
+        (str(f), str(fn), int(ln))
+        for f, fn, ln in zip(user["file"], user["func"], user["line"], strict=True)
+        if _text(f) is not None and _text(ln) is not None
+    ]
+
+
+def passed(
+    waiter: list[tuple[str, str, int]], other: list[tuple[str, str, int]], last: str | None
+) -> bool:
+    """Whether ``other`` went past the line where ``waiter`` is without stopping there: the two
+    paths share their outer frames down to one function, where ``other`` is at a later line,
+    and ``last`` (``file.py:line`` of ``other``'s latest call) is in that same function at an
+    earlier line than the waiter's, so ``other`` came from before that line to after it.
+    (A later line alone says nothing in a loop: ``other`` may still be in the pass before.)
+    False when the paths or the source do not show it."""
+    for w, o in zip(waiter, other, strict=False):
+        if w == o:
+            continue
+        if w[:2] != o[:2] or o[2] <= w[2]:
+            return False
+        file, line = w[0], w[2]
+        scope = _scope(file, line)
+        if scope is None:
+            return False
+        if last is None:
+            return True
+        last_file, _, last_line = last.rpartition(":")
+        if last_file != short_site(file, line).rpartition(":")[0] or not last_line.isdigit():
+            return False
+        return int(last_line) < line and _scope(file, int(last_line)) == scope
+    return False
+
+
+def _scope(file: str, line: int) -> tuple[int, int] | None:
+    """(first, last) line of the innermost function of ``file`` whose body holds ``line`` (the
+    whole module when none does); None when the source cannot be read or parsed."""
+    scopes = _scopes(file)
+    if scopes is None:
+        return None
+    inside = [s for s in scopes if s[0] <= line <= s[1]]
+    return min(inside, key=lambda s: s[1] - s[0]) if inside else None
+
+
+@functools.lru_cache(maxsize=64)
+def _scopes(file: str) -> list[tuple[int, int]] | None:
+    lines = linecache.getlines(file)
+    try:
+        tree = ast.parse("".join(lines))
+    except (SyntaxError, ValueError):
+        return None
+    if not lines:
+        return None
+    defs = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)
+    return [(1, len(lines))] + [
+        (n.lineno, n.end_lineno or n.lineno) for n in ast.walk(tree) if isinstance(n, defs)
+    ]
+
+
+def _threads(stacks: pd.DataFrame, rank: int) -> dict[Any, pd.DataFrame]:
+    """The threads of ``rank``'s latest capture, each thread's frames innermost first."""
+    mine = stacks[stacks["rank"] == rank]
+    if mine.empty:
+        return {}
+    latest = latest_captures(mine)
+    return {tid: f.sort_values("depth") for tid, f in latest.groupby("thread", sort=False)}
 
 
 def _main_thread(threads: dict[Any, pd.DataFrame], main_thread: str | None) -> Any:
@@ -197,7 +274,7 @@ def _site(frame: dict[str, Any]) -> str | None:
     file, line = _text(frame.get("file")), frame.get("line")
     if file is None:
         return None
-    return f"{file.replace(chr(92), '/').rsplit('/', 1)[-1]}:{line}"
+    return short_site(file, line)
 
 
 def _code(frame: dict[str, Any]) -> str | None:

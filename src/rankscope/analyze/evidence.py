@@ -17,7 +17,7 @@ import pandas as pd
 
 from rankscope import schema
 from rankscope.collect.signatures import SIGNATURES, VICTIM_ROLES
-from rankscope.collect.stacks import is_user_file, latest_captures
+from rankscope.collect.stacks import is_user_file, latest_captures, short_site
 from rankscope.rundir import signal_name
 
 ROLE_OF_KIND = {s.kind: s.role for s in SIGNATURES}
@@ -213,7 +213,7 @@ class Evidence:
         for text in reversed(texts[: hits[0]]):
             m = _TRACE_FILE.match(text)
             if m and is_user_file(m["file"]):
-                return f"{m['file'].rsplit('/', 1)[-1]}:{m['line']}"
+                return short_site(m["file"], m["line"])
         return None
 
 

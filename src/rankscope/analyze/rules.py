@@ -34,7 +34,7 @@ import numpy as np
 import pandas as pd
 
 from rankscope.analyze import align
-from rankscope.analyze.activity import WAITS
+from rankscope.analyze.activity import WAITS, passed, user_path
 from rankscope.analyze.calls import BARRIER_OPS, MANAGEMENT_OPS, UNEVEN_OPS
 from rankscope.analyze.catalogue import FAILURE_KINDS, LAUNCH_KINDS
 from rankscope.analyze.context import (
@@ -54,6 +54,7 @@ from rankscope.analyze.context import (
 from rankscope.analyze.diagnosis import CollectiveInfo, EvidenceRef
 from rankscope.analyze.evidence import SIGNAL_TEXT, RankFacts, crash_cause
 from rankscope.analyze.waits import Wait, departed
+from rankscope.collect.stacks import short_site
 
 
 @dataclass(kw_only=True)
@@ -527,6 +528,20 @@ def _explain_roots(ctx: Context, found: Finding, where: dict[int, Where], w: Wai
     if silent and len(silent) == len(found.culprits):
         found.cause = "silent_rank"
         return
+    went_past = [r for r in found.culprits if _went_past(ctx, w, r)]
+    if went_past:
+        # Its stacks show it beyond the line where the others wait, in the same function,
+        # without ever having called there: it took another branch (whatever it waits on now).
+        r = went_past[0]
+        a = ctx.activity(r)
+        found.culprits = went_past
+        found.cause = "rank_conditional_collective"
+        now = f", and is now {a.doing}" if a is not None else ""
+        facts["culprit_doing"] = f"went past {w.site} without calling {w.op}{now}"
+        facts["other_doing"] = f"waited in {facts['other_op']}{at(facts['other_site'])}"
+        if a is not None and a.reason:
+            found.notes.append(f"rank {r}'s stacks that show it were taken {a.when}")
+        return
     activities = {r: ctx.activity(r) for r in found.culprits}
     blocked = {r: a for r, a in activities.items() if a is not None and a.kind}
     if blocked:
@@ -546,6 +561,25 @@ def _explain_roots(ctx: Context, found: Finding, where: dict[int, Where], w: Wai
         facts["other_doing"] = f"waited in {facts['other_op']}{at(facts['other_site'])}"
     else:
         facts["culprit_doing"] = _some(where)
+
+
+def _went_past(ctx: Context, w: Wait, rank: int) -> bool:
+    """Whether ``rank``'s stacks show it past the call ``w`` waits in, never having made it:
+    a call it skipped (another branch), not one it has yet to reach."""
+    if w.site is None:
+        return False
+    stacks = ctx.ev.table("stacks")
+    mine = user_path(stacks, w.rank, thread=w.thread)
+    fact = ctx.facts.get(rank)
+    theirs = user_path(stacks, rank, thread=fact.main_thread if fact is not None else None)
+    if not mine or not theirs or short_site(mine[-1][0], mine[-1][2]) != w.site:
+        return False
+    calls = ctx.calls
+    own = calls[calls["rank"] == rank]
+    if own.empty:
+        return passed(mine, theirs, None)
+    last = own["site"].iloc[own["order"].argmax()]
+    return not pd.isna(last) and passed(mine, theirs, str(last))
 
 
 def _cycle(ctx: Context, cycle: list[int]) -> Finding:

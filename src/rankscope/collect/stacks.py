@@ -318,7 +318,7 @@ def summarize_stacks(stacks: pd.DataFrame) -> pd.DataFrame:
                 top["func"] if top else None,
                 file,
                 line,
-                None if file is None else f"{file.replace(chr(92), '/').rsplit('/', 1)[-1]}:{line}",
+                None if file is None else short_site(file, line),
                 waiting,
                 first["source"],
             )
@@ -346,6 +346,11 @@ def _chosen_thread(threads: dict[Any, list[dict[str, Any]]]) -> tuple[Any, list[
         if max(frames, key=lambda r: r["depth"])["func"] == "<module>":
             return tid, frames
     return items[-1]
+
+
+def short_site(file: str, line: object) -> str:
+    """``train.py:12``: a frame's file name without its folder, and its line."""
+    return f"{file.replace(chr(92), '/').rsplit('/', 1)[-1]}:{line}"
 
 
 def latest_captures(table: pd.DataFrame) -> pd.DataFrame:
