@@ -1,4 +1,5 @@
-# Two entry points: `make lab` (install, then JupyterLab on the notebooks) and `make test`.
+# Two entry points: `make lab` (install, then JupyterLab on the notebooks) and `make test`;
+# `make check` is the fast lane of the edit-test loop (lint, and the tests that start no job).
 # TORCH is the torch requirement installed into the local environment. The pin keeps the install on
 # the CPU wheel; elsewhere pass your own, e.g.
 #   make test TORCH="torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu"
@@ -8,7 +9,7 @@ TORCH ?= torch==2.13.0
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.rankscope-installed
 
-.PHONY: install lab test lint format bench clean
+.PHONY: install lab test check lint format bench clean
 
 PROBE_C := $(wildcard src/rankscope/probe/*.c src/rankscope/probe/*.cpp src/rankscope/probe/*.h)
 
@@ -33,6 +34,11 @@ test: install
 	$(PY) -m ruff format --check src tests bench
 	-sh tests/browser_setup.sh  # Debian's chromium for the browser test (it skips, saying why, without)
 	$(PY) -m pytest
+
+check: install
+	$(PY) -m ruff check src tests bench
+	$(PY) -m ruff format --check src tests bench
+	$(PY) -m pytest -q -m "not slow"
 
 lint: install
 	$(PY) -m ruff check --fix src tests bench

@@ -1,8 +1,11 @@
-"""Shared fixtures: real jobs in a temporary runs folder, and a check that none outlives its test."""
+"""Shared fixtures: real jobs in a temporary runs folder, and a check that none outlives its test;
+and the fast lane's rule: a test that starts a process is marked ``slow``."""
 
 from __future__ import annotations
 
+import multiprocessing.process
 import os
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -54,6 +57,23 @@ class JobFactory:
         job = Job(spec, runs_root=self.root, detached=detached)
         self.jobs.append(job.start())
         return job
+
+
+@pytest.fixture(autouse=True)
+def _only_slow_tests_start_processes(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``make check`` runs the tests not marked ``slow`` and promises they start no job: a test
+    outside the mark that starts a process (a job, a kernel, a browser) fails, naming the mark."""
+    if request.node.get_closest_marker("slow") is not None:
+        return
+    who = request.node.nodeid
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError(f"{who} starts a process: mark it @pytest.mark.slow")
+
+    monkeypatch.setattr(subprocess.Popen, "__init__", refuse)
+    monkeypatch.setattr(multiprocessing.process.BaseProcess, "start", refuse)
 
 
 @pytest.fixture

@@ -111,12 +111,14 @@ def torch_analyzer(name: str, *flags: str) -> str:
     return out.stderr + out.stdout
 
 
+@pytest.mark.slow
 def test_same_culprit_as_torch_s_analyzer():
     # For a rank that never joined, torch's answer does not depend on which dump it reads first
     # (for a mismatch it blames every other rank when the odd rank's file comes first).
     assert make_dumps.torch_culprits(torch_analyzer("missing")) == EXPECTED["missing"][3] == [2]
 
 
+@pytest.mark.slow
 def test_a_culprit_where_torch_s_analyzer_cannot_decide():
     text = torch_analyzer("partial", "--allow-incomplete-ranks")
     assert "cannot decide" in text and make_dumps.torch_culprits(text) == []

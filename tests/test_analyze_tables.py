@@ -621,6 +621,7 @@ def test_json_contract_render_and_file(tmp_path):
     assert isinstance(d, Diagnosis)
 
 
+@pytest.mark.slow
 def test_analyze_imports_without_plotting_or_widgets():
     code = (
         "import sys; sys.modules['plotly'] = None; sys.modules['ipywidgets'] = None\n"

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from rankscope.probe import _core
 
 from .conftest import leftover_processes
@@ -16,6 +18,7 @@ from .conftest import leftover_processes
 BENCH = Path(__file__).parent.parent / "bench" / "probe_overhead.py"
 
 
+@pytest.mark.slow
 def test_probe_overhead_bench_prints_its_ratios(tmp_path: Path) -> None:
     args = ["--calls=50", "--blocks=20", "--block=5", "--loop=200", "--jobs=1", "--age=0.5"]
     env = dict(os.environ, TMPDIR=str(tmp_path))  # its run directories, for the leftover check

@@ -141,6 +141,7 @@ def _wait_for_server(url: str, server: subprocess.Popen[bytes], tmp_path: Path) 
     raise AssertionError(f"jupyter lab did not answer:\n{(tmp_path / 'jupyter.log').read_text()}")
 
 
+@pytest.mark.slow
 def test_workbench_notebook_in_jupyterlab(
     chromium: str, jupyter_lab: tuple[str, Path], tmp_path: Path
 ) -> None:

@@ -42,6 +42,7 @@ def test_help_documents_every_run_option():
         assert option in text
 
 
+@pytest.mark.slow
 def test_clean_run_exits_zero_and_names_its_run_dir(tmp_path):
     out = rankscope("run", "--quiet", str(SCRIPTS / "launch/clean.py"), cwd=tmp_path)
     assert out.returncode == 0, out.stdout + out.stderr
@@ -50,6 +51,7 @@ def test_clean_run_exits_zero_and_names_its_run_dir(tmp_path):
     assert f"run directory runs/{run.name}" in out.stdout
 
 
+@pytest.mark.slow
 def test_hang_is_caught_and_stopped(tmp_path):
     script = str(SCRIPTS / "launch/conditional_barrier.py")
     out = rankscope("run", "--stall-timeout", "2", "--run-dir", "hang", script, cwd=tmp_path)
@@ -65,6 +67,7 @@ def test_hang_is_caught_and_stopped(tmp_path):
     assert again.returncode == 2 and "already holds a run" in again.stderr
 
 
+@pytest.mark.slow
 def test_a_kept_stall_is_diagnosed_while_the_job_is_still_frozen(tmp_path):
     script = str(SCRIPTS / "launch/conditional_barrier.py")
     args = ("run", "--quiet", "--stall-timeout", "2", "--on-stall", "keep", "--timeout", "20")
@@ -77,12 +80,14 @@ def test_a_kept_stall_is_diagnosed_while_the_job_is_still_frozen(tmp_path):
     assert not leftover_processes(tmp_path)
 
 
+@pytest.mark.slow
 def test_failing_rank_gives_nonzero_exit(tmp_path):
     out = rankscope("run", "--quiet", str(SCRIPTS / "launch/raises.py"), cwd=tmp_path)
     assert out.returncode == 1
     assert "1: 1" in out.stdout
 
 
+@pytest.mark.slow
 def test_bad_input_is_a_clear_error(tmp_path):
     out = rankscope("run", "missing.py", cwd=tmp_path)
     assert out.returncode == 2 and "does not exist" in out.stderr
@@ -90,6 +95,7 @@ def test_bad_input_is_a_clear_error(tmp_path):
     assert out.returncode == 2 and "not a rankscope run directory" in out.stderr
 
 
+@pytest.mark.slow
 def test_presets_are_listed(tmp_path):
     out = rankscope("presets", cwd=tmp_path)
     assert out.returncode == 0
@@ -97,6 +103,7 @@ def test_presets_are_listed(tmp_path):
     assert "TORCH_DISTRIBUTED_DEBUG=DETAIL" in out.stdout
 
 
+@pytest.mark.slow
 def test_replay_writes_a_standalone_script(tmp_path, capsys):
     dumps = str(DATA / "nccl_fr" / "op")
     out = rankscope(
@@ -130,6 +137,7 @@ def test_replay_errors_are_clear(tmp_path, capsys, monkeypatch):
     assert not (tmp_path / "repro.py").exists()
 
 
+@pytest.mark.slow
 def test_diagnose_says_unknown_and_fails_when_nothing_can_be_read(tmp_path):
     """Two dumps cut short: no readable evidence is not 'OK'."""
     folder = tmp_path / "dumps"

@@ -262,6 +262,7 @@ def test_foreign_nccl_dumps():
     assert status.loc[2, "last_enqueued_collective"] == 6
 
 
+@pytest.mark.slow
 def test_worker_processes_take_bounded_shares(monkeypatch):
     # More shares than workers (each share bounded in bytes): the same table as in-process.
     from rankscope.collect import flight_recorder as module

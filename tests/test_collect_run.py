@@ -101,6 +101,7 @@ def test_an_empty_folder_gives_empty_tables(tmp_path):
         assert run.table(name).empty
 
 
+@pytest.mark.slow
 def test_collect_needs_neither_plotly_nor_ipywidgets():
     code = textwrap.dedent(
         """
@@ -121,6 +122,7 @@ def test_collect_needs_neither_plotly_nor_ipywidgets():
 
 
 @pytest.mark.timeout(90)
+@pytest.mark.slow
 def test_a_live_job(start_job):
     job = start_job("../data/gloo_clean/worker.py", nproc_per_node=2)
     assert job.wait(timeout=60) == 0

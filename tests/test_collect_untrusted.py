@@ -62,6 +62,7 @@ def test_a_malicious_pickle_never_executes(tmp_path):
     assert run.flight_recorder.empty
 
 
+@pytest.mark.slow
 def test_a_malicious_pickle_in_a_worker_process(tmp_path):
     marker = tmp_path / "pwned"
     (tmp_path / "fr_rank_0.pkl").write_bytes(hostile_pickles(marker)["os_system"])

@@ -29,6 +29,7 @@ def events(run: RunDir, rank: int) -> list[dict]:
     return list(run.iter_events(rank))
 
 
+@pytest.mark.slow
 def test_clean_run_records_every_rank(start_job):
     job = start_job("launch/clean.py", nproc_per_node=2)
     assert job.wait(timeout=60) == 0
@@ -64,6 +65,7 @@ def test_clean_run_records_every_rank(start_job):
     assert "[default0]:rank 0 sum 16" in job.run.launcher_log().read_text()
 
 
+@pytest.mark.slow
 def test_rank_that_raises(start_job):
     job = start_job("launch/raises.py", nproc_per_node=2)
     assert job.wait(timeout=60) != 0
@@ -91,6 +93,7 @@ def test_rank_that_raises(start_job):
     assert "Root Cause" in job.run.launcher_log().read_text()
 
 
+@pytest.mark.slow
 def test_exit_codes_per_rank(start_job):
     job = start_job("launch/exit_code.py", nproc_per_node=3)
     assert job.wait(timeout=60) != 0
@@ -100,6 +103,7 @@ def test_exit_codes_per_rank(start_job):
     assert all(c not in (0, None) for c in codes.values())
 
 
+@pytest.mark.slow
 def test_rank_conditional_barrier_stalls_with_evidence_then_stops(start_job):
     job = start_job(
         "launch/conditional_barrier.py", nproc_per_node=2, stall_timeout_s=2, on_stall="stop"
@@ -136,6 +140,7 @@ def test_rank_conditional_barrier_stalls_with_evidence_then_stops(start_job):
     assert not job_processes(job.run)
 
 
+@pytest.mark.slow
 def test_progress_read_by_a_live_panel_still_reaches_the_watchdog(start_job):
     # A live panel (the CLI's, the workbench's) reads the ranks' events as fast as it likes;
     # the watchdog must still see every collective that completed, or a job that makes
@@ -148,6 +153,7 @@ def test_progress_read_by_a_live_panel_still_reaches_the_watchdog(start_job):
     assert job.info()["stalls"] == [] and job.wait(timeout=10) == 0
 
 
+@pytest.mark.slow
 def test_capture_on_request_and_keep_policy(start_job):
     job = start_job(
         "launch/conditional_barrier.py", nproc_per_node=2, stall_timeout_s=2, on_stall="keep"
@@ -166,6 +172,7 @@ def test_capture_on_request_and_keep_policy(start_job):
     assert job.status() == "stopped"
 
 
+@pytest.mark.slow
 def test_gil_held_rank_answers_through_faulthandler_signal(start_job):
     job = start_job("launch/gil_holder.py", nproc_per_node=2, stall_timeout_s=2, on_stall="stop")
     job.wait(timeout=60)
@@ -177,6 +184,7 @@ def test_gil_held_rank_answers_through_faulthandler_signal(start_job):
     assert "via=signal" in stacks and 'gil_holder.py", line 13 in <module>' in stacks
 
 
+@pytest.mark.slow
 def test_two_jobs_at_the_same_time(start_job):
     a = start_job("launch/clean.py", nproc_per_node=2)
     b = start_job("launch/clean.py", nproc_per_node=2)
@@ -185,6 +193,7 @@ def test_two_jobs_at_the_same_time(start_job):
     assert a.run.path != b.run.path
 
 
+@pytest.mark.slow
 def test_stop_leaves_no_process_behind(start_job, tmp_path):
     job = start_job("launch/sleeper.py", nproc_per_node=2)
     deadline = time.monotonic() + 60
@@ -233,6 +242,7 @@ def _owner(tmp_path: Path, *, detached: bool) -> tuple[subprocess.Popen, RunDir]
     return owner, run
 
 
+@pytest.mark.slow
 def test_owner_death_takes_its_jobs_with_it(tmp_path):
     owner, run = _owner(tmp_path, detached=False)
     pids = [v["pid"] for v in run.read_run()["ranks"].values()]
@@ -246,6 +256,7 @@ def test_owner_death_takes_its_jobs_with_it(tmp_path):
     assert not any(pid_alive(p) for p in pids)
 
 
+@pytest.mark.slow
 def test_detached_job_survives_owner_and_reattaches(tmp_path):
     owner, run = _owner(tmp_path, detached=True)
     owner.send_signal(signal.SIGKILL)
@@ -266,6 +277,7 @@ def test_detached_job_survives_owner_and_reattaches(tmp_path):
     assert not leftover_processes(tmp_path)
 
 
+@pytest.mark.slow
 def test_two_simulated_nodes_form_one_world(start_job):
     job = start_job("launch/env_contract.py", nproc_per_node=2, nnodes=2)
     assert job.wait(timeout=90) == 0
@@ -282,6 +294,7 @@ def test_two_simulated_nodes_form_one_world(start_job):
 
 
 @pytest.mark.parametrize("wrapper", ["c", "python"])
+@pytest.mark.slow
 def test_probe_records_every_kind_of_call(start_job, wrapper):
     if wrapper == "c" and _core._fast is None:
         pytest.skip("the probe's C extension is not built here (no C compiler at install)")
@@ -315,6 +328,7 @@ def test_probe_records_every_kind_of_call(start_job, wrapper):
     assert len(exits) == len(enters) and all(e["ok"] for e in exits)
 
 
+@pytest.mark.slow
 def test_step_markers_count_as_progress(start_job):
     job = start_job("launch/step_marker.py", nproc_per_node=2)
     assert job.wait(timeout=60) == 0
@@ -323,6 +337,7 @@ def test_step_markers_count_as_progress(start_job):
 
 
 @pytest.mark.parametrize("pause", ["compute", "sleep"])
+@pytest.mark.slow
 def test_a_rank_busy_outside_collectives_is_a_straggler_not_a_stall(pause, start_job):
     # Rank 0 waits in all_reduce for 4 s either way; only an idle rank 1 makes that a stall.
     args = ["4"] + (["sleep"] if pause == "sleep" else [])
@@ -331,6 +346,7 @@ def test_a_rank_busy_outside_collectives_is_a_straggler_not_a_stall(pause, start
     assert bool(job.info()["stalls"]) == (pause == "sleep"), job.info()["stalls"]
 
 
+@pytest.mark.slow
 def test_run_dir_is_refused_when_it_holds_a_run(tmp_path):
     spec = JobSpec(script=str(SCRIPTS / "launch/clean.py"))
     target = tmp_path / "mine"
@@ -356,6 +372,7 @@ def test_spec_rejects_bad_input(tmp_path):
             JobSpec(script=str(SCRIPTS / "launch/clean.py"), backend="nccl").resolve_backend()
 
 
+@pytest.mark.slow
 def test_presets_reach_the_ranks(start_job):
     job = start_job(
         "launch/clean.py",
@@ -372,6 +389,7 @@ def test_presets_reach_the_ranks(start_job):
     assert job.info()["env"]["MY_FLAG"] == "1"
 
 
+@pytest.mark.slow
 def test_probe_installed_by_hand_under_plain_torchrun(tmp_path):
     run_dir = tmp_path / "by-hand"
     from rankscope.launch.spec import free_port
@@ -401,6 +419,7 @@ def test_probe_installed_by_hand_under_plain_torchrun(tmp_path):
         assert evs[-1]["ev"] == "end" and run.fr_dump(rank).exists()
 
 
+@pytest.mark.slow
 def test_collective_timeout_applies_when_the_script_sets_none(start_job):
     job = start_job(
         "launch/conditional_barrier.py",
@@ -418,6 +437,7 @@ def test_collective_timeout_applies_when_the_script_sets_none(start_job):
     assert "Timed out waiting 3000ms" in exc["message"]
 
 
+@pytest.mark.slow
 def test_stall_in_a_collective_issued_from_cpp_is_detected(start_job):
     job = start_job(
         "launch/ddp_extra_step.py", nproc_per_node=2, stall_timeout_s=2, on_stall="stop"

@@ -119,6 +119,7 @@ def test_every_launcher_runs_the_bootstrap_with_the_script(tmp_path):
     assert launch_files(plain, port=1) == {}
 
 
+@pytest.mark.slow
 def test_bare_python_start_has_no_env_contract(start_job, monkeypatch):
     # Even from a shell that a launcher started, the bare start inherits none of the contract.
     for key, value in {"RANK": "3", "WORLD_SIZE": "4", "MASTER_PORT": "1"}.items():
@@ -138,6 +139,7 @@ def test_bare_python_start_has_no_env_contract(start_job, monkeypatch):
     assert "environment variable RANK expected, but not set" in d.reason
 
 
+@pytest.mark.slow
 def test_a_fixed_port_collides_with_a_running_job(start_job):
     port = free_port()  # one rank per job: the clash is between the torchrun agents
     first = start_job("launch/sleeper.py", nproc_per_node=1, master_port=port)
@@ -154,6 +156,7 @@ def test_a_fixed_port_collides_with_a_running_job(start_job):
     first.stop(grace_s=1.0)
 
 
+@pytest.mark.slow
 def test_a_rendezvous_that_never_completes_is_a_failed_start(start_job):
     # A single-node job told --nnodes=2 (launcher_args win over rankscope's own) waits for a
     # second node that never comes; the startup watchdog ends it.
@@ -174,6 +177,7 @@ def test_a_rendezvous_that_never_completes_is_a_failed_start(start_job):
     assert "startup watchdog" in d.reason
 
 
+@pytest.mark.slow
 def test_torchrun_gives_up_on_a_rendezvous_that_never_fills(start_job):
     # The second node joins a round of its own (another --rdzv-id): with a short join timeout
     # torchrun itself fails, before the startup watchdog would.
@@ -192,6 +196,7 @@ def test_torchrun_gives_up_on_a_rendezvous_that_never_fills(start_job):
     assert "RendezvousTimeoutError" in d.reason
 
 
+@pytest.mark.slow
 def test_accelerate_launch_runs_every_rank_with_the_probe(start_job):
     pytest.importorskip("accelerate", reason="the launcher needs the 'deepspeed' extra")
     job = start_job("launch/env_contract.py", launcher="accelerate")
@@ -206,6 +211,7 @@ def test_accelerate_launch_runs_every_rank_with_the_probe(start_job):
     assert diagnose(job.run.path).verdict == "ok"
 
 
+@pytest.mark.slow
 def test_deepspeed_ranks_are_found_and_stopped(start_job):
     pytest.importorskip("deepspeed", reason="the launcher needs the 'deepspeed' extra")
     job = start_job("launch/sleeper.py", launcher="deepspeed", hostfile="localhost slots=2")

@@ -52,6 +52,7 @@ class PeakMemory:
 
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+@pytest.mark.slow
 def test_notebook_runs(path: Path, tmp_path: Path) -> None:
     nb = nbformat.read(path, as_version=4)
     client = NotebookClient(

@@ -59,6 +59,7 @@ def hang_calls() -> pd.DataFrame:
     return collectives(rows)
 
 
+@pytest.mark.slow
 def test_plot_imports_without_ipywidgets() -> None:
     code = (
         "import sys; sys.modules['ipywidgets'] = None\n"

@@ -45,6 +45,7 @@ def line_of(tag: str) -> int:
 
 @pytest.mark.parametrize("wrapper", ["c", "python"])
 @pytest.mark.parametrize("when", ["inside", "after"])
+@pytest.mark.slow
 def test_a_call_is_on_disk_however_fast_the_rank_dies(tmp_path, wrapper, when):
     if wrapper == "c" and _core._fast is None:
         pytest.skip("the probe's C extension is not built here (no C compiler at install)")

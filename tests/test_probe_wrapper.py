@@ -280,6 +280,24 @@ TIMES = [
 ]
 
 
+def lines_of(p=None, **given):
+    """A line writer for a State: the probe ``p``'s formatters, or none (events only)."""
+    fields = dict(
+        entered=set(),
+        statics={},
+        enter_line=None,
+        exit_line=None,
+        event_line=_core._line,
+        rank=0,
+        in_flight=lambda: None,
+    )
+    if p is not None:
+        fields.update(
+            statics=p._static, enter_line=p._enter_line, exit_line=p._exit_line, rank=p.rank
+        )
+    return _core._Lines(**{**fields, **given})
+
+
 def test_c_lines_match_python_lines(tmp_path, monkeypatch):
     """The probe thread's formatting and writing in C writes what the Python one writes."""
     p = make_probe(tmp_path, monkeypatch, "python")
@@ -290,18 +308,24 @@ def test_c_lines_match_python_lines(tmp_path, monkeypatch):
         for t, t_end in TIMES:  # the times' formatting, at its edges
             queued.append((call._replace(t=t), t_end, ok, error))
         entered = {queued[5][0].cid}  # as if the thread had written this enter line early
-        c_state = _core._fast.State(_core._Call)
+        c_lines = lines_of(p)
+        c_state = _core._fast.State(_core._Call, None, c_lines)
         for item in queued:
             c_state.append(item)
         in_flight = p._enter_line(call._replace(cid=10**6))
-        lines = [p._static, p._enter_line, p._exit_line, _core._line, p.rank]
         written = {}
-        for name, state in (("c", c_state), ("python", p._state)):
+        for name, state, lines in (("c", c_state, c_lines), ("python", p._state, p._state.lines)):
             fd = os.open(tmp_path / name, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
             try:
-                state.write(fd, set(entered), *lines, lambda: in_flight)
-                state.write(fd, set(), *lines, lambda: None)  # taken: nothing more to write
-                state.write(fd, set(), *lines, lambda: in_flight)
+                lines.entered.clear()
+                lines.entered |= entered
+                lines.in_flight = lambda: in_flight
+                state.write(fd)
+                lines.entered.clear()
+                lines.in_flight = lambda: None
+                state.write(fd)  # taken: nothing more to write
+                lines.in_flight = lambda: in_flight
+                state.write(fd)
             finally:
                 os.close(fd)
             written[name] = (tmp_path / name).read_bytes()
@@ -320,13 +344,13 @@ def test_c_state_write_failure_keeps_the_state_usable(tmp_path):
     formatted before a failure are written all the same."""
     if _core._fast is None:
         pytest.skip("the probe's C extension is not built here (no C compiler at install)")
-    state = _core._fast.State(_core._Call)
-    lines = [{}, None, None, _core._line, 0]
+    lines = lines_of()
+    state = _core._fast.State(_core._Call, None, lines)
     state.append(({"ev": "step", "n": 1},))
     read_only = os.open(tmp_path / "ro", os.O_RDONLY | os.O_CREAT)
     try:
         with pytest.raises(OSError):
-            state.write(read_only, set(), *lines, lambda: None)
+            state.write(read_only)
     finally:
         os.close(read_only)
     fd = os.open(tmp_path / "events", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
@@ -334,12 +358,14 @@ def test_c_state_write_failure_keeps_the_state_usable(tmp_path):
         state.append(({"ev": "step", "n": 2},))
 
         def reenter():
-            state.write(fd, set(), *lines, lambda: None)
+            lines.in_flight = lambda: None
+            state.write(fd)
 
+        lines.in_flight = reenter
         with pytest.raises(RuntimeError, match="already running"):
-            state.write(fd, set(), *lines, reenter)
+            state.write(fd)
         state.append(({"ev": "step", "n": 3},))
-        state.write(fd, set(), *lines, lambda: None)
+        state.write(fd)
     finally:
         os.close(fd)
     assert [json.loads(x)["n"] for x in (tmp_path / "events").read_text().splitlines()] == [2, 3]
@@ -348,7 +374,7 @@ def test_c_state_write_failure_keeps_the_state_usable(tmp_path):
 def test_c_state_refuses_records_of_unknown_shapes():
     if _core._fast is None:
         pytest.skip("the probe's C extension is not built here (no C compiler at install)")
-    state = _core._fast.State(_core._Call)
+    state = _core._fast.State(_core._Call, None, lines_of())
     for bad in [(), ("a", "b"), (("not a call",), 1.0, True, None), [{"ev": "x"}]]:
         with pytest.raises(TypeError):
             state.append(bad)
@@ -361,20 +387,33 @@ def test_c_state_refuses_records_of_unknown_shapes():
         state.append((call._replace(cid=1), 1.0, False, 42))
 
 
+def test_the_c_serves_only_the_layouts_it_reads():
+    """The C reads a _Call and a _Spec by position: the fields it declares are theirs."""
+    try:
+        from rankscope.probe import _fast
+    except ImportError:
+        pytest.skip("the probe's C extension is not built here (no C compiler at install)")
+    assert _core._Call._fields == _fast.CALL_FIELDS
+    assert _core._Spec._fields == _fast.SPEC_FIELDS
+
+
 @pytest.mark.parametrize("which", ["c", "python"])
 def test_state_write_writes_the_lines_when_in_flight_fails(tmp_path, which):
     if which == "c" and _core._fast is None:
         pytest.skip("the probe's C extension is not built here (no C compiler at install)")
-    state = _core._fast.State(_core._Call) if which == "c" else _core._State()
-    state.append(({"ev": "step", "n": 1},))
 
     def in_flight():
         raise ValueError("no line")
 
+    lines = lines_of(in_flight=in_flight)
+    state = (
+        _core._fast.State(_core._Call, None, lines) if which == "c" else _core._State(None, lines)
+    )
+    state.append(({"ev": "step", "n": 1},))
     fd = os.open(tmp_path / "events", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
     try:
         with pytest.raises(ValueError, match="no line"):
-            state.write(fd, set(), {}, None, None, _core._line, 0, in_flight)
+            state.write(fd)
     finally:
         os.close(fd)
     assert json.loads((tmp_path / "events").read_text())["n"] == 1

@@ -88,6 +88,7 @@ def assert_replay_reproduces(
 
 
 @pytest.mark.timeout(240)
+@pytest.mark.slow
 def test_64_rank_nccl_dumps_replay_on_8_cpu_ranks(start_job, tmp_path):
     original = diagnose(FR64 / "dumps")
     assert (original.cause, original.culprit_ranks) == ("op_mismatch", [37]), original.render()

@@ -88,6 +88,7 @@ def test_a_scenario_fills_the_form(workbench: Workbench) -> None:
     assert not error_text(workbench)
 
 
+@pytest.mark.slow
 def test_live_job_freezes_and_the_culprit_is_shown(workbench: Workbench, tmp_path: Path) -> None:
     wb = workbench
     wb.form.script.value = str(SCRIPTS / "widgets" / "hang.py")
@@ -177,6 +178,7 @@ def test_show_a_finished_run_and_foreign_artifacts() -> None:
         rankscope.show(DATA / "no_such_run")
 
 
+@pytest.mark.slow
 def test_only_widgets_imports_ipywidgets_and_nothing_imports_widgets() -> None:
     for path in SRC.rglob("*.py"):
         tree = ast.parse(path.read_text())

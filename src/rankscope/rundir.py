@@ -30,6 +30,7 @@ This module imports only the standard library: the probe loads it inside every r
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime as _dt
 import fcntl
 import json
@@ -42,6 +43,8 @@ import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+
+from rankscope._values import as_float, as_int, as_str
 
 #: Event kinds the probe writes to ``events.jsonl``. Every event has ``ev`` (the kind), ``t``
 #: (wall-clock seconds since the epoch; to the microsecond in enter and exit events, as is
@@ -356,32 +359,112 @@ def signal_name(code: int | None) -> str | None:
         return f"signal {-code}"
 
 
-def rank_table(run: RunDir) -> dict[int, dict[str, Any]]:
-    """Per-rank facts from the probe's events: pid, host, local/group rank, exit code if seen."""
-    table: dict[int, dict[str, Any]] = {}
+@dataclasses.dataclass
+class RankRecord:
+    """What one rank is, did and how it ended, folded from its probe events in order.
+
+    The one per-rank record: the supervisor writes :meth:`summary` into ``run.json``, the live
+    tracker keeps one per rank as events arrive, and the collectors' ``ranks`` table is built
+    from one per rank. Fields the events never gave stay None. Every value comes from a file a
+    rank wrote, so each is checked for its type as it is read.
+    """
+
+    rank: int
+    pid: int | None = None
+    host: str | None = None
+    local_rank: int | None = None
+    group_rank: int | None = None
+    world_size: int | None = None
+    started_at: float | None = None
+    main_thread: str | None = None
+    """The main thread's ident as faulthandler prints it (``0x00007f...``)."""
+    done: int = 0
+    """Collectives it returned from."""
+    step: int | None = None
+    op: str | None = None
+    """Its latest collective: op, group, number on the group, call site (``train.py:12``)."""
+    pg: str | None = None
+    seq: int | None = None
+    site: str | None = None
+    in_collective_since: float | None = None
+    """When it entered the (blocking) collective it has not returned from yet."""
+    fr: dict[str, list[int]] | None = None
+    """Flight recorder per group: [last enqueued, last completed], from the heartbeat."""
+    last_event_at: float | None = None
+    exception: str | None = None
+    ended: bool = False
+    ended_at: float | None = None
+    exit_code: int | None = None
+    end_reason: str | None = None
+    """Why the end event was written: ``exit``, ``exception``, ``os._exit`` or the signal."""
+
+    def apply(self, ev: dict[str, Any]) -> bool:
+        """Fold one event in; True when it is progress (a start, a collective returned from, a
+        step, a flight-recorder completion, the end)."""
+        kind = ev.get("ev")
+        t = as_float(ev.get("t"))
+        self.last_event_at = t if t is not None else self.last_event_at
+        if kind == "heartbeat":
+            fr = ev.get("fr")
+            if not isinstance(fr, dict) or not all(_pair(v) for v in fr.values()):
+                return False
+            before, self.fr = self.fr or {}, fr
+            return any(c > before.get(pg, [0, -1])[1] for pg, (_, c) in fr.items())
+        if kind == "enter":
+            self.op, self.pg, self.seq = (
+                as_str(ev.get("op")),
+                as_str(ev.get("pg")),
+                as_int(ev.get("seq")),
+            )
+            file, line = as_str(ev.get("file")), as_int(ev.get("line"))
+            self.site = f"{Path(file).name}:{line}" if file else None
+            self.in_collective_since = None if ev.get("async_op") else t
+            return False
+        if kind == "exit":
+            self.done += 1
+            self.in_collective_since = None
+            return True
+        if kind == "step":
+            self.step = as_int(ev.get("step"))
+            return True
+        if kind == "start":
+            env = ev.get("env") if isinstance(ev.get("env"), dict) else {}
+            self.pid, self.host, self.started_at = as_int(ev.get("pid")), as_str(ev.get("host")), t
+            self.local_rank = as_int(env.get("LOCAL_RANK"))
+            self.group_rank = as_int(env.get("GROUP_RANK"))
+            self.world_size = as_int(env.get("WORLD_SIZE"))
+            tid = ev.get("main_tid")
+            self.main_thread = f"0x{tid:016x}" if type(tid) is int and tid >= 0 else None
+            return True
+        if kind == "exception":
+            self.exception = f"{as_str(ev.get('type'))}: {as_str(ev.get('message'))}"
+            return False
+        if kind == "end":
+            self.ended, self.ended_at, self.exit_code = True, t, as_int(ev.get("code"))
+            self.end_reason = as_str(ev.get("reason"))
+            self.in_collective_since = None
+            return True
+        return False
+
+    def summary(self) -> dict[str, Any]:
+        """What ``run.json`` keeps of it: who it was and how it ended."""
+        keys = ("pid", "host", "local_rank", "group_rank", "started_at", "exit_code", "ended_at")
+        return {k: getattr(self, k) for k in keys if getattr(self, k) is not None}
+
+
+def _pair(value: Any) -> bool:
+    return isinstance(value, list) and len(value) == 2 and all(type(x) is int for x in value)
+
+
+def rank_records(run: RunDir) -> dict[int, RankRecord]:
+    """Every rank's record, from its whole ``events.jsonl``."""
+    table: dict[int, RankRecord] = {}
     for rank in run.rank_ids():
-        info: dict[str, Any] = {}
+        record = RankRecord(rank=rank)
+        seen = False
         for ev in run.iter_events(rank):
-            kind = ev.get("ev")
-            if kind == "start":
-                env = ev.get("env") or {}
-                info.update(
-                    pid=ev.get("pid"),
-                    host=ev.get("host"),
-                    local_rank=as_int(env.get("LOCAL_RANK")),
-                    group_rank=as_int(env.get("GROUP_RANK")),
-                    started_at=ev.get("t"),
-                )
-            elif kind == "end":
-                info["exit_code"] = ev.get("code")
-                info["ended_at"] = ev.get("t")
-        if info:
-            table[rank] = info
+            record.apply(ev)
+            seen = True
+        if seen:
+            table[rank] = record
     return table
-
-
-def as_int(value: Any) -> int | None:
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        return None

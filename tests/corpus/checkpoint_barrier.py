@@ -14,8 +14,8 @@ dist.init_process_group("gloo")
 rank = dist.get_rank()
 marker = os.path.join(tempfile.gettempdir(), f"ckpt-{os.getppid()}.done")  # one per job
 w = torch.ones(4)
-for epoch in range(2):
-    for step in range(3):
+for _epoch in range(2):
+    for _step in range(3):
         dist.all_reduce(w)
     if rank == 0:
         torch.save(w, os.devnull)

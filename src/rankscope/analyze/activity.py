@@ -20,7 +20,7 @@ from typing import Any
 
 import pandas as pd
 
-from rankscope.collect.stacks import latest_captures, short_site
+from rankscope.collect import latest_captures, short_site
 
 #: What a rank can be found waiting on, with the advice that goes with each.
 WAITS: dict[str, tuple[str, str]] = {

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from rankscope.collect import is_user_file
 from rankscope.rundir import P2P_OPS  # only two ranks take part: not aligned by position
 from rankscope.schema import CALLS
 
@@ -211,19 +212,6 @@ def calls_from_probe(collectives: pd.DataFrame) -> pd.DataFrame:
     )
 
 
-def latest_dumps(flight_recorder: pd.DataFrame) -> pd.DataFrame:
-    """One dump per rank: a run directory holds the rank's latest dump and copies taken at each
-    capture; the one that recorded the most (highest ``record_id``) is the newest."""
-    # Each dump is one rank's: as many dumps as ranks means one dump per rank.
-    if flight_recorder["source"].nunique() <= flight_recorder["rank"].nunique():
-        return flight_recorder
-    top = flight_recorder.groupby(["rank", "source"], observed=True)["record_id"].max()
-    best = top.reset_index().sort_values(["rank", "record_id"]).drop_duplicates("rank", keep="last")
-    keep = pd.MultiIndex.from_frame(best[["rank", "source"]])
-    mask = pd.MultiIndex.from_frame(flight_recorder[["rank", "source"]]).isin(keep)
-    return flight_recorder[mask]
-
-
 def _ranks_per_group(pg: pd.Series, pg_ranks: pd.Series) -> pd.Categorical:
     """``pg_ranks`` as a category per group: the members are a property of the group, so only
     the first recorded value of each group is read (a world of 16k ranks makes long texts)."""
@@ -260,9 +248,10 @@ def calls_from_flight_recorder(flight_recorder: pd.DataFrame) -> pd.DataFrame:
     ``seq`` is torch's ``collective_seq_id``; point-to-point entries (``is_p2p``) get their peer
     from the profiling name (``nccl:send 0->1`` names group ranks, mapped to global ranks through
     the group's members). Sites are not filled here: :func:`fr_sites` finds them for the few rows
-    that need one.
+    that need one. The entries are those of each rank's latest dumps
+    (:func:`rankscope.collect.latest_dumps` chooses them as a run is read).
     """
-    df = latest_dumps(flight_recorder[_FR_COLUMNS])
+    df = flight_recorder[_FR_COLUMNS]
     # An unnamed group is torch's own helper (TORCH_DISTRIBUTED_DEBUG=DETAIL wraps every group
     # and checks each collective on it): not a group of the job's, and not aligned.
     names = df["pg_name"].astype("category")
@@ -466,14 +455,3 @@ def fr_sites(fr_frames: pd.DataFrame, calls: pd.DataFrame, fr: pd.DataFrame) -> 
         index=calls.index,
         dtype="string",
     )
-
-
-_NOT_USER = re.compile(
-    r"(^<|[/\\](site|dist)-packages[/\\]|[/\\]torch[/\\]|[/\\]rankscope[/\\](probe|launch)[/\\]"
-    r"|[/\\]lib[/\\]python\d[\d.]*[/\\])"
-)
-
-
-def is_user_file(filename: str) -> bool:
-    """Whether a frame's file is the user's code (not torch, the standard library or the probe)."""
-    return not _NOT_USER.search(filename)

@@ -31,7 +31,7 @@ from rankscope.analyze.calls import (
 from rankscope.analyze.diagnosis import CollectiveInfo, EvidenceRef, compact_ranks
 from rankscope.analyze.evidence import SIGNAL_TEXT, Evidence, RankFacts
 from rankscope.analyze.waits import WaitGraph, wait_graph
-from rankscope.collect.signatures import SIGNATURES, VICTIM_ROLES
+from rankscope.collect import SIGNATURES, VICTIM_ROLES
 
 #: How many supporting rows of one kind a diagnosis lists (a 16k-rank job has 16k waiters).
 MAX_REFS = 8

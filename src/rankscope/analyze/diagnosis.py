@@ -8,6 +8,7 @@ per-rank maps are keyed ``"0"``, ``"1"``, ...
 
 from __future__ import annotations
 
+import html
 import os
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
@@ -16,11 +17,19 @@ from typing import Any
 
 import pandas as pd
 
-from rankscope.analyze.catalogue import Verdict
+from rankscope.analyze.catalogue import CAUSES, Verdict
 from rankscope.rundir import RunDir, atomic_write_json
 
 #: Version of the JSON layout written to diagnosis.json.
 FORMAT = 1
+#: The card's colour for each verdict.
+VERDICT_COLOURS = {
+    "ok": "#2ca02c",
+    "hang": "#d62728",
+    "crash": "#d62728",
+    "launch_error": "#ff7f0e",
+    "unknown": "#7f7f7f",
+}
 
 
 @dataclass(kw_only=True)
@@ -112,6 +121,68 @@ class Diagnosis:
             "notes": list(self.notes),
             "run": self.run,
         }
+
+    def to_html(self) -> str:
+        """The diagnosis as an HTML card: verdict, cause and recipe, culprits, the collective
+        where the ranks part (what each rank called, from where), why, and the fix."""
+        colour = VERDICT_COLOURS.get(self.verdict, "#7f7f7f")
+        cause = CAUSES.get(self.cause) if self.cause else None
+        head = f"<b>{self.verdict.upper()}</b>"
+        if cause is not None:
+            head += f": {html.escape(cause.title)}"
+        if self.recipe:
+            head += f" <span style='color:#555'>(recipe {html.escape(self.recipe)})</span>"
+        parts = [f"<div style='font-size:1.25em;color:{colour}'>{head}</div>"]
+        if self.culprit_ranks:
+            noun = "Culprit rank" if len(self.culprit_ranks) == 1 else "Culprit ranks"
+            waiting = compact_ranks(self.waiting_ranks)
+            parts.append(
+                f"<div class='rankscope-culprits' style='font-size:1.15em'>{noun} "
+                f"<b style='color:#d62728'>{compact_ranks(self.culprit_ranks)}</b>"
+                + (f" · waiting: {waiting}" if waiting else "")
+                + "</div>"
+            )
+        parts.append(f"<p>{html.escape(self.summary)}</p>")
+        if self.collective is not None:
+            parts.append(self._collective_html())
+        for label, text in (("Why", self.reason), ("Fix", self.fix)):
+            if text and text not in self.summary:
+                parts.append(f"<p><b>{label}:</b> {html.escape(text)}</p>")
+        parts += [f"<p style='color:#555'>note: {html.escape(n)}</p>" for n in self.notes]
+        parts += [f"<p style='color:#555'>missing: {html.escape(m)}</p>" for m in self.missing]
+        return (
+            f"<div class='rankscope-card' style='border-left:6px solid {colour};"
+            f"padding:4px 12px;margin:4px 0'>{''.join(parts)}</div>"
+        )
+
+    def _repr_html_(self) -> str:
+        return self.to_html()
+
+    def _collective_html(self) -> str:
+        c = self.collective
+        assert c is not None
+        desc = f" ({html.escape(c.pg_desc)})" if c.pg_desc else ""
+        rows = []
+        for rank in sorted(set(c.op_by_rank) | set(c.site_by_rank)):
+            style = " style='color:#d62728;font-weight:bold'" if rank in self.culprit_ranks else ""
+            cells = (
+                rank,
+                c.op_by_rank.get(rank) or "(none recorded)",
+                c.site_by_rank.get(rank) or "unknown",
+                c.shapes_by_rank.get(rank) or "",
+                c.state_by_rank.get(rank, ""),
+            )
+            rows.append(
+                f"<tr{style}>" + "".join(f"<td>{html.escape(str(x))}</td>" for x in cells) + "</tr>"
+            )
+        number = f"#{c.seq} " if c.seq is not None else ""
+        return (
+            f"<div>Collective {number}on group {html.escape(c.pg)}{desc}, ranks "
+            f"{compact_ranks(c.pg_ranks)}</div><table class='rankscope-collective'>"
+            "<tr><th>rank</th><th>called</th><th>at</th><th>shapes</th><th>state</th></tr>"
+            + "".join(rows)
+            + "</table>"
+        )
 
     def render(self) -> str:
         """A few lines for a terminal."""

@@ -16,8 +16,7 @@ from typing import Any
 import pandas as pd
 
 from rankscope import schema
-from rankscope.collect.signatures import SIGNATURES, VICTIM_ROLES
-from rankscope.collect.stacks import is_user_file, latest_captures, short_site
+from rankscope.collect import SIGNATURES, VICTIM_ROLES, is_user_file, latest_captures, short_site
 from rankscope.rundir import signal_name
 
 ROLE_OF_KIND = {s.kind: s.role for s in SIGNATURES}

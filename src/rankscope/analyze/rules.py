@@ -54,7 +54,7 @@ from rankscope.analyze.context import (
 from rankscope.analyze.diagnosis import CollectiveInfo, EvidenceRef
 from rankscope.analyze.evidence import SIGNAL_TEXT, RankFacts, crash_cause
 from rankscope.analyze.waits import Wait, departed
-from rankscope.collect.stacks import short_site
+from rankscope.collect import short_site
 
 
 @dataclass(kw_only=True)

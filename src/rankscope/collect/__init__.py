@@ -30,9 +30,15 @@ if TYPE_CHECKING:
     )
     from rankscope.collect.logs import read_logs
     from rankscope.collect.nccl import read_nccl, read_nccl_comms
-    from rankscope.collect.run import Run, load_run
-    from rankscope.collect.signatures import SIGNATURES, Signature
-    from rankscope.collect.stacks import read_stacks, summarize_stacks
+    from rankscope.collect.run import Run, latest_dumps, load_run
+    from rankscope.collect.signatures import SIGNATURES, VICTIM_ROLES, Signature
+    from rankscope.collect.stacks import (
+        is_user_file,
+        latest_captures,
+        read_stacks,
+        short_site,
+        summarize_stacks,
+    )
 
 _LAZY = {
     "Problems": "rankscope.collect._common",
@@ -48,20 +54,29 @@ _LAZY = {
     "read_nccl": "rankscope.collect.nccl",
     "read_nccl_comms": "rankscope.collect.nccl",
     "Run": "rankscope.collect.run",
+    "latest_dumps": "rankscope.collect.run",
     "load_run": "rankscope.collect.run",
     "SIGNATURES": "rankscope.collect.signatures",
+    "VICTIM_ROLES": "rankscope.collect.signatures",
     "Signature": "rankscope.collect.signatures",
+    "is_user_file": "rankscope.collect.stacks",
+    "latest_captures": "rankscope.collect.stacks",
     "read_stacks": "rankscope.collect.stacks",
+    "short_site": "rankscope.collect.stacks",
     "summarize_stacks": "rankscope.collect.stacks",
 }
 
 __all__ = [
     "SIGNATURES",
+    "VICTIM_ROLES",
     "Problems",
     "Run",
     "Signature",
     "Source",
     "find_errors",
+    "is_user_file",
+    "latest_captures",
+    "latest_dumps",
     "load_run",
     "read_collectives",
     "read_errors",
@@ -73,6 +88,7 @@ __all__ = [
     "read_nccl_comms",
     "read_pg_status",
     "read_stacks",
+    "short_site",
     "summarize_stacks",
 ]
 

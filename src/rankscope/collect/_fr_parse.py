@@ -23,8 +23,8 @@ from typing import Any
 
 import numpy as np
 
+from rankscope._values import as_int, as_str
 from rankscope.collect import safe_pickle
-from rankscope.collect._values import as_int, as_str
 
 INT_FIELDS = (
     "record_id",

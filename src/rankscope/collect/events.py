@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from rankscope._values import as_float, as_int, as_str
 from rankscope.collect._common import (
     Problems,
     Source,
@@ -29,7 +30,6 @@ from rankscope.collect._common import (
     read_bytes,
     split_lines,
 )
-from rankscope.collect._values import as_float, as_int, as_str
 from rankscope.rundir import RING_HEADER, RING_MAGIC, RING_SLOT, RING_VERSION
 
 READER = "events"

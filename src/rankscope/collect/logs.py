@@ -18,6 +18,7 @@ from typing import Any
 
 import pandas as pd
 
+from rankscope._values import as_int, as_str
 from rankscope.collect._common import (
     Problems,
     Source,
@@ -29,7 +30,6 @@ from rankscope.collect._common import (
     read_bytes,
     split_lines,
 )
-from rankscope.collect._values import as_int, as_str
 
 READER = "logs"
 

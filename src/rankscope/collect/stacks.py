@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from rankscope._values import as_int, as_str
 from rankscope.collect._common import (
     Problems,
     Source,
@@ -26,7 +27,6 @@ from rankscope.collect._common import (
     read_bytes,
     split_lines,
 )
-from rankscope.collect._values import as_int, as_str
 
 READER = "stacks"
 

@@ -1,7 +1,7 @@
 """Start small torchrun jobs in the background, watch every rank, catch stalls with evidence."""
 
 from rankscope.launch.evidence import capture_evidence
-from rankscope.launch.job import Job, RankState
+from rankscope.launch.job import Job
 from rankscope.launch.spec import DEFAULT_PRESETS, PRESETS, JobSpec, Preset
 
 __all__ = [
@@ -10,6 +10,5 @@ __all__ = [
     "Job",
     "JobSpec",
     "Preset",
-    "RankState",
     "capture_evidence",
 ]

@@ -11,6 +11,7 @@ The owner holds the write end of the supervisor's stdin: EOF there means the own
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
@@ -20,7 +21,9 @@ import time
 from typing import Any
 
 from rankscope.launch.procs import terminate
-from rankscope.rundir import DIST_ENV, FINAL_STATES, RunDir, rank_table, torchrun_failures
+from rankscope.rundir import DIST_ENV, FINAL_STATES, RunDir, rank_records, torchrun_failures
+
+log = logging.getLogger("rankscope.launch.supervisor")  # it runs as __main__
 
 
 class Supervisor:
@@ -37,6 +40,7 @@ class Supervisor:
 
     def request_stop(self, reason: str) -> None:
         if self.stop_reason is None:
+            log.info("stop requested: %s", reason)
             self.stop_reason = reason
         self._stop.set()
 
@@ -51,23 +55,24 @@ class Supervisor:
         cwd = self.data.get("cwd") or None
         try:
             for node, cmd in enumerate(self.data["commands"]):
-                log = open(self.run.launcher_log(node), "ab")  # noqa: SIM115
+                out = open(self.run.launcher_log(node), "ab")  # noqa: SIM115
                 self.agents.append(
                     subprocess.Popen(
                         cmd,
                         env=env,
                         cwd=cwd,
                         stdin=subprocess.DEVNULL,
-                        stdout=log,
+                        stdout=out,
                         stderr=subprocess.STDOUT,
                         start_new_session=True,
                     )
                 )
-                log.close()
+                out.close()
         except OSError as exc:
             self._finish_failed(f"could not start {self.launcher}: {exc}")
             return False
         pids = [p.pid for p in self.agents]
+        log.info("started %d %s agent(s): pids %s", len(pids), self.launcher, pids)
 
         def started(d: dict[str, Any]) -> None:
             if dropped:
@@ -80,6 +85,8 @@ class Supervisor:
         return True
 
     def _finish_failed(self, why: str) -> None:
+        log.error("failed to start: %s", why)
+
         def failed(d: dict[str, Any]) -> None:
             d["state"] = "failed_to_start"
             d["error"] = why
@@ -118,6 +125,8 @@ class Supervisor:
         self._record_stop()
         roots = [p.pid for p in self.agents]
         self.killed = set(terminate(self.run, roots=roots, grace_s=self.grace_s))
+        if self.killed:
+            log.info("SIGKILLed after the %.1f s grace period: pids %s", self.grace_s, self.killed)
         for p in self.agents:
             p.wait()
 
@@ -143,7 +152,7 @@ class Supervisor:
             except OSError:
                 pass
         failures = torchrun_failures(text)
-        ranks = rank_table(self.run)
+        ranks = {r: rec.summary() for r, rec in rank_records(self.run).items()}
         world = int(self.data["world_size"])
         now = self.run.read_run()
         stopped = self.stop_reason is not None or now.get("stop_reason")
@@ -185,6 +194,7 @@ class Supervisor:
             ok = all(c == 0 for c in codes) and all(c == 0 for c in rank_codes)
             d["exit_code"] = 0 if ok else (max((c for c in codes if c), default=0) or 1)
             d["ended_at"] = time.time()
+            log.info("final state %s, exit code %s", d["state"], d["exit_code"])
 
         self.run.update_run(final)
 
@@ -207,6 +217,8 @@ class Supervisor:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    # Its stderr is the run directory's supervisor.log: every decision lands there.
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     run = RunDir(argv[0])
     sup = Supervisor(run)
     signal.signal(signal.SIGTERM, lambda *_: sup.request_stop("stopped"))

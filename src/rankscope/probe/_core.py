@@ -67,7 +67,8 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -195,12 +196,23 @@ class Probe:
         self._write_lock = threading.Lock()
         self._capture_lock = threading.Lock()
         self._end_lock = threading.RLock()  # a second end() waits for the first to finish
-        self._state = (
-            _fast.State(_Call, self._ring.map) if _fast is not None else _State(self._ring)
-        )
         self._entered: set[int] = set()  # calls whose enter line is written, exit not yet
         # JSON fragments of lines: a facts id's enter fragment, (op, pg)'s exit fragment.
         self._static: dict[Any, str] = {}
+        lines = _Lines(
+            entered=self._entered,
+            statics=self._static,
+            enter_line=self._enter_line,
+            exit_line=self._exit_line,
+            event_line=_line,
+            rank=rank,
+            in_flight=self._in_flight_line,
+        )
+        self._state = (
+            _fast.State(_Call, self._ring.map, lines)
+            if _fast is not None
+            else _State(self._ring, lines)
+        )
         self._facts: dict[Any, int] = {}  # facts id by the facts' value, see _facts_id
         self._fids = _Counter(1)
         self._stop = threading.Event()
@@ -231,16 +243,7 @@ class Probe:
     def flush(self) -> None:
         """Write everything queued, and the enter line of a call that is still in flight."""
         with self._write_lock, contextlib.suppress(OSError):
-            self._state.write(
-                self._fd,
-                self._entered,
-                self._static,
-                self._enter_line,
-                self._exit_line,
-                _line,
-                self.rank,
-                self._in_flight_line,
-            )
+            self._state.write(self._fd)
 
     def _in_flight_line(self) -> str | None:
         """The enter line of the call in flight, once (its exit line comes when it ends)."""
@@ -778,60 +781,65 @@ _U64, _U32, _F64 = struct.Struct("<Q"), struct.Struct("<I"), struct.Struct("<d")
 _T_END, _STATE = 24, 36  # offsets in a RING_SLOT
 
 
+@dataclass
+class _Lines:
+    """How the queued records become lines: what :meth:`_State.write` formats with."""
+
+    entered: set[int]
+    """Calls whose enter line is written (at a flush while they were in flight)."""
+    statics: dict[Any, str]
+    """The JSON fragments of the calls' facts by facts id (see ``Probe._facts_id``)."""
+    enter_line: Callable[[_Call], str]
+    exit_line: Callable[[_Call, float, bool, str | None], str]
+    event_line: Callable[[dict[str, Any]], str]
+    rank: int
+    in_flight: Callable[[], str | None]
+    """The enter line of the call in flight, once; None when there is none to write."""
+
+
 class _State:
-    """What the wrappers and the probe thread share (``_fast.State`` where the C is built)."""
+    """What the wrappers and the probe thread share: the records queued for the next write,
+    the call in flight and the ring file."""
 
-    __slots__ = ("current", "done", "epoch", "queue", "ring")
+    __slots__ = ("current", "done", "epoch", "lines", "queue", "ring")
 
-    def __init__(self, ring: _Ring | None = None) -> None:
+    def __init__(self, ring: _Ring | None, lines: _Lines) -> None:
         self.queue: list[tuple[Any, ...]] = []  # records: (fields,) or (call, t_end, ok, error)
         self.current: _Call | None = None  # the call in flight
         self.done = 0  # calls completed
         self.epoch = 0  # process groups created or destroyed (see Probe._groups_changed)
-        self.ring = ring  # the C State writes the ring itself; the Python wrapper calls it
+        self.ring = ring  # the wrapper writes a call's slot at entry and exit
+        self.lines = lines
 
     def append(self, record: tuple[Any, ...]) -> None:
         self.queue.append(record)
 
-    def write(
-        self,
-        fd: int,
-        entered: set[int],
-        statics: dict[Any, str],
-        enter_line: Any,
-        exit_line: Any,
-        event_line: Any,
-        rank: int,
-        in_flight: Any,
-    ) -> None:
-        """Take every record queued and write their JSON lines to ``fd``, then ``in_flight()``'s
-        line if it gives one (``State.write`` in C).
-
-        ``statics`` and ``rank`` are the C formatter's: here the line functions use them."""
+    def write(self, fd: int) -> None:
+        """Take every record queued and write their JSON lines to ``fd``, then the line of the
+        call in flight if there is one to write."""
         records, self.queue = self.queue, []
+        lines = self.lines
         out = []
         for item in records:
             if len(item) == 1:
-                out.append(event_line(item[0]))
+                out.append(lines.event_line(item[0]))
                 continue
             call, t_end, ok, error = item
-            if call.cid in entered:  # written at a flush while the call was in flight
-                entered.discard(call.cid)
+            if call.cid in lines.entered:  # written at a flush while the call was in flight
+                lines.entered.discard(call.cid)
             else:
-                out.append(enter_line(call))
-            out.append(exit_line(call, t_end, ok, error))
+                out.append(lines.enter_line(call))
+            out.append(lines.exit_line(call, t_end, ok, error))
         try:
-            out.append(in_flight() or "")
-        finally:  # what is formatted is written, as in C, even when in_flight() fails
+            out.append(lines.in_flight() or "")
+        finally:  # what is formatted is written even when in_flight() fails
             data = memoryview("".join(out).encode())
             while data:
                 data = data[os.write(fd, data) :]
 
 
 class _Spec(NamedTuple):
-    """What a wrapper knows about its function, worked out once when it is wrapped.
-
-    ``_fast.c`` reads the fields by position: keep their order."""
+    """What a wrapper knows about its function, worked out once when it is wrapped."""
 
     name: str
     group_at: int | None
@@ -864,9 +872,7 @@ _TENSOR_PARAMS = frozenset(
 
 
 class _Call(NamedTuple):
-    """One recorded call, as taken on the rank's hot path (formatted later, off it).
-
-    ``_fast.c`` builds and reads these by position: keep the order of the fields."""
+    """One recorded call, as taken on the rank's hot path (formatted later, off it)."""
 
     cid: int
     seq: int
@@ -883,6 +889,15 @@ class _Call(NamedTuple):
     async_op: bool
     site: tuple[str | None, int | None, str | None]  # file, line, function
     fid: int  # the facts' id (Probe._facts_id)
+
+
+# The C reads a _Call and a _Spec by position, in the layouts it declares: it serves only where
+# they are these classes' fields (a field added or moved here, and the Python path runs).
+if _fast is not None and (
+    getattr(_fast, "CALL_FIELDS", None) != _Call._fields
+    or getattr(_fast, "SPEC_FIELDS", None) != _Spec._fields
+):
+    _fast = None
 
 
 def _fragment(

@@ -134,6 +134,7 @@ typedef struct {
     Py_ssize_t done;    /* calls completed */
     long long epoch;    /* bumped when process groups are created or destroyed */
     PyObject *call_type; /* _Call: how `current` and the formatters' slow path see a call */
+    PyObject *lines;    /* the probe's line writer (_core._Lines): what write() formats with */
     Buffer out;         /* State.write's lines; in use while writing is set */
     int writing;
     Py_buffer ring;     /* the ring file's map (ring.obj NULL: none) */
@@ -1081,26 +1082,52 @@ write_all(int fd, const char *data, Py_ssize_t n)
     return 0;
 }
 
+static PyObject *state_write_lines(State *st, int fd, PyObject *entered, PyObject *statics,
+                                   PyObject *enter_line, PyObject *exit_line,
+                                   PyObject *event_line, long long rank, PyObject *in_flight);
+
+/* The line writer's attributes that write() formats with, in the order of LINES. */
+static const char *const LINES[] = {"entered", "statics", "enter_line", "exit_line",
+                                    "event_line", "rank", "in_flight"};
+enum { L_ENTERED, L_STATICS, L_ENTER, L_EXIT, L_EVENT, L_RANK, L_IN_FLIGHT, N_LINES };
+
 static PyObject *
 state_write(State *st, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 8) {
-        PyErr_SetString(PyExc_TypeError, "write(fd, entered, statics, enter_line, exit_line, "
-                                         "event_line, rank, in_flight)");
+    if (nargs != 1) {
+        PyErr_SetString(PyExc_TypeError, "write(fd)");
         return NULL;
     }
-    PyObject *entered = args[1], *statics = args[2], *in_flight = args[7];
     long fd = PyLong_AsLong(args[0]);
     if (fd == -1 && PyErr_Occurred())
         return NULL;
-    long long rank = PyLong_AsLongLong(args[6]);
-    if (rank == -1 && PyErr_Occurred())
-        return NULL;
-    if (fd < 0 || fd > INT_MAX || !PySet_Check(entered) || !PyDict_Check(statics)) {
-        PyErr_SetString(PyExc_TypeError,
-                        "write: fd must be a file descriptor, entered a set and statics a dict");
-        return NULL;
+    PyObject *lw[N_LINES] = {NULL};
+    PyObject *result = NULL;
+    for (int i = 0; i < N_LINES; i++) {
+        if ((lw[i] = PyObject_GetAttrString(st->lines, LINES[i])) == NULL)
+            goto done;
     }
+    PyObject *entered = lw[L_ENTERED], *statics = lw[L_STATICS], *in_flight = lw[L_IN_FLIGHT];
+    long long rank = PyLong_AsLongLong(lw[L_RANK]);
+    if (rank == -1 && PyErr_Occurred())
+        goto done;
+    if (fd < 0 || fd > INT_MAX || !PySet_Check(entered) || !PyDict_Check(statics)) {
+        PyErr_SetString(PyExc_TypeError, "write: fd must be a file descriptor, the line "
+                                         "writer's entered a set and its statics a dict");
+        goto done;
+    }
+    result = state_write_lines(st, (int)fd, entered, statics, lw[L_ENTER], lw[L_EXIT],
+                               lw[L_EVENT], rank, in_flight);
+done:
+    for (int i = 0; i < N_LINES; i++)
+        Py_XDECREF(lw[i]);
+    return result;
+}
+
+static PyObject *
+state_write_lines(State *st, int fd, PyObject *entered, PyObject *statics, PyObject *enter_line,
+                  PyObject *exit_line, PyObject *event_line, long long rank, PyObject *in_flight)
+{
     if (st->writing) { /* Probe.flush holds its lock: only a caller of its own gets here */
         PyErr_SetString(PyExc_RuntimeError, "State.write is already running on another thread");
         return NULL;
@@ -1109,7 +1136,7 @@ state_write(State *st, PyObject *const *args, Py_ssize_t nargs)
     Buffer *b = &st->out; /* empty: every write leaves it so */
     /* The in-flight call's enter line goes last: a call that ends meanwhile has its record in
      * the array the next write takes. */
-    int bad = format_records(st, b, entered, statics, args[3], args[4], args[5], rank);
+    int bad = format_records(st, b, entered, statics, enter_line, exit_line, event_line, rank);
     if (!bad) {
         PyObject *line = PyObject_CallNoArgs(in_flight);
         bad = line == NULL || (line != Py_None && put_str(b, line));
@@ -1185,15 +1212,16 @@ fail:
 static PyObject *
 state_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 {
-    static char *kwlist[] = {"call_type", "ring", NULL};
-    PyObject *call_type, *ring = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!|O:State", kwlist, &PyType_Type, &call_type,
-                                     &ring))
+    static char *kwlist[] = {"call_type", "ring", "lines", NULL};
+    PyObject *call_type, *ring = Py_None, *lines = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!|OO:State", kwlist, &PyType_Type, &call_type,
+                                     &ring, &lines))
         return NULL;
     State *st = (State *)type->tp_alloc(type, 0);
     if (st == NULL)
         return NULL;
     st->call_type = Py_NewRef(call_type);
+    st->lines = Py_NewRef(lines);
     if (ring != Py_None) {
         if (PyObject_GetBuffer(ring, &st->ring, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) {
             Py_DECREF(st);
@@ -1223,6 +1251,7 @@ static int
 state_traverse(State *st, visitproc visit, void *arg)
 {
     Py_VISIT(st->call_type);
+    Py_VISIT(st->lines);
     for (Py_ssize_t i = 0; i < st->len; i++) {
         Py_VISIT(st->records[i].what);
         Py_VISIT(st->records[i].error);
@@ -1246,6 +1275,7 @@ state_clear(State *st)
     st->out.data = NULL;
     st->out.len = st->out.cap = 0;
     Py_CLEAR(st->call_type);
+    Py_CLEAR(st->lines);
     st->slots = NULL;
     if (st->ring.obj != NULL)
         PyBuffer_Release(&st->ring);
@@ -1276,9 +1306,10 @@ static PyMethodDef state_methods[] = {
     {"append", (PyCFunction)state_append, METH_O,
      "append(record)\n\nQueue (fields,), an event, or (call, t_end, ok, error), a completed call."},
     {"write", (PyCFunction)(void (*)(void))state_write, METH_FASTCALL,
-     "write(fd, entered, statics, enter_line, exit_line, event_line, rank, in_flight)\n\n"
-     "Take every record queued and write their JSON lines to fd, then in_flight()'s line\n"
-     "(a str, or None for none); the GIL is released while writing."},
+     "write(fd)\n\n"
+     "Take every record queued and write their JSON lines to fd, formatted with the line\n"
+     "writer the State was made with, then its in_flight()'s line (a str, or None for none);\n"
+     "the GIL is released while writing."},
     {NULL},
 };
 
@@ -1503,6 +1534,22 @@ PyInit__fast(void)
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)
         return NULL;
+    /* The field layouts this module reads by position: the Python side uses the module only
+     * where its _Call and _Spec have these fields in this order. */
+    PyObject *call_fields = Py_BuildValue("(ssssssssssssss)", "cid", "seq", "t", "tid", "op",
+                                          "pg", "pg_desc", "pg_ranks", "peer", "shapes", "dtypes",
+                                          "async_op", "site", "fid");
+    PyObject *spec_fields = Py_BuildValue("(ssssssss)", "name", "group_at", "peer", "peer_at",
+                                          "async_at", "always_async", "one_tensor", "p2p");
+    int added = call_fields != NULL && spec_fields != NULL &&
+                PyModule_AddObjectRef(m, "CALL_FIELDS", call_fields) == 0 &&
+                PyModule_AddObjectRef(m, "SPEC_FIELDS", spec_fields) == 0;
+    Py_XDECREF(call_fields);
+    Py_XDECREF(spec_fields);
+    if (!added) {
+        Py_DECREF(m);
+        return NULL;
+    }
     if (PyModule_AddObjectRef(m, "Wrapper", (PyObject *)&WrapperType) < 0 ||
         PyModule_AddObjectRef(m, "State", (PyObject *)&StateType) < 0 ||
         PyModule_AddObjectRef(m, "Counter", (PyObject *)&CounterType) < 0) {

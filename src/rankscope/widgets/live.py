@@ -11,7 +11,7 @@ from rankscope import plot
 from rankscope.collect import load_run
 from rankscope.launch import Job
 
-#: Row colours by rank status (RankState.status()).
+#: Row colours by rank status (rankscope.launch.tracker.rank_status).
 STATUS_COLOURS = {"waiting": "#fdd9a0", "dead": "#f4b6b6", "failed": "#f4b6b6", "exited": "#e6e6e6"}
 COLUMNS = (
     "rank",

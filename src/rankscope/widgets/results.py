@@ -10,82 +10,15 @@ import ipywidgets as widgets
 import plotly.graph_objects as go
 
 from rankscope import plot
-from rankscope.analyze import CAUSES, Diagnosis, diagnose
-from rankscope.analyze.diagnosis import compact_ranks
+from rankscope.analyze import Diagnosis, diagnose
 from rankscope.collect import Run, load_run
 from rankscope.replay import REPRO_NAME
 from rankscope.replay import build as build_replay
 from rankscope.widgets._common import guarded, set_figure
 
-VERDICT_COLOURS = {
-    "ok": "#2ca02c",
-    "hang": "#d62728",
-    "crash": "#d62728",
-    "launch_error": "#ff7f0e",
-    "unknown": "#7f7f7f",
-}
 #: Tabs of the results area, in order; NCCL only when the run has NCCL logs.
 NO_DIAGNOSIS = "<i>no diagnosis yet: it comes when the job stalls or ends, or on Diagnose</i>"
 PLOTS = ("sequence ladder", "where is everyone", "merged stacks", "progress", "NCCL")
-
-
-def diagnosis_card(d: Diagnosis) -> str:
-    """The diagnosis as an HTML card: verdict, cause and recipe, culprits, the collective where
-    the ranks part (what each rank called, from where), why, and the fix."""
-    colour = VERDICT_COLOURS.get(d.verdict, "#7f7f7f")
-    cause = CAUSES.get(d.cause) if d.cause else None
-    head = f"<b>{d.verdict.upper()}</b>"
-    if cause is not None:
-        head += f": {html.escape(cause.title)}"
-    if d.recipe:
-        head += f" <span style='color:#555'>(recipe {html.escape(d.recipe)})</span>"
-    parts = [f"<div style='font-size:1.25em;color:{colour}'>{head}</div>"]
-    if d.culprit_ranks:
-        noun = "Culprit rank" if len(d.culprit_ranks) == 1 else "Culprit ranks"
-        parts.append(
-            f"<div class='rankscope-culprits' style='font-size:1.15em'>{noun} "
-            f"<b style='color:#d62728'>{compact_ranks(d.culprit_ranks)}</b>"
-            + (f" · waiting: {compact_ranks(d.waiting_ranks)}" if d.waiting_ranks else "")
-            + "</div>"
-        )
-    parts.append(f"<p>{html.escape(d.summary)}</p>")
-    if d.collective is not None:
-        parts.append(_collective_table(d))
-    for label, text in (("Why", d.reason), ("Fix", d.fix)):
-        if text and text not in d.summary:
-            parts.append(f"<p><b>{label}:</b> {html.escape(text)}</p>")
-    parts += [f"<p style='color:#555'>note: {html.escape(n)}</p>" for n in d.notes]
-    parts += [f"<p style='color:#555'>missing: {html.escape(m)}</p>" for m in d.missing]
-    return (
-        f"<div class='rankscope-card' style='border-left:6px solid {colour};padding:4px 12px;"
-        f"margin:4px 0'>{''.join(parts)}</div>"
-    )
-
-
-def _collective_table(d: Diagnosis) -> str:
-    c = d.collective
-    assert c is not None
-    desc = f" ({html.escape(c.pg_desc)})" if c.pg_desc else ""
-    rows = []
-    for rank in sorted(set(c.op_by_rank) | set(c.site_by_rank)):
-        style = " style='color:#d62728;font-weight:bold'" if rank in d.culprit_ranks else ""
-        cells = (
-            rank,
-            c.op_by_rank.get(rank) or "(none recorded)",
-            c.site_by_rank.get(rank) or "unknown",
-            c.shapes_by_rank.get(rank) or "",
-            c.state_by_rank.get(rank, ""),
-        )
-        rows.append(
-            f"<tr{style}>" + "".join(f"<td>{html.escape(str(x))}</td>" for x in cells) + "</tr>"
-        )
-    return (
-        f"<div>Collective #{c.seq} on group {html.escape(c.pg)}{desc}, ranks "
-        f"{compact_ranks(c.pg_ranks)}</div><table class='rankscope-collective'>"
-        "<tr><th>rank</th><th>called</th><th>at</th><th>shapes</th><th>state</th></tr>"
-        + "".join(rows)
-        + "</table>"
-    )
 
 
 def rank_list(text: str) -> list[int]:
@@ -175,7 +108,7 @@ class ResultsPanel(widgets.VBox):
         self.run, self.diagnosis = run, d
         if now is None and run.ranks["last_event_s"].notna().any():
             now = float(run.ranks["last_event_s"].max())
-        self.card.value = diagnosis_card(d)
+        self.card.value = d.to_html()
         # A replay needs a collective where the ranks part (a healthy run has none).
         self.replay.disabled = d.verdict == "ok" or d.collective is None
         self.replay_info.value = ""

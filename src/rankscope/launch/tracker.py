@@ -1,0 +1,142 @@
+"""Every rank of a running job, as its events arrive: one :class:`~rankscope.rundir.RankRecord`
+per rank, kept up to date from its ``events.jsonl``, and what the processes show that the events
+cannot (alive or dead, working or idle)."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any
+
+import psutil
+
+from rankscope.launch.procs import pid_alive
+from rankscope.rundir import EventTail, RankRecord, RunDir
+
+#: A live rank outside every collective that used at least this share of a core since the last
+#: look is busy (computing, loading, saving), not stuck: the others wait for a straggler.
+BUSY_CPU_SHARE = 0.2
+
+
+def rank_status(record: RankRecord) -> str:
+    """``running``, ``waiting`` (inside a collective), ``exited``, ``failed`` or ``dead``."""
+    if record.ended:
+        return "exited" if record.exit_code in (0, None) else "failed"
+    if record.pid is not None and not pid_alive(record.pid):
+        return "dead"
+    return "waiting" if record.in_collective_since is not None else "running"
+
+
+def snapshot(
+    record: RankRecord, now: float | None = None, *, job_ended: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """The record as a dict with its status and ages relative to ``now``.
+
+    ``job_ended`` (the final run.json) freezes a rank that never reported its end: its exit code
+    comes from run.json, its status is ``stopped`` when the job was stopped, and no age keeps
+    growing.
+    """
+    now = time.time() if now is None else now
+    d = dataclasses.asdict(record)
+    d["status"] = rank_status(record)
+    d["heartbeat_age_s"] = None if record.last_event_at is None else now - record.last_event_at
+    d["in_collective_s"] = (
+        None if record.in_collective_since is None else now - record.in_collective_since
+    )
+    if job_ended is not None and not record.ended:
+        info = (job_ended.get("ranks") or {}).get(str(record.rank), {})
+        d["exit_code"] = info.get("exit_code")
+        d["status"] = "stopped" if job_ended.get("state") == "stopped" else "dead"
+        d["heartbeat_age_s"] = d["in_collective_s"] = None
+    return d
+
+
+def in_collective(record: RankRecord) -> bool:
+    """Inside a collective: one the probe saw it enter, or one the flight recorder has enqueued
+    but not completed (issued from C++: DDP, FSDP)."""
+    fr = record.fr or {}
+    return record.in_collective_since is not None or any(e > c for e, c in fr.values())
+
+
+class RankTracker:
+    """Follows every rank's events.jsonl incrementally and keeps a record of each."""
+
+    def __init__(self, run: RunDir):
+        self.run = run
+        self.tails: dict[int, EventTail] = {}
+        self.records: dict[int, RankRecord] = {}
+        self._cpu: dict[int, tuple[float, float]] = {}  # rank -> (monotonic time, CPU seconds)
+        #: When an update last read progress (monotonic). Whoever reads the events (the
+        #: watchdog, a live panel through ``Job.ranks()``), the watchdog sees it here.
+        self.progressed_at = time.monotonic()
+
+    def update(self) -> bool:
+        """Read new events; return True if any rank made progress (started, completed,
+        stepped), and then stamp :attr:`progressed_at`."""
+        progress = False
+        for rank in self.run.rank_ids():
+            if rank not in self.tails:
+                self.tails[rank] = EventTail(self.run.events(rank))
+                self.records[rank] = RankRecord(rank=rank)
+            record = self.records[rank]
+            for ev in self.tails[rank].read():
+                progress |= record.apply(ev)
+        if progress:
+            self.progressed_at = time.monotonic()
+        return progress
+
+    def snapshots(
+        self, now: float | None = None, *, job_ended: dict[str, Any] | None = None
+    ) -> list[dict[str, Any]]:
+        return [snapshot(self.records[r], now, job_ended=job_ended) for r in sorted(self.records)]
+
+    def pids(self, *, alive_only: bool = True) -> dict[int, int]:
+        return {
+            r: s.pid
+            for r, s in self.records.items()
+            if s.pid is not None and (not alive_only or (not s.ended and pid_alive(s.pid)))
+        }
+
+    def busy_outside_collectives(self) -> bool:
+        """Some live rank outside every collective used CPU on its main thread since the last
+        call (see :data:`BUSY_CPU_SHARE`): it is working, and the ranks waiting for it are not
+        stuck."""
+        busy = False
+        now = time.monotonic()
+        for rank, record in self.records.items():
+            if record.ended or record.pid is None or in_collective(record):
+                self._cpu.pop(rank, None)
+                continue
+            # The main thread only: the probe's own threads (its first flight-recorder dump
+            # imports a good part of torch) are not the rank's work.
+            if _main_thread_runs(record.pid):  # running or runnable, or in disk I/O, right now
+                busy = True
+                continue
+            try:
+                main = [t for t in psutil.Process(record.pid).threads() if t.id == record.pid]
+            except psutil.Error:
+                continue
+            if not main:
+                continue
+            cpu = main[0].user_time + main[0].system_time
+            last = self._cpu.get(rank)
+            self._cpu[rank] = (now, cpu)
+            if last is not None and now > last[0]:
+                busy |= (cpu - last[1]) / (now - last[0]) >= BUSY_CPU_SHARE
+        return busy
+
+    def waiting_in_collective(self) -> bool:
+        """A live rank is inside a collective."""
+        return any(not s.ended and in_collective(s) for s in self.records.values())
+
+
+def _main_thread_runs(pid: int) -> bool:
+    """Linux: the scheduler state of the process's main thread is R (running or waiting for a
+    core: on a loaded machine a computing rank gets little CPU but stays runnable) or D (disk).
+    False where /proc does not say."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return False
+    return stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3] in (b"R", b"D")

@@ -1,0 +1,152 @@
+"""The stall watchdog: what counts as a stall (:func:`stall_decision`, a pure function of what
+one look at the ranks saw), and the thread that looks every ``POLL_S`` and hands each stall to
+the job.
+
+The rule, as the README's "What counts as a stall" tells it: no rank has completed a collective
+or marked a step for the stall timeout while at least one live rank waits inside a collective,
+counted once every rank has started; or some rank has not started after the startup timeout. A
+rank outside every collective whose main thread is working is a straggler, not a hang: only
+``BUSY_LIMIT`` stall timeouts of that count as a stall (a rank spinning in a loop it never
+leaves).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from rankscope.launch.tracker import RankTracker
+from rankscope.rundir import FINAL_STATES, RunDir, RunDirError
+
+log = logging.getLogger(__name__)
+
+POLL_S = 0.1
+#: How long a busy rank may keep the others waiting before it counts as a stall anyway, in
+#: multiples of the stall timeout.
+BUSY_LIMIT = 10.0
+#: CPU counters tick coarsely: whether a rank outside the collectives works is looked at this
+#: often.
+CPU_LOOK_S = 0.5
+
+
+@dataclass(frozen=True)
+class Look:
+    """What one look at the job saw; times are monotonic seconds."""
+
+    now: float
+    launched_at: float
+    """When the watchdog started following the job."""
+    ranks_up: int
+    """Ranks whose events.jsonl exists."""
+    world_size: int
+    waiting: bool
+    """A live rank is inside a collective."""
+    progressed_at: float
+    """The last progress: a collective returned from, a step, a rank coming up."""
+    busy_at: float
+    """The last time a live rank outside every collective was seen working."""
+
+
+def stall_decision(look: Look, *, stall_timeout_s: float, startup_timeout_s: float) -> str | None:
+    """``startup``, ``no_progress`` or None (not a stall) for what one look saw."""
+    if look.ranks_up < look.world_size:
+        return "startup" if look.now - look.launched_at > startup_timeout_s else None
+    if not look.waiting:
+        return None  # every rank computes, or sleeps outside any collective: not our call
+    idle = look.now - look.progressed_at
+    if idle <= stall_timeout_s:
+        return None
+    quiet = look.now - look.busy_at > stall_timeout_s
+    return "no_progress" if quiet or idle > BUSY_LIMIT * stall_timeout_s else None
+
+
+class Watchdog:
+    """Follows a job's ranks until the job ends and calls ``on_stall(kind, idle_s)`` once per
+    stall; ``set_state`` marks the job running again when progress resumes after one."""
+
+    def __init__(
+        self,
+        run: RunDir,
+        tracker: RankTracker,
+        *,
+        world_size: int,
+        stall_timeout_s: float,
+        startup_timeout_s: float,
+        lock: threading.Lock,
+        on_stall: Callable[[str, float], None],
+        on_new_ranks: Callable[[], None],
+        set_state: Callable[..., None],
+    ):
+        self.run, self.tracker, self.lock = run, tracker, lock
+        self.world_size = world_size
+        self.stall_timeout_s, self.startup_timeout_s = stall_timeout_s, startup_timeout_s
+        self.on_stall, self.on_new_ranks, self.set_state = on_stall, on_new_ranks, set_state
+        self.closing = threading.Event()
+        self.thread = threading.Thread(
+            target=self._watch, name=f"rankscope-watchdog-{run.path.name}", daemon=True
+        )
+
+    def start(self) -> Watchdog:
+        self.thread.start()
+        return self
+
+    def _watch(self) -> None:
+        run, tracker = self.run, self.tracker
+        launched = busy_at = time.monotonic()
+        next_cpu_look = 0.0
+        stalled_at: float | None = None
+        known: set[int] = set()
+        while not self.closing.is_set():
+            try:
+                state = run.read_run()["state"]
+            except RunDirError:
+                time.sleep(POLL_S)
+                continue
+            if state in FINAL_STATES:
+                break
+            with self.lock:
+                tracker.update()
+                new = set(tracker.records) - known
+            now = time.monotonic()
+            if new:
+                known |= new
+                self.on_new_ranks()
+                # A rank coming up is progress (its start event may not be written yet): on a
+                # loaded machine the last rank may start after the stall timeout.
+                tracker.progressed_at = busy_at = now
+            if stalled_at is not None and tracker.progressed_at > stalled_at:
+                log.info("%s: progress again after the stall", run.path.name)
+                stalled_at = None
+                self.set_state("running", only_from="stalled")
+            waiting = tracker.waiting_in_collective()
+            if waiting and stalled_at is None and now >= next_cpu_look:
+                next_cpu_look = now + CPU_LOOK_S
+                if tracker.busy_outside_collectives():
+                    busy_at = now
+            look = Look(
+                now=now,
+                launched_at=launched,
+                ranks_up=len(tracker.records),
+                world_size=self.world_size,
+                waiting=waiting,
+                progressed_at=tracker.progressed_at,
+                busy_at=busy_at,
+            )
+            kind = None
+            if stalled_at is None and state in ("running", "stalled"):
+                kind = stall_decision(
+                    look,
+                    stall_timeout_s=self.stall_timeout_s,
+                    startup_timeout_s=self.startup_timeout_s,
+                )
+            if kind is not None:
+                idle = now - tracker.progressed_at
+                log.warning(
+                    "%s: stall (%s) after %.1f s without progress", run.path.name, kind, idle
+                )
+                stalled_at = now
+                self.on_stall(kind, idle)
+            time.sleep(POLL_S)

@@ -1,0 +1,67 @@
+"""The stall rule on synthetic looks: every case the README's "What counts as a stall" names."""
+
+from __future__ import annotations
+
+import pytest
+
+from rankscope.launch.watchdog import BUSY_LIMIT, Look, stall_decision
+
+STALL, STARTUP = 3.0, 60.0
+
+
+def look(**kw) -> Look:
+    base = dict(
+        now=100.0,
+        launched_at=0.0,
+        ranks_up=4,
+        world_size=4,
+        waiting=True,
+        progressed_at=100.0,
+        busy_at=0.0,
+    )
+    return Look(**{**base, **kw})
+
+
+def decide(lk: Look) -> str | None:
+    return stall_decision(lk, stall_timeout_s=STALL, startup_timeout_s=STARTUP)
+
+
+def test_no_progress_while_a_rank_waits_in_a_collective_is_a_stall():
+    assert decide(look(progressed_at=100.0 - STALL - 0.1)) == "no_progress"
+
+
+def test_progress_within_the_stall_timeout_is_no_stall():
+    assert decide(look(progressed_at=100.0 - STALL + 0.1)) is None
+    assert decide(look(progressed_at=100.0 - STALL)) is None  # exactly the timeout: not yet
+
+
+def test_no_rank_in_a_collective_is_no_stall_however_long():
+    # every rank computes, loads or sleeps outside the collectives: nothing waits for anyone
+    assert decide(look(waiting=False, progressed_at=0.0)) is None
+
+
+@pytest.mark.parametrize("idle", [STALL + 1, 5 * STALL, BUSY_LIMIT * STALL])
+def test_a_working_rank_outside_the_collectives_is_a_straggler(idle):
+    # the others wait for it in a collective, but it was seen working a moment ago
+    assert decide(look(progressed_at=100.0 - idle, busy_at=99.5)) is None
+
+
+def test_a_straggler_that_never_comes_counts_after_the_busy_limit():
+    idle = BUSY_LIMIT * STALL + 0.1
+    assert decide(look(progressed_at=100.0 - idle, busy_at=99.5)) == "no_progress"
+
+
+def test_a_rank_that_sleeps_or_waits_on_a_lock_is_a_stall_after_the_timeout():
+    # not working (its last sign of work is older than the stall timeout) while others wait
+    lk = look(progressed_at=100.0 - STALL - 0.1, busy_at=100.0 - STALL - 0.1)
+    assert decide(lk) == "no_progress"
+
+
+def test_the_stall_timeout_counts_once_every_rank_has_started():
+    lk = look(ranks_up=3, progressed_at=0.0, now=STARTUP - 1)
+    assert decide(lk) is None
+
+
+def test_a_rank_not_started_after_the_startup_timeout_is_a_startup_stall():
+    assert decide(look(ranks_up=3, now=STARTUP + 0.1, progressed_at=STARTUP)) == "startup"
+    assert decide(look(ranks_up=0, now=STARTUP + 0.1, waiting=False)) == "startup"
