@@ -178,7 +178,6 @@ def test_show_a_finished_run_and_foreign_artifacts() -> None:
         rankscope.show(DATA / "no_such_run")
 
 
-@pytest.mark.slow
 def test_only_widgets_imports_ipywidgets_and_nothing_imports_widgets() -> None:
     for path in SRC.rglob("*.py"):
         tree = ast.parse(path.read_text())
