@@ -416,8 +416,9 @@ class RankRecord:
                 as_str(ev.get("pg")),
                 as_int(ev.get("seq")),
             )
-            file, line = as_str(ev.get("file")), as_int(ev.get("line"))
-            self.site = f"{Path(file).name}:{line}" if file else None
+            file, line = ev.get("file"), as_int(ev.get("line"))
+            ok = isinstance(file, str) and file and line is not None
+            self.site = f"{Path(file).name}:{line}" if ok else None
             self.in_collective_since = None if ev.get("async_op") else t
             return False
         if kind == "exit":

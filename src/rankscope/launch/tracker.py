@@ -34,7 +34,7 @@ def snapshot(
 
     ``job_ended`` (the final run.json) freezes a rank that never reported its end: its exit code
     comes from run.json, its status is ``stopped`` when the job was stopped, and no age keeps
-    growing.
+    growing. A rank of a stopped job that ended of the stop's SIGTERM is ``stopped`` too.
     """
     now = time.time() if now is None else now
     d = dataclasses.asdict(record)
@@ -43,11 +43,14 @@ def snapshot(
     d["in_collective_s"] = (
         None if record.in_collective_since is None else now - record.in_collective_since
     )
+    stopped = job_ended is not None and job_ended.get("state") == "stopped"
     if job_ended is not None and not record.ended:
         info = (job_ended.get("ranks") or {}).get(str(record.rank), {})
         d["exit_code"] = info.get("exit_code")
-        d["status"] = "stopped" if job_ended.get("state") == "stopped" else "dead"
+        d["status"] = "stopped" if stopped else "dead"
         d["heartbeat_age_s"] = d["in_collective_s"] = None
+    elif stopped and record.end_reason == "SIGTERM":
+        d["status"] = "stopped"  # ended by the stop's SIGTERM, not a failure of its own
     return d
 
 

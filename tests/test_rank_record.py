@@ -1,0 +1,76 @@
+"""The one per-rank record, folded from a rank's events: what each event sets, what counts as
+progress, malformed events, and how a finished job's ranks read."""
+
+from __future__ import annotations
+
+from rankscope.launch.tracker import in_collective, snapshot
+from rankscope.rundir import RankRecord
+
+START = {
+    "ev": "start",
+    "t": 10.0,
+    "pid": 4242,
+    "host": "node1",
+    "main_tid": 139_000_000_000_000,
+    "env": {"LOCAL_RANK": "1", "GROUP_RANK": "0", "WORLD_SIZE": "4"},
+}
+
+
+def test_a_rank_s_events_fold_into_its_record():
+    r = RankRecord(rank=1)
+    assert r.apply(START)
+    assert (r.pid, r.host, r.local_rank, r.group_rank, r.world_size) == (4242, "node1", 1, 0, 4)
+    assert r.main_thread == f"0x{139_000_000_000_000:016x}" and r.started_at == 10.0
+    enter = {"ev": "enter", "t": 11.0, "op": "barrier", "pg": "0", "seq": 4}
+    assert not r.apply({**enter, "file": "/x/train.py", "line": 16})
+    assert r.site == "train.py:16" and r.in_collective_since == 11.0 and in_collective(r)
+    assert r.apply({"ev": "exit", "t": 12.0}) and r.done == 1 and not in_collective(r)
+    assert r.apply({"ev": "step", "t": 12.5, "step": 3}) and r.step == 3
+    assert not r.apply({"ev": "exception", "t": 13.0, "type": "ValueError", "message": "bad"})
+    assert r.exception == "ValueError: bad"
+    assert r.apply({"ev": "end", "t": 14.0, "code": 1, "reason": "exception"})
+    assert (r.ended, r.exit_code, r.end_reason, r.ended_at) == (True, 1, "exception", 14.0)
+    assert r.summary() == {
+        "pid": 4242,
+        "host": "node1",
+        "local_rank": 1,
+        "group_rank": 0,
+        "started_at": 10.0,
+        "exit_code": 1,
+        "ended_at": 14.0,
+    }
+
+
+def test_the_flight_recorder_s_completions_are_progress():
+    r = RankRecord(rank=0)
+    assert r.apply({"ev": "heartbeat", "t": 1.0, "fr": {"0": [5, 4]}})  # first sight
+    assert in_collective(r)  # enqueued 5, completed 4: issued from C++ and waiting
+    assert not r.apply({"ev": "heartbeat", "t": 2.0, "fr": {"0": [5, 4]}})
+    assert r.apply({"ev": "heartbeat", "t": 3.0, "fr": {"0": [5, 5]}})
+    assert not in_collective(r)
+
+
+def test_malformed_events_change_nothing_they_cannot_say():
+    r = RankRecord(rank=0)
+    for ev in (
+        {"ev": "start", "pid": "not a pid", "env": ["not", "a", "dict"], "t": "soon"},
+        {"ev": "heartbeat", "fr": {"0": "x"}},
+        {"ev": "heartbeat", "fr": {"0": [1, 2, 3]}},
+        {"ev": "enter", "seq": {"a": 1}, "line": None, "file": 7},
+        {"ev": "end", "code": True},
+    ):
+        r.apply(ev)
+    assert r.pid is None and r.local_rank is None and r.started_at is None and r.fr is None
+    assert r.seq is None and r.site is None and r.exit_code is None and r.ended
+
+
+def test_a_stopped_job_s_ranks_read_stopped_not_failed():
+    ended = {"state": "stopped", "ranks": {"1": {"exit_code": -9}}}
+    by_sigterm = RankRecord(rank=0, ended=True, exit_code=-15, end_reason="SIGTERM")
+    silent = RankRecord(rank=1)  # never wrote its end (killed)
+    crashed = RankRecord(rank=2, ended=True, exit_code=1, end_reason="exception")
+    assert snapshot(by_sigterm, 0.0, job_ended=ended)["status"] == "stopped"
+    gone = snapshot(silent, 0.0, job_ended=ended)
+    assert gone["status"] == "stopped" and gone["exit_code"] == -9
+    assert snapshot(crashed, 0.0, job_ended=ended)["status"] == "failed"
+    assert snapshot(by_sigterm, 0.0)["status"] == "failed"  # while the job is not over
