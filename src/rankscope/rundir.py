@@ -453,6 +453,11 @@ class RankRecord:
         return {k: getattr(self, k) for k in keys if getattr(self, k) is not None}
 
 
+def rank_summaries(run: RunDir) -> dict[int, dict[str, Any]]:
+    """What ``run.json`` keeps of every rank (:meth:`RankRecord.summary`)."""
+    return {rank: record.summary() for rank, record in rank_records(run).items()}
+
+
 def _pair(value: Any) -> bool:
     return isinstance(value, list) and len(value) == 2 and all(type(x) is int for x in value)
 

@@ -28,7 +28,7 @@ from rankscope.rundir import (
     RunDirError,
     claim_run_dir,
     new_run_dir,
-    rank_records,
+    rank_summaries,
 )
 
 log = logging.getLogger(__name__)
@@ -250,7 +250,7 @@ class Job:
         log.warning("%s: %s; ending the job here", run.path.name, why)
         agents = [a["pid"] for a in self._data().get("agents", [])]
         terminate(run, roots=[p for p in agents if pid_alive(p)], grace_s=1.0)
-        table = {r: rec.summary() for r, rec in rank_records(run).items()}
+        table = rank_summaries(run)
 
         def final(d: dict[str, Any]) -> None:
             if d["state"] in FINAL_STATES:

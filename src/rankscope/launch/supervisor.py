@@ -21,7 +21,7 @@ import time
 from typing import Any
 
 from rankscope.launch.procs import terminate
-from rankscope.rundir import DIST_ENV, FINAL_STATES, RunDir, rank_records, torchrun_failures
+from rankscope.rundir import DIST_ENV, FINAL_STATES, RunDir, rank_summaries, torchrun_failures
 
 log = logging.getLogger("rankscope.launch.supervisor")  # it runs as __main__
 
@@ -152,7 +152,7 @@ class Supervisor:
             except OSError:
                 pass
         failures = torchrun_failures(text)
-        ranks = {r: rec.summary() for r, rec in rank_records(self.run).items()}
+        ranks = rank_summaries(self.run)
         world = int(self.data["world_size"])
         now = self.run.read_run()
         stopped = self.stop_reason is not None or now.get("stop_reason")
