@@ -50,6 +50,15 @@ def test_the_flight_recorder_s_completions_are_progress():
     assert not in_collective(r)
 
 
+def test_the_probe_s_warm_up_is_marked_and_is_not_progress():
+    # While the probe imports what stack traces need, the watchdog counts the rank as busy.
+    r = RankRecord(rank=0)
+    assert not r.apply({"ev": "warmup", "t": 1.0, "running": True}) and r.warming
+    assert not r.apply({"ev": "warmup", "t": 2.5, "running": False}) and not r.warming
+    r.apply({"ev": "warmup", "running": "yes"})
+    assert not r.warming
+
+
 def test_malformed_events_change_nothing_they_cannot_say():
     r = RankRecord(rank=0)
     for ev in (

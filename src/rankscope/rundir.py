@@ -59,6 +59,8 @@ EVENT_KINDS = {
     "line, func",
     "exit": "id, op, pg, seq, dur_s, ok, error",
     "step": "step (the user's step marker)",
+    "warmup": "running (true when the probe starts importing what torch's stack traces need, "
+    "false when done: meanwhile a computing main thread gets little CPU)",
     "exception": "type, message, traceback",
     "capture": "id, reason, files (what the probe wrote for an evidence request)",
     "end": "code (the process exit code, when the probe saw it), reason (exit, exception, "
@@ -390,6 +392,9 @@ class RankRecord:
     """When it entered the (blocking) collective it has not returned from yet."""
     fr: dict[str, list[int]] | None = None
     """Flight recorder per group: [last enqueued, last completed], from the heartbeat."""
+    warming: bool = False
+    """The probe is importing what torch's stack traces need (a second or two after the first
+    process group); a computing main thread gets little CPU meanwhile."""
     last_event_at: float | None = None
     exception: str | None = None
     ended: bool = False
@@ -437,6 +442,9 @@ class RankRecord:
             tid = ev.get("main_tid")
             self.main_thread = f"0x{tid:016x}" if type(tid) is int and tid >= 0 else None
             return True
+        if kind == "warmup":
+            self.warming = ev.get("running") is True
+            return False
         if kind == "exception":
             self.exception = f"{as_str(ev.get('type'))}: {as_str(ev.get('message'))}"
             return False

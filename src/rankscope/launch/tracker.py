@@ -110,8 +110,12 @@ class RankTracker:
             if record.ended or record.pid is None or in_collective(record):
                 self._cpu.pop(rank, None)
                 continue
-            # The main thread only: the probe's own threads (its first flight-recorder dump
-            # imports a good part of torch) are not the rank's work.
+            if record.warming:
+                # The probe's warm-up import holds the GIL: a computing main thread looks idle
+                # meanwhile, so this look cannot tell. A second or two, once per rank.
+                busy = True
+                continue
+            # The main thread only: the probe's own threads are not the rank's work.
             if _main_thread_runs(record.pid):  # running or runnable, or in disk I/O, right now
                 busy = True
                 continue

@@ -368,6 +368,17 @@ class Probe:
             # A thread still inside torch's dump when the interpreter finalizes aborts the process.
             self._warmup.join(timeout=30)
 
+    def _warm_up(self) -> None:
+        for _, fn in _DUMPS:
+            with contextlib.suppress(Exception):
+                fn()
+        # The import leaves a few hundred thousand new objects, and the first full collection
+        # after it walks them all (tens of milliseconds with the GIL held). Take it here, at
+        # start-up, rather than in the middle of some later collective.
+        gc.collect()
+        self.emit("warmup", running=False)
+        self.flush()
+
     def on_exception(self, exc: BaseException) -> None:
         self.emit(
             "exception",
@@ -453,7 +464,14 @@ class Probe:
                 # of CPU); pay that once, early, on a thread of its own so events keep flowing,
                 # rather than when a stalled job needs its dump quickly.
                 warm = True
-                warmup = threading.Thread(target=_warm_up, name="rankscope-warmup", daemon=True)
+                warmup = threading.Thread(
+                    target=self._warm_up, name="rankscope-warmup", daemon=True
+                )
+                # The import holds the GIL for most of a second or two, and a main thread that
+                # computes (releasing the GIL at every torch op) gets little of it meanwhile:
+                # the watchdog must know that this rank's idle look is ours.
+                self.emit("warmup", running=True)
+                self.flush()
                 warmup.start()
                 self._warmup = warmup  # published only once started: end() joins it
             now = time.monotonic()
@@ -990,16 +1008,6 @@ def _fr_progress() -> dict[str, list[int]] | None:
                 int(st.get("last_completed_collective", -1)),
             ]
     return out or None
-
-
-def _warm_up() -> None:
-    for _, fn in _DUMPS:
-        with contextlib.suppress(Exception):
-            fn()
-    # The import leaves a few hundred thousand new objects, and the first full collection
-    # after it walks them all (tens of milliseconds with the GIL held). Take it here, at
-    # start-up, rather than in the middle of some later collective.
-    gc.collect()
 
 
 def _pending_capture_id(run: RunDir) -> int:
