@@ -33,6 +33,7 @@ test: install
 	$(PY) -m ruff check src tests bench
 	$(PY) -m ruff format --check src tests bench
 	-sh tests/browser_setup.sh  # Debian's chromium for the browser test (it skips, saying why, without)
+	-sh tests/slurm_setup.sh  # Debian's slurm-wlm and munge for the SLURM tests (the same)
 	$(PY) -m pytest
 
 check: install

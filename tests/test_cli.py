@@ -150,3 +150,12 @@ def test_diagnose_says_unknown_and_fails_when_nothing_can_be_read(tmp_path):
     assert "nccl_trace_rank_0" in out.stdout and "nccl_trace_rank_1.json" in out.stdout
     as_json = json.loads(rankscope("diagnose", "--json", str(folder), cwd=tmp_path).stdout)
     assert as_json["verdict"] == "unknown" and len(as_json["missing"]) == 2
+
+
+def test_slurm_options_need_the_slurm_launcher(tmp_path, capsys):
+    assert main(["run", "--partition", "debug", str(SCRIPTS / "launch" / "clean.py")]) == 2
+    assert "--partition are for --launcher slurm" in capsys.readouterr().err
+    args = build_parser().parse_args(
+        ["run", "--launcher", "slurm", "--time", "5:00", "--sbatch-arg=--qos=x", "t.py"]
+    )
+    assert (args.launcher, args.time, args.sbatch_arg) == ("slurm", "5:00", ["--qos=x"])

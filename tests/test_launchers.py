@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 
 import pytest
 
 from rankscope.analyze import diagnose
 from rankscope.launch import Job, JobSpec
-from rankscope.launch.procs import pid_alive
+from rankscope.launch.job import state_text
+from rankscope.launch.procs import RankProc, pid_alive
 from rankscope.launch.spec import (
     ACCELERATE_CONFIG,
     DEEPSPEED_HOSTFILE,
@@ -106,17 +108,19 @@ def test_every_launcher_runs_the_bootstrap_with_the_script(tmp_path):
         ), (launcher, cmd)
     accelerate = launch_commands(specs["accelerate"], run_dir=run_dir, port=1234, run_id="r")[0]
     assert accelerate.index("--cpu") < accelerate.index("--module")
-    config = launch_files(specs["accelerate"], port=1234)[ACCELERATE_CONFIG]
+    config = launch_files(specs["accelerate"], port=1234, run_dir=Path("r"), run_id="r")[
+        ACCELERATE_CONFIG
+    ]
     assert "num_processes: 2" in config and "main_process_port: 1234" in config
     deepspeed = launch_commands(specs["deepspeed"], run_dir=run_dir, port=1234, run_id="r")[0]
     assert f"--hostfile={run_dir / DEEPSPEED_HOSTFILE}" in deepspeed
     assert not any(a.startswith("--num_gpus") for a in deepspeed)
-    assert launch_files(specs["deepspeed"], port=1234) == {
+    assert launch_files(specs["deepspeed"], port=1234, run_dir=Path("r"), run_id="r") == {
         DEEPSPEED_HOSTFILE: "localhost slots=2\n"
     }
     plain = JobSpec(script=CLEAN, launcher="deepspeed")
     assert "--num_gpus=2" in launch_commands(plain, run_dir=run_dir, port=1, run_id="r")[0]
-    assert launch_files(plain, port=1) == {}
+    assert launch_files(plain, port=1, run_dir=Path("r"), run_id="r") == {}
 
 
 @pytest.mark.slow
@@ -226,3 +230,67 @@ def test_deepspeed_ranks_are_found_and_stopped(start_job):
     job.stop(grace_s=2.0)
     assert job.info()["state"] == "stopped"
     assert not any(pid_alive(p) for p in pids)
+
+
+def test_a_slurm_job_is_one_batch_script_that_runs_torchrun_on_every_node(tmp_path):
+    spec = JobSpec(
+        script=CLEAN,
+        args=["--x"],
+        launcher="slurm",
+        nnodes=2,
+        launcher_args=["--max-restarts=1"],
+        slurm={"partition": "gpu", "time": "10:00", "sbatch_args": ["--qos=debug"]},
+    )
+    run_dir = tmp_path / "my run"
+    (cmd,) = launch_commands(spec, run_dir=run_dir, port=None, run_id="r1")
+    assert cmd == ["sbatch", "--parsable", "--qos=debug", str(run_dir / "slurm.sbatch")]
+    script = launch_files(spec, port=None, run_dir=run_dir, run_id="r1")["slurm.sbatch"]
+    assert "#SBATCH --nodes=2\n" in script and "#SBATCH --ntasks-per-node=1\n" in script
+    assert "#SBATCH --partition=gpu\n" in script and "#SBATCH --time=10:00\n" in script
+    assert f"#SBATCH --output='{run_dir}/slurm-%j.out'" in script
+    srun = script.splitlines()[-1]
+    assert srun.startswith("exec srun --kill-on-bad-exit=1")
+    assert "--rdzv-backend=c10d" in srun and "--rdzv-id=r1" in srun
+    assert "--nnodes=2" in srun and "--max-restarts=1" in srun
+    assert srun.endswith(f"-m rankscope.probe.bootstrap {CLEAN} --x")
+    assert "rdzv_port=$((20000 + SLURM_JOB_ID % 20000))" in script
+    fixed = launch_files(
+        JobSpec(script=CLEAN, launcher="slurm", master_port=29400),
+        port=29400,
+        run_dir=run_dir,
+        run_id="r1",
+    )["slurm.sbatch"]
+    assert "rdzv_port=29400" in fixed
+
+
+def test_slurm_options_are_checked():
+    with pytest.raises(ValueError, match="for launcher='slurm'"):
+        JobSpec(script=CLEAN, slurm={"partition": "p"})
+    with pytest.raises(ValueError, match="unknown slurm option"):
+        JobSpec(script=CLEAN, launcher="slurm", slurm={"nodes": 2})
+    with pytest.raises(ValueError, match="list of strings"):
+        JobSpec(script=CLEAN, launcher="slurm", slurm={"sbatch_args": "--qos=x"})
+    with pytest.raises(ValueError, match="non-empty string"):
+        JobSpec(script=CLEAN, launcher="slurm", slurm={"time": ""})
+    with pytest.raises(ValueError, match="same command on every node"):
+        JobSpec(script=CLEAN, launcher="slurm", nnodes=2, launcher_args_by_node=[["--a"]])
+
+
+def test_a_slurm_job_s_state_reads_with_slurm_s_words():
+    assert state_text({"state": "running"}) == "running"
+    queued = {"state": "queued", "slurm": {"job_id": "12", "reason": "Priority"}}
+    assert state_text(queued) == "queued (SLURM job 12: Priority)"
+    running = {"state": "running", "slurm": {"job_id": "12", "nodes": "node[1-2]"}}
+    assert state_text(running) == "running (SLURM job 12 on node[1-2])"
+
+
+def test_a_rank_on_another_node_is_reached_through_srun(monkeypatch):
+    monkeypatch.delenv("SLURMD_NODENAME", raising=False)
+    here = RankProc(4242)
+    assert not here.remote and here.beside(["py-spy", "dump"]) == ["py-spy", "dump"]
+    there = RankProc(4242, node="node2", slurm_job="12")
+    assert there.remote and there.alive() is None
+    assert there.beside(["kill", "-USR1", "4242"])[:3] == ["srun", "--overlap", "--jobid=12"]
+    assert "--nodelist=node2" in there.beside(["true"])
+    monkeypatch.setenv("SLURMD_NODENAME", "node2")  # inside the allocation, on that node
+    assert not there.remote

@@ -59,6 +59,18 @@ def test_the_probe_s_warm_up_is_marked_and_is_not_progress():
     assert not r.warming
 
 
+def test_a_rank_under_slurm_knows_its_node_and_its_main_thread_s_cpu():
+    r = RankRecord(rank=2)
+    r.apply({**START, "env": {**START["env"], "SLURM_JOB_ID": "17", "SLURMD_NODENAME": "node2"}})
+    assert (r.node, r.slurm_job) == ("node2", "17")
+    r.apply({"ev": "heartbeat", "t": 11.0, "cpu": 3.0})
+    assert r.cpu_share is None  # one heartbeat is no rate
+    r.apply({"ev": "heartbeat", "t": 11.5, "cpu": 3.4})
+    assert abs(r.cpu_share - 0.8) < 1e-9
+    r.apply({"ev": "heartbeat", "t": 12.0, "cpu": 3.4})
+    assert r.cpu_share == 0.0
+
+
 def test_malformed_events_change_nothing_they_cannot_say():
     r = RankRecord(rank=0)
     for ev in (

@@ -210,3 +210,23 @@ def test_the_replay_button_writes_repro_into_the_run(tmp_path: Path) -> None:
     panel.replay.click()
     assert "no divergence found in clean" in "".join(o["text"] for o in panel.errors.outputs)
     assert not (clean / "repro.py").exists()
+
+
+def test_the_form_runs_a_script_on_slurm(workbench: Workbench) -> None:
+    form = workbench.form
+    assert form.slurm_box.layout.display == "none"  # SLURM's fields only when it is chosen
+    form.scenario.value = ""
+    form.script.value = str(SCRIPTS / "launch" / "clean.py")
+    form.launcher.value = "slurm"
+    assert form.slurm_box.layout.display == "flex"
+    form.nnodes.value = 2
+    form.partition.value = "debug"
+    form.time_limit.value = "5:00"
+    form.sbatch_args.value = "--qos=low --mem=1G"
+    spec = form.spec()
+    assert (spec.launcher, spec.nnodes) == ("slurm", 2)
+    assert spec.slurm == {
+        "partition": "debug",
+        "time": "5:00",
+        "sbatch_args": ["--qos=low", "--mem=1G"],
+    }

@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from rankscope.launch import PRESETS, Job, JobSpec
-from rankscope.launch.spec import DEFAULT_PRESETS
+from rankscope.launch.job import state_text
+from rankscope.launch.spec import DEFAULT_PRESETS, LAUNCHERS
 from rankscope.rundir import FINAL_STATES, REPRO, RunDirError
 
 #: ``rankscope diagnose``'s exit code when the evidence cannot tell what happened.
@@ -80,7 +81,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=1,
         metavar="N",
-        help="nodes, simulated on this host by one torchrun agent each (1)",
+        help="nodes: simulated on this host by one torchrun agent each, or SLURM nodes with "
+        "--launcher slurm (1)",
     )
     run.add_argument(
         "--backend",
@@ -147,6 +149,23 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="DIR",
         help="the run directory itself: created if absent, refused if it holds a run "
         "(default: a fresh, named directory under ./runs/)",
+    )
+    run.add_argument(
+        "--launcher",
+        choices=LAUNCHERS,
+        default="torchrun",
+        help="what starts the ranks: torchrun on this machine (default), or slurm: a batch job "
+        "of --nnodes nodes on the SLURM cluster this machine submits to",
+    )
+    run.add_argument("--partition", default=None, metavar="P", help="slurm: sbatch --partition")
+    run.add_argument("--time", default=None, metavar="T", help="slurm: sbatch --time (10:00)")
+    run.add_argument("--account", default=None, metavar="A", help="slurm: sbatch --account")
+    run.add_argument(
+        "--sbatch-arg",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="slurm: one more sbatch option, as --sbatch-arg=--qos=debug (repeatable)",
     )
     run.add_argument("--quiet", action="store_true", help="no live progress, only the outcome")
 
@@ -251,10 +270,26 @@ def cmd_run(args: argparse.Namespace) -> int:
             on_stall=args.on_stall,
             timeout_s=args.timeout,
             collective_timeout_s=args.collective_timeout,
+            launcher=args.launcher,
+            slurm=_slurm_options(args),
         ),
         run_dir=args.run_dir,
         quiet=args.quiet,
     )
+
+
+def _slurm_options(args: argparse.Namespace) -> dict[str, Any]:
+    given = {
+        "partition": args.partition,
+        "time": args.time,
+        "account": args.account,
+        "sbatch_args": args.sbatch_arg,
+    }
+    given = {k: v for k, v in given.items() if v}
+    if given and args.launcher != "slurm":
+        flags = ", ".join("--" + k.replace("_args", "-arg").replace("_", "-") for k in given)
+        raise ValueError(f"{flags} are for --launcher slurm")
+    return given
 
 
 def run_job(spec: JobSpec, *, run_dir: str | None, quiet: bool) -> int:
@@ -363,8 +398,8 @@ class LiveView:
 
     def update(self, job: Job, *, final: bool = False) -> None:
         ranks = job.ranks()
-        state = job.status()
-        lines = [f"job {state}  ({len(ranks)}/{job.spec.world_size} ranks up)"]
+        job.status()  # reconciles a job whose supervisor vanished
+        lines = [f"job {state_text(job.info())}  ({len(ranks)}/{job.spec.world_size} ranks up)"]
         lines += [format_rank(r) for r in ranks]
         text = "\n".join(lines)
         if self.tty:
@@ -394,8 +429,9 @@ def format_rank(r: dict[str, Any]) -> str:
             where += f" for {r['in_collective_s']:.1f}s"
     step = "-" if r.get("step") is None else r["step"]
     hb = r.get("heartbeat_age_s")
+    node = f"  {r['node']}" if r.get("node") else ""
     return (
-        f"  rank {r['rank']:>3}  pid {r['pid'] or '-':>7}  {r['status']:<8} "
+        f"  rank {r['rank']:>3}{node}  pid {r['pid'] or '-':>7}  {r['status']:<8} "
         f"done {r['done']:>5}  step {step:>5}  {where}" + ("" if hb is None else f"  hb {hb:.1f}s")
     )
 
@@ -448,7 +484,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"run": info, "ranks": ranks}, indent=1, default=str))
         return 0
-    print(f"{_rel(job.run.path)}: {info['state']}")
+    print(f"{_rel(job.run.path)}: {state_text(info)}")
     for r in ranks:
         print(format_rank(r))
     return 0

@@ -7,7 +7,10 @@ only place it is spelled out::
     <run>/
       run.json                 spec, commands, pids, times, state, exit codes per rank (atomic)
       launcher.log             torchrun agent output for node 0 (ChildFailedError summary lands here)
-      launcher.node<k>.log     the same for simulated node k > 0
+      launcher.node<k>.log     the same for simulated node k > 0 (under SLURM: every node's srun
+                               task output, node 0's too)
+      slurm.sbatch             the batch script (launcher="slurm"), and slurm-<job id>.out, its
+                               output
       logs/node<k>/            torchrun --log-dir: <rdzv_id>_<random>/attempt_<n>/<local_rank>/...
       control/capture.json     the latest evidence request {"id", "t", "reason"} (the probe polls it)
       ranks/<rank>/
@@ -51,7 +54,9 @@ from rankscope._values import as_float, as_int, as_str
 #: their ``dur_s``) and ``rank``.
 EVENT_KINDS = {
     "start": "pid, host, argv, python, torch, main_tid and the torchrun env contract (env: dict)",
-    "heartbeat": "done (collectives completed), step, coll (id of the collective in flight or null)",
+    "heartbeat": "done (collectives completed), step, coll (id of the collective in flight or "
+    "null), op, fr (flight recorder per group: [last enqueued, last completed]), cpu (the main "
+    "thread's CPU seconds)",
     "facts": "facts (their id in the ring), then enter's fields from op to func; written at once, "
     "before the first call that has them proceeds",
     "enter": "id, seq (the n-th collective of the rank on the group, from 1; point-to-point calls "
@@ -392,6 +397,14 @@ class RankRecord:
     """When it entered the (blocking) collective it has not returned from yet."""
     fr: dict[str, list[int]] | None = None
     """Flight recorder per group: [last enqueued, last completed], from the heartbeat."""
+    node: str | None = None
+    """The SLURM node it runs on (SLURMD_NODENAME), under SLURM."""
+    slurm_job: str | None = None
+    """The SLURM job id it runs in (SLURM_JOB_ID), under SLURM."""
+    cpu_share: float | None = None
+    """Its main thread's share of a core between its last two heartbeats."""
+    cpu_at: tuple[float, float] | None = None
+    """(time, main thread CPU seconds) at its last heartbeat."""
     warming: bool = False
     """The probe is importing what torch's stack traces need (a second or two after the first
     process group); a computing main thread gets little CPU meanwhile."""
@@ -410,6 +423,11 @@ class RankRecord:
         t = as_float(ev.get("t"))
         self.last_event_at = t if t is not None else self.last_event_at
         if kind == "heartbeat":
+            cpu = as_float(ev.get("cpu"))
+            if cpu is not None and t is not None:
+                if self.cpu_at is not None and t > self.cpu_at[0]:
+                    self.cpu_share = max(0.0, cpu - self.cpu_at[1]) / (t - self.cpu_at[0])
+                self.cpu_at = (t, cpu)
             fr = ev.get("fr")
             if not isinstance(fr, dict) or not all(_pair(v) for v in fr.values()):
                 return False
@@ -439,6 +457,10 @@ class RankRecord:
             self.local_rank = as_int(env.get("LOCAL_RANK"))
             self.group_rank = as_int(env.get("GROUP_RANK"))
             self.world_size = as_int(env.get("WORLD_SIZE"))
+            self.node, self.slurm_job = (
+                as_str(env.get("SLURMD_NODENAME")),
+                as_str(env.get("SLURM_JOB_ID")),
+            )
             tid = ev.get("main_tid")
             self.main_thread = f"0x{tid:016x}" if type(tid) is int and tid >= 0 else None
             return True

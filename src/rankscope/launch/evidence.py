@@ -20,17 +20,19 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rankscope.launch.procs import pid_alive
+from rankscope.launch.procs import RankProc
 from rankscope.rundir import EventTail, RunDir, atomic_write_json
 
 PROBE_GRACE_S = 1.0
 """How long a rank's probe thread gets to answer before the signal fallback is used."""
 PYSPY_TIMEOUT_S = 3.0
-# A notebook kernel forces colour on (FORCE_COLOR, CLICOLOR_FORCE); py-spy's dump must be plain.
-_PLAIN_ENV = {
-    **{k: v for k, v in os.environ.items() if k not in ("FORCE_COLOR", "CLICOLOR_FORCE")},
-    "NO_COLOR": "1",
-}
+
+
+def _plain_env() -> dict[str, str]:
+    """This process's environment as it is now (SLURM_CONF and friends reach srun), without
+    what a notebook kernel sets to force colour on: py-spy's dump must be plain."""
+    env = {k: v for k, v in os.environ.items() if k not in ("FORCE_COLOR", "CLICOLOR_FORCE")}
+    return {**env, "NO_COLOR": "1"}
 
 
 def pyspy_path() -> str | None:
@@ -54,13 +56,15 @@ def next_capture_id(run: RunDir) -> int:
 
 def capture_evidence(
     run: RunDir,
-    pids: dict[int, int],
+    procs: dict[int, RankProc],
     *,
     reason: str,
     timeout_s: float = 4.0,
     pyspy: bool = True,
 ) -> dict[str, Any]:
-    """Ask every rank in ``pids`` (rank -> pid) for evidence; return the manifest.
+    """Ask every rank in ``procs`` (rank -> where its process runs) for evidence; return the
+    manifest. A rank on another SLURM node answers through the shared run directory; py-spy
+    and the signal reach it through ``srun --overlap``.
 
     Bounded by ``timeout_s``; ranks that did not answer are listed under ``missing``.
     """
@@ -71,7 +75,7 @@ def capture_evidence(
     start = time.monotonic()
     tails = {}
     stack_offsets = {}
-    for rank in pids:
+    for rank in procs:
         tail = EventTail(run.events(rank))
         tail.skip_to_end()
         tails[rank] = tail
@@ -81,19 +85,26 @@ def capture_evidence(
     spy_results: dict[int, str] = {}
     spy_threads = []
     spy = pyspy_path() if pyspy else None
-    for rank, pid in pids.items():
+    for rank, proc in procs.items():
         if spy is None:
             spy_results[rank] = "skipped: py-spy is not installed"
             continue
         th = threading.Thread(
-            target=_pyspy, args=(spy, pid, out / f"rank{rank}.pyspy.txt", spy_results, rank)
+            target=_pyspy, args=(spy, proc, out / f"rank{rank}.pyspy.txt", spy_results, rank)
         )
         th.start()
         spy_threads.append(th)
 
     ranks: dict[int, dict[str, Any]] = {
-        r: {"pid": pid, "alive": pid_alive(pid), "via": None, "answered_at": None, "files": []}
-        for r, pid in pids.items()
+        r: {
+            "pid": proc.pid,
+            "node": proc.node,
+            "alive": proc.alive() is not False,
+            "via": None,
+            "answered_at": None,
+            "files": [],
+        }
+        for r, proc in procs.items()
     }
     signalled: dict[int, float] = {}
     while time.monotonic() - start < timeout_s:
@@ -105,7 +116,7 @@ def capture_evidence(
                         via="probe", answered_at=ev.get("t"), files=list(ev.get("files") or [])
                     )
             if ranks[rank]["via"] is None:
-                ranks[rank]["alive"] = pid_alive(pids[rank])
+                ranks[rank]["alive"] = procs[rank].alive() is not False
         waiting = [r for r, info in ranks.items() if info["via"] is None and info["alive"]]
         if not waiting:
             break
@@ -114,7 +125,7 @@ def capture_evidence(
             if rank not in signalled and elapsed > PROBE_GRACE_S:
                 if _probe_answering(run, rank, stack_offsets[rank], cid):
                     continue  # its stacks are written; its dumps take longer (first import)
-                signalled[rank] = _signal_stacks(run, rank, pids[rank], cid, reason)
+                signalled[rank] = _signal_stacks(run, rank, procs[rank], cid, reason)
             elif rank in signalled and time.monotonic() - signalled[rank] > 0.3:
                 ranks[rank].update(via="signal", answered_at=time.time(), files=["stacks.txt"])
         time.sleep(0.02)
@@ -176,29 +187,30 @@ def _copy_from(src: Path, dst: Path, offset: int) -> None:
         dst.write_bytes(f.read())
 
 
-def _signal_stacks(run: RunDir, rank: int, pid: int, cid: int, reason: str) -> float:
+def _signal_stacks(run: RunDir, rank: int, proc: RankProc, cid: int, reason: str) -> float:
     """Fallback: a marker line, then SIGUSR1 (faulthandler writes all stacks without the GIL)."""
     with contextlib.suppress(OSError), open(run.stacks(rank), "a") as f:
         f.write(
             f"# rankscope capture id={cid} t={time.time():.6f} reason={reason} "
-            f"pid={pid} via=signal\n"
+            f"pid={proc.pid} via=signal\n"
         )
-    with contextlib.suppress(OSError):
-        os.kill(pid, signal.SIGUSR1)
+    proc.send(signal.SIGUSR1)
     return time.monotonic()
 
 
-def _pyspy(spy: str, pid: int, dst: Path, results: dict[int, str], rank: int) -> None:
+def _pyspy(spy: str, rank_proc: RankProc, dst: Path, results: dict[int, str], rank: int) -> None:
+    # On another node py-spy runs there, beside the rank, through srun (slower to start).
+    timeout = PYSPY_TIMEOUT_S + (3.0 if rank_proc.remote else 0.0)
     try:
         proc = subprocess.run(
-            [spy, "dump", "--pid", str(pid), "--nonblocking"],
+            rank_proc.beside([spy, "dump", "--pid", str(rank_proc.pid), "--nonblocking"]),
             capture_output=True,
-            timeout=PYSPY_TIMEOUT_S,
+            timeout=timeout,
             text=True,
-            env=_PLAIN_ENV,
+            env=_plain_env(),
         )
     except subprocess.TimeoutExpired:
-        results[rank] = f"skipped: py-spy did not answer within {PYSPY_TIMEOUT_S:.0f} s"
+        results[rank] = f"skipped: py-spy did not answer within {timeout:.0f} s"
         return
     except OSError as exc:
         results[rank] = f"skipped: {exc}"

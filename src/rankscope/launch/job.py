@@ -17,6 +17,7 @@ import weakref
 from pathlib import Path
 from typing import Any
 
+from rankscope.launch import slurm
 from rankscope.launch.evidence import capture_evidence
 from rankscope.launch.procs import pid_alive, terminate
 from rankscope.launch.spec import JobSpec, free_port, launch_commands, launch_files
@@ -68,13 +69,13 @@ class Job:
         return f"<Job {where} {self.status() if self.run else ''}>"
 
     #: Columns of :meth:`ranks` a notebook shows.
-    GLANCE = ("rank", "status", "step", "done", "op", "pg", "seq", "site", "exit_code")
+    GLANCE = ("rank", "node", "status", "step", "done", "op", "pg", "seq", "site", "exit_code")
 
     def _repr_html_(self) -> str:
         """The job's live state in a notebook: its run, its state, and every rank now."""
         if self.run is None:
             return f"<div class='rankscope-job'>job of {html.escape(str(self.spec.script))}: not started</div>"
-        state = self.status()
+        self.status()  # reconciles a job whose supervisor vanished
         rows = self.ranks()
         cells = "".join(f"<th>{c}</th>" for c in self.GLANCE)
         body = "".join(
@@ -86,7 +87,8 @@ class Job:
         stalls = f", {len(self.stalls)} stall(s) caught" if self.stalls else ""
         return (
             f"<div class='rankscope-job'><div><b>{html.escape(self.run.path.name)}</b>: "
-            f"{html.escape(state)}{stalls} ({html.escape(str(self.run.path))})</div>"
+            f"{html.escape(state_text(self.info()))}{stalls} "
+            f"({html.escape(str(self.run.path))})</div>"
             f"<table><tr>{cells}</tr>{body}</table></div>"
         )
 
@@ -103,11 +105,14 @@ class Job:
             stem = spec.name or Path(spec.script or spec.module or "job").stem
             self.run = new_run_dir(self._runs_root, name=stem)
         run = self.run
-        port: int | None = None  # the bare interpreter listens on nothing
-        if spec.launcher != "python":
-            port = spec.master_port if spec.master_port is not None else free_port()
+        # The bare interpreter listens on nothing; a SLURM job's port is on its first node.
+        port = spec.master_port
+        if port is None and spec.launcher not in ("python", "slurm"):
+            port = free_port()
         commands = launch_commands(spec, run_dir=run.path, port=port, run_id=run.path.name)
-        for name, text in launch_files(spec, port=port).items():
+        for name, text in launch_files(
+            spec, port=port, run_dir=run.path, run_id=run.path.name
+        ).items():
             (run.path / name).write_text(text)
         env = spec.rank_env(run.path, backend)
         overrides = {k: v for k, v in env.items() if k in os.environ and os.environ[k] != v}
@@ -180,7 +185,8 @@ class Job:
         return self.run.read_run()
 
     def status(self) -> str:
-        """``starting``, ``running``, ``stalled``, ``exited``, ``stopped`` or ``failed_to_start``."""
+        """``starting``, ``queued`` (a SLURM job waiting for nodes), ``running``, ``stalled``,
+        ``exited``, ``stopped`` or ``failed_to_start``."""
         self._reconcile()
         return self._data()["state"]
 
@@ -248,7 +254,12 @@ class Job:
         run = self.run
         assert run is not None
         log.warning("%s: %s; ending the job here", run.path.name, why)
-        agents = [a["pid"] for a in self._data().get("agents", [])]
+        data = self._data()
+        job_id = (data.get("slurm") or {}).get("job_id")
+        if job_id:  # its processes are SLURM's to end, on every node
+            with contextlib.suppress(slurm.SlurmError):
+                slurm.cancel(str(job_id))
+        agents = [a["pid"] for a in data.get("agents", [])]
         terminate(run, roots=[p for p in agents if pid_alive(p)], grace_s=1.0)
         table = rank_summaries(run)
 
@@ -283,7 +294,8 @@ class Job:
         if pid_alive(sup_pid):
             with contextlib.suppress(OSError):
                 os.kill(sup_pid, signal.SIGTERM)
-        deadline = time.monotonic() + grace_s + 5.0
+        # SLURM ends a cancelled job's steps on its own clock (SIGTERM, KillWait, SIGKILL).
+        deadline = time.monotonic() + grace_s + (75.0 if self.spec.launcher == "slurm" else 5.0)
         while time.monotonic() < deadline:
             if self._data()["state"] in FINAL_STATES:
                 break
@@ -305,10 +317,10 @@ class Job:
             raise RuntimeError("the job has not been started")
         with self._lock:
             self._tracker.update()
-            pids = self._tracker.pids()
-        if not pids:
+            procs = self._tracker.procs()
+        if not procs:
             raise RuntimeError("no live rank to capture evidence from (has the job started?)")
-        return capture_evidence(self.run, pids, reason=reason, timeout_s=timeout_s)
+        return capture_evidence(self.run, procs, reason=reason, timeout_s=timeout_s)
 
     # --- the stall watchdog -----------------------------------------------------------------
     def _start_watchdog(self) -> None:
@@ -335,6 +347,7 @@ class Job:
                 "host": s.host,
                 "local_rank": s.local_rank,
                 "group_rank": s.group_rank,
+                **({"node": s.node} if s.node else {}),
             }
             for r, s in self._tracker.records.items()
         }
@@ -354,9 +367,9 @@ class Job:
         assert run is not None and tracker is not None
         detected = time.time()
         with self._lock:
-            pids = tracker.pids()
+            procs = tracker.procs()
             snapshot = tracker.snapshots()
-        manifest = capture_evidence(run, pids, reason=f"stall:{kind}") if pids else None
+        manifest = capture_evidence(run, procs, reason=f"stall:{kind}") if procs else None
         log.info("%s: stall evidence %s", run.path.name, manifest["id"] if manifest else "none")
         stall = {
             "kind": kind,
@@ -386,6 +399,21 @@ class Job:
                 daemon=True,
             )
             self._stopper.start()
+
+
+def state_text(info: dict[str, Any]) -> str:
+    """The job's state in words, with SLURM's view where SLURM runs it: ``queued (SLURM job
+    12: BeginTime)``, ``running (SLURM job 12 on node[1-2])``."""
+    state = str(info.get("state"))
+    sl = info.get("slurm") or {}
+    if not sl.get("job_id"):
+        return state
+    where = f"SLURM job {sl['job_id']}"
+    if state == "queued":
+        return f"{state} ({where}: {sl.get('reason') or 'waiting'})"
+    if sl.get("nodes"):
+        where += f" on {sl['nodes']}"
+    return f"{state} ({where})"
 
 
 def _cell(value: Any) -> str:

@@ -11,12 +11,58 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import subprocess
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
 import psutil
 
+from rankscope.launch import slurm
 from rankscope.rundir import ENV_RUN_DIR, RunDir
+
+
+@dataclass(frozen=True)
+class RankProc:
+    """Where one rank's process runs: a pid on this host, or a pid on a SLURM node of a job,
+    reached through ``srun --overlap`` (a pid means nothing on another host)."""
+
+    pid: int
+    node: str | None = None
+    """The SLURM node it runs on; None: this host."""
+    slurm_job: str | None = None
+
+    @property
+    def remote(self) -> bool:
+        # A job started inside an allocation on this very node (salloc, then a local job)
+        # runs here.
+        here = os.environ.get("SLURMD_NODENAME")
+        return self.node is not None and self.slurm_job is not None and self.node != here
+
+    def alive(self) -> bool | None:
+        """Whether it runs; None where this host cannot tell (another node)."""
+        return None if self.remote else pid_alive(self.pid)
+
+    def beside(self, argv: Sequence[str]) -> list[str]:
+        """The command line that runs ``argv`` where this rank runs."""
+        if not self.remote:
+            return list(argv)
+        return slurm.next_to(self.slurm_job or "", self.node or "", argv)
+
+    def send(self, sig: signal.Signals) -> None:
+        """Send it a signal, here or through srun on its node; errors are ignored (it may have
+        ended)."""
+        if not self.remote:
+            with contextlib.suppress(OSError):
+                os.kill(self.pid, sig)
+            return
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            subprocess.run(
+                self.beside(["kill", f"-{sig.name.removeprefix('SIG')}", str(self.pid)]),
+                capture_output=True,
+                timeout=slurm.CALL_TIMEOUT_S,
+                stdin=subprocess.DEVNULL,
+            )
 
 
 def job_processes(run: RunDir, *, roots: Iterable[int] = ()) -> list[psutil.Process]:

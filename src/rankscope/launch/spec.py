@@ -9,6 +9,8 @@ process, so the probe records the same events whatever started it:
 - ``accelerate``: ``accelerate launch`` with a config file written into the run directory
   (recipe D5); it hands multi-process jobs to torch's elastic launcher.
 - ``deepspeed``: DeepSpeed's own launcher, with an optional hostfile (recipe D6).
+- ``slurm``: a batch job on a SLURM cluster, one torchrun per node under ``srun``
+  (:mod:`rankscope.launch.slurm`).
 """
 
 from __future__ import annotations
@@ -25,12 +27,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from rankscope.launch import slurm as _slurm
 from rankscope.rundir import ACCELERATE_CONFIG, DEEPSPEED_HOSTFILE
 
 Backend = Literal["auto", "gloo", "nccl"]
 OnStall = Literal["keep", "stop"]
-Launcher = Literal["torchrun", "python", "accelerate", "deepspeed"]
-LAUNCHERS: tuple[str, ...] = ("torchrun", "python", "accelerate", "deepspeed")
+Launcher = Literal["torchrun", "python", "accelerate", "deepspeed", "slurm"]
+LAUNCHERS: tuple[str, ...] = ("torchrun", "python", "accelerate", "deepspeed", "slurm")
 
 
 @dataclass(frozen=True)
@@ -110,11 +113,15 @@ class JobSpec:
     cwd: str | None = None
     launcher: Launcher = "torchrun"
     """``torchrun``, ``python`` (one bare process: nproc_per_node=1, nnodes=1), ``accelerate``
-    or ``deepspeed`` (both with nnodes=1)."""
+    or ``deepspeed`` (both with nnodes=1), or ``slurm`` (``nnodes`` SLURM nodes)."""
     master_port: int | None = None
     """The rendezvous port (torchrun's --master-port, or the c10d endpoint's port with several
     nodes; accelerate's main_process_port; deepspeed's --master_port). None: a port that is
-    free now, picked for this job, so that jobs on one host never collide (recipe D4)."""
+    free now, picked for this job, so that jobs on one host never collide (recipe D4); under
+    SLURM, 20000 + the job id modulo 20000 on the first node."""
+    slurm: Mapping[str, Any] = field(default_factory=dict)
+    """launcher='slurm' only: ``partition``, ``time``, ``account`` and ``sbatch_args`` (see
+    :data:`rankscope.launch.slurm.OPTIONS`)."""
     launcher_args: Sequence[str] = ()
     """Extra arguments for the launcher on every node, after rankscope's own (argparse keeps
     the last value of an option given twice, so these win) and before the script."""
@@ -179,6 +186,17 @@ class JobSpec:
                 "give at most one list of arguments per node"
             )
         object.__setattr__(self, "launcher_args_by_node", by_node)
+        if self.slurm and self.launcher != "slurm":
+            raise ValueError(
+                f"slurm options are for launcher='slurm', not {self.launcher!r}; leave slurm "
+                "empty or set launcher='slurm'"
+            )
+        object.__setattr__(self, "slurm", _slurm.check_options(self.slurm))
+        if self.launcher == "slurm" and by_node:
+            raise ValueError(
+                "launcher_args_by_node simulates nodes that differ on one host; SLURM starts "
+                "the same command on every node: use launcher_args"
+            )
         if self.launcher == "python":
             if self.nproc_per_node != 1 or self.nnodes != 1:
                 raise ValueError(
@@ -227,6 +245,9 @@ class JobSpec:
 
     def check_launcher_installed(self) -> None:
         """Raise ValueError, saying what to install, if the launcher's package is missing here."""
+        if self.launcher == "slurm":
+            _slurm.require_slurm()
+            return
         package = {"accelerate": "accelerate", "deepspeed": "deepspeed"}.get(self.launcher)
         if package is not None and importlib.util.find_spec(package) is None:
             raise ValueError(
@@ -318,6 +339,9 @@ def launch_commands(
     """
     if spec.launcher == "python":
         return [[sys.executable, "-m", "rankscope.probe.bootstrap", *_user_target(spec)]]
+    if spec.launcher == "slurm":
+        extra = spec.slurm.get("sbatch_args", ())
+        return [["sbatch", "--parsable", *extra, str(run_dir / _slurm.BATCH_SCRIPT)]]
     if port is None:
         raise ValueError(f"launcher {spec.launcher!r} needs a port")
     if spec.launcher == "accelerate":
@@ -327,8 +351,20 @@ def launch_commands(
     return torchrun_commands(spec, run_dir=run_dir, port=port, run_id=run_id)
 
 
-def launch_files(spec: JobSpec, *, port: int | None) -> dict[str, str]:
+def launch_files(spec: JobSpec, *, port: int | None, run_dir: Path, run_id: str) -> dict[str, str]:
     """Files the launcher reads, by name in the run directory, with their text."""
+    if spec.launcher == "slurm":
+        script = _slurm.batch_script(
+            run_dir=run_dir,
+            run_id=run_id,
+            nnodes=spec.nnodes,
+            nproc_per_node=spec.nproc_per_node,
+            options=spec.slurm,
+            port=port,
+            torchrun_args=spec.launcher_args,
+            target=_user_target(spec),
+        )
+        return {_slurm.BATCH_SCRIPT: script}
     if spec.launcher == "accelerate":
         return {ACCELERATE_CONFIG: accelerate_config(spec, port=port)}
     if spec.launcher == "deepspeed" and spec.hostfile is not None:

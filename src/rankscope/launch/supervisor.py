@@ -20,6 +20,7 @@ import threading
 import time
 from typing import Any
 
+from rankscope.launch import slurm
 from rankscope.launch.procs import terminate
 from rankscope.rundir import DIST_ENV, FINAL_STATES, RunDir, rank_summaries, torchrun_failures
 
@@ -145,13 +146,40 @@ class Supervisor:
 
     def finish(self) -> None:
         codes = [p.returncode for p in self.agents]
+
+        def agents(d: dict[str, Any]) -> None:
+            d["agents"] = [
+                {"node": i, "pid": p.pid, "exit_code": p.returncode}
+                for i, p in enumerate(self.agents)
+            ]
+
+        self.run.update_run(agents)
+        ok = all(c == 0 for c in codes)
+        failed = None
+        if any(c != 0 for c in codes):
+            failed = f"{self.launcher} exited with {codes} before any rank started"
+        self._finish(
+            ok=ok,
+            code=max((c for c in codes if c), default=0),
+            failed=failed,
+            see=self.run.launcher_log().name,
+        )
+
+    def _launcher_text(self) -> str:
         text = ""
-        for node in range(len(self.agents)):
+        for path in sorted(self.run.path.glob("launcher*.log")):
             try:
-                text += self.run.launcher_log(node).read_text(errors="replace")
+                text += path.read_text(errors="replace")
             except OSError:
                 pass
-        failures = torchrun_failures(text)
+        return text
+
+    def _finish(
+        self, *, ok: bool, code: int, failed: str | None, see: str, error: str | None = None
+    ) -> None:
+        """Write the final state: ``ok`` when the launcher (or the scheduler) saw success,
+        ``code`` its exit code, ``failed`` why it failed when no rank started."""
+        failures = torchrun_failures(self._launcher_text())
         ranks = rank_summaries(self.run)
         world = int(self.data["world_size"])
         now = self.run.read_run()
@@ -159,22 +187,19 @@ class Supervisor:
         never_started = self._never_started(now) if stopped and not ranks else None
 
         def final(d: dict[str, Any]) -> None:
-            d["agents"] = [
-                {"node": i, "pid": p.pid, "exit_code": p.returncode}
-                for i, p in enumerate(self.agents)
-            ]
             table = {}
             for r in range(world):
                 info = dict(ranks.get(r, {}))
                 # torchrun saw the process end; the probe's end event comes a little earlier
                 # (a crash during interpreter shutdown happens after it).
-                code = failures.get(r, info.get("exit_code"))
-                if code is None and info.get("pid") is not None:
+                rank_code = failures.get(r, info.get("exit_code"))
+                if rank_code is None and info.get("pid") is not None:
                     if stopped:  # ended by our SIGTERM, or by the SIGKILL after the grace period
-                        code = -signal.SIGKILL if info["pid"] in self.killed else -signal.SIGTERM
-                    elif all(c == 0 for c in codes):
-                        code = 0
-                info["exit_code"] = code
+                        killed = info["pid"] in self.killed
+                        rank_code = -signal.SIGKILL if killed else -signal.SIGTERM
+                    elif ok:
+                        rank_code = 0
+                info["exit_code"] = rank_code
                 table[str(r)] = info
             d["ranks"] = table
             if never_started is not None:
@@ -182,17 +207,16 @@ class Supervisor:
                 d["error"] = never_started
             elif stopped:
                 d["state"] = "stopped"
-            elif not ranks and any(c != 0 for c in codes):
+            elif not ranks and failed is not None:
                 d["state"] = "failed_to_start"
-                d["error"] = (
-                    f"{self.launcher} exited with {codes} before any rank started; "
-                    f"see {self.run.launcher_log().name}"
-                )
+                d["error"] = f"{failed}; see {see}"
             else:
                 d["state"] = "exited"
+            if error is not None:
+                d.setdefault("error", error)
             rank_codes = [info["exit_code"] for info in table.values()]
-            ok = all(c == 0 for c in codes) and all(c == 0 for c in rank_codes)
-            d["exit_code"] = 0 if ok else (max((c for c in codes if c), default=0) or 1)
+            all_ok = ok and all(c == 0 for c in rank_codes)
+            d["exit_code"] = 0 if all_ok else (code or 1)
             d["ended_at"] = time.time()
             log.info("final state %s, exit code %s", d["state"], d["exit_code"])
 
@@ -206,7 +230,7 @@ class Supervisor:
         if not startup:
             return None
         limit = self.data["spec"].get("startup_timeout_s")
-        logs = ", ".join(self.run.launcher_log(n).name for n in range(len(self.agents)))
+        logs = ", ".join(sorted(p.name for p in self.run.path.glob("launcher*.log")))
         return (
             f"the startup watchdog stopped the job after {limit:g} s with no rank started: the "
             f"{self.launcher} launcher never got its workers going. With several nodes that is "
@@ -215,12 +239,141 @@ class Supervisor:
         )
 
 
+class SlurmSupervisor(Supervisor):
+    """The same duties for a SLURM batch job: it submits with sbatch, follows the job with
+    scontrol (queued with SLURM's reason, then running on its nodes), cancels it with scancel
+    when stopped, timed out, left in the queue past the startup timeout or orphaned, and
+    writes the final state. It starts no process on the nodes: SLURM does."""
+
+    POLL_S = 0.5
+
+    def __init__(self, run: RunDir):
+        super().__init__(run)
+        self.job_id: str | None = None
+        self.last: slurm.JobState | None = None
+        self.queue_error: str | None = None
+
+    def launch(self) -> bool:
+        env = dict(os.environ)
+        env.update(self.data["env"])
+        try:
+            job_id = slurm.submit(
+                self.run.path / slurm.BATCH_SCRIPT,
+                options=self.data["spec"].get("slurm") or {},
+                env=env,
+                cwd=self.data.get("cwd") or os.getcwd(),
+            )
+        except slurm.SlurmError as exc:
+            self._finish_failed(str(exc))
+            return False
+        self.job_id = job_id
+        log.info("submitted SLURM job %s", job_id)
+
+        def queued(d: dict[str, Any]) -> None:
+            d["state"] = "queued"
+            d["slurm"] = {"job_id": job_id, "state": "PENDING", "submitted_at": time.time()}
+
+        self.run.update_run(queued)
+        return True
+
+    def wait(self) -> None:
+        assert self.job_id is not None
+        spec = self.data["spec"]
+        timeout, startup = spec.get("timeout_s"), float(spec.get("startup_timeout_s") or 60)
+        submitted = time.monotonic()
+        deadline = None
+        while not self._stop.is_set():
+            state = self._look()
+            if state is not None and state.ended:
+                return
+            now = time.monotonic()
+            if state is not None and state.state == "PENDING" and now - submitted > startup:
+                self.queue_error = (
+                    f"SLURM job {self.job_id} was still queued after the startup timeout "
+                    f"({startup:g} s; SLURM's reason: {state.reason or 'none given'}), so "
+                    "rankscope cancelled it; raise startup_timeout_s, or pick a partition with "
+                    "free nodes (sinfo shows them)"
+                )
+                self.request_stop("queue_timeout")
+                break
+            if state is not None and state.state == "RUNNING" and deadline is None and timeout:
+                deadline = now + float(timeout)
+            if not self.detached and os.getppid() != self.owner:
+                self.request_stop("owner_died")
+            if deadline is not None and now > deadline:
+                self.request_stop("timeout")
+            self._stop.wait(self.POLL_S)
+        self._record_stop()
+        slurm.cancel(self.job_id)
+        # scancel returns at once; SLURM signals the steps (SIGTERM, then SIGKILL after its
+        # KillWait) and the job leaves RUNNING and COMPLETING when every node is clean.
+        end = time.monotonic() + self.grace_s + 60.0
+        while time.monotonic() < end:
+            state = self._look()
+            if state is None or state.ended or state.state == "UNKNOWN":
+                return
+            time.sleep(self.POLL_S)
+        log.error("SLURM job %s had not ended %.0f s after scancel", self.job_id, end)
+
+    def _look(self) -> slurm.JobState | None:
+        """SLURM's view of the job now, written to run.json when it changed."""
+        try:
+            state = slurm.job_state(self.job_id or "")
+        except slurm.SlurmError as exc:
+            log.warning("%s", exc)
+            return None
+        if state == self.last:
+            return state
+        log.info("SLURM job %s: %s (%s) on %s", self.job_id, state.state, state.reason, state.nodes)
+        self.last = state
+
+        def seen(d: dict[str, Any]) -> None:
+            info = d.setdefault("slurm", {})
+            info.update(state=state.state, reason=state.reason)
+            if state.nodes:
+                info["nodes"] = state.nodes
+            if state.state in ("RUNNING", "COMPLETING") and d["state"] == "queued":
+                d["state"] = "running"
+                d["started_at"] = time.time()
+
+        self.run.update_run(seen)
+        return state
+
+    def finish(self) -> None:
+        state = self.last or slurm.JobState(state="UNKNOWN")
+        ok = state.state == "COMPLETED" and not state.exit_code
+        failed = None
+        if not ok:
+            failed = f"SLURM job {self.job_id} ended {state.state}"
+            if state.exit_code is not None:
+                failed += f" (exit code {state.exit_code}, signal {state.signal})"
+            failed += " before any rank started"
+        error = self.queue_error
+        if error is None and state.state in ("NODE_FAIL", "BOOT_FAIL", "TIMEOUT", "PREEMPTED"):
+            error = f"SLURM ended the job: {state.state} ({state.reason or 'no reason given'})"
+        self._finish(
+            ok=ok,
+            code=state.exit_code or (0 if ok else 1),
+            failed=failed,
+            see=f"slurm-{self.job_id}.out",
+            error=error,
+        )
+        if self.queue_error is not None:
+
+            def never(d: dict[str, Any]) -> None:
+                d["state"] = "failed_to_start"
+                d["error"] = self.queue_error
+
+            self.run.update_run(never)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     # Its stderr is the run directory's supervisor.log: every decision lands there.
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     run = RunDir(argv[0])
-    sup = Supervisor(run)
+    data = run.read_run()
+    sup = (SlurmSupervisor if data.get("launcher") == "slurm" else Supervisor)(run)
     signal.signal(signal.SIGTERM, lambda *_: sup.request_stop("stopped"))
     signal.signal(signal.SIGINT, lambda *_: sup.request_stop("stopped"))
     sup.watch_owner()

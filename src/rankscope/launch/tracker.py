@@ -10,7 +10,7 @@ from typing import Any
 
 import psutil
 
-from rankscope.launch.procs import pid_alive
+from rankscope.launch.procs import RankProc
 from rankscope.rundir import EventTail, RankRecord, RunDir
 
 #: A live rank outside every collective that used at least this share of a core since the last
@@ -22,7 +22,10 @@ def rank_status(record: RankRecord) -> str:
     """``running``, ``waiting`` (inside a collective), ``exited``, ``failed`` or ``dead``."""
     if record.ended:
         return "exited" if record.exit_code in (0, None) else "failed"
-    if record.pid is not None and not pid_alive(record.pid):
+    if (
+        record.pid is not None
+        and RankProc(record.pid, record.node, record.slurm_job).alive() is False
+    ):
         return "dead"
     return "waiting" if record.in_collective_since is not None else "running"
 
@@ -93,12 +96,17 @@ class RankTracker:
     ) -> list[dict[str, Any]]:
         return [snapshot(self.records[r], now, job_ended=job_ended) for r in sorted(self.records)]
 
-    def pids(self, *, alive_only: bool = True) -> dict[int, int]:
-        return {
-            r: s.pid
-            for r, s in self.records.items()
-            if s.pid is not None and (not alive_only or (not s.ended and pid_alive(s.pid)))
-        }
+    def procs(self, *, alive_only: bool = True) -> dict[int, RankProc]:
+        """Where each rank's process runs; with ``alive_only``, those not ended (and, on this
+        host, still running)."""
+        out = {}
+        for r, s in self.records.items():
+            if s.pid is None:
+                continue
+            proc = RankProc(s.pid, node=s.node, slurm_job=s.slurm_job)
+            if not alive_only or (not s.ended and proc.alive() is not False):
+                out[r] = proc
+        return out
 
     def busy_outside_collectives(self) -> bool:
         """Some live rank outside every collective used CPU on its main thread since the last
@@ -109,6 +117,14 @@ class RankTracker:
         for rank, record in self.records.items():
             if record.ended or record.pid is None or in_collective(record):
                 self._cpu.pop(rank, None)
+                continue
+            if RankProc(record.pid, record.node, record.slurm_job).remote:
+                # On another node: its heartbeats carry its main thread's CPU time.
+                fresh = (
+                    record.last_event_at is not None and time.time() - record.last_event_at < 2.0
+                )
+                share = record.cpu_share if fresh else None
+                busy |= record.warming or (share is not None and share >= BUSY_CPU_SHARE)
                 continue
             if record.warming:
                 # The probe's warm-up import holds the GIL: a computing main thread looks idle

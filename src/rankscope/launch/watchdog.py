@@ -107,6 +107,9 @@ class Watchdog:
                 continue
             if state in FINAL_STATES:
                 break
+            if state in ("starting", "queued"):
+                # The startup timeout counts from when the job runs, not from its submission.
+                launched = busy_at = time.monotonic()
             with self.lock:
                 tracker.update()
                 new = set(tracker.records) - known

@@ -157,7 +157,15 @@ COLLECTIVES: dict[str, str | None] = {
 }
 
 #: Environment variables recorded in the start event (plus every TORCH*/NCCL_*/RANKSCOPE_* one).
-ENV_CONTRACT = (*DIST_ENV, "OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES")
+ENV_CONTRACT = (
+    *DIST_ENV,
+    "OMP_NUM_THREADS",
+    "CUDA_VISIBLE_DEVICES",
+    # where it runs under SLURM: the watchdog and captures reach it through srun there
+    "SLURM_JOB_ID",
+    "SLURMD_NODENAME",
+    "SLURM_NODEID",
+)
 ENV_PREFIXES = ("TORCH", "NCCL_", "RANKSCOPE_", "GLOO_")
 
 # Frames in these files are not a call site: torch itself, the probe's wrappers, runpy.
@@ -485,6 +493,7 @@ class Probe:
                     coll=cur.cid if cur else None,
                     op=cur.op if cur else None,
                     fr=_fr_progress() if fr_on and c10d.is_initialized() else None,
+                    cpu=_main_cpu(),
                 )
                 next_beat = now + HEARTBEAT_S
             with contextlib.suppress(Exception):
@@ -499,11 +508,17 @@ class Probe:
             self._stop.wait(max(next_beat - now, 0.0) if busy else POLL_S)
 
     def _poll_request(self) -> None:
+        # open, not stat: on NFS an open revalidates the file's attributes (close-to-open
+        # consistency) where a stat may answer from a cache seconds old.
         try:
-            st = os.stat(self._request_path)
+            fd = os.open(self._request_path, os.O_RDONLY)
         except FileNotFoundError:
             return
-        stamp = (st.st_mtime_ns, st.st_size)
+        try:
+            st = os.fstat(fd)
+        finally:
+            os.close(fd)
+        stamp = (st.st_ino, st.st_mtime_ns, st.st_size)
         if stamp == self._request_stamp:
             return
         self._request_stamp = stamp
@@ -983,6 +998,16 @@ def _seconds(x: float) -> str:
         return "null"
     n = abs(round(us))
     return f"{'-' if us < 0 and n else ''}{n // 1_000_000}.{n % 1_000_000:06d}"
+
+
+def _main_cpu() -> float | None:
+    """CPU seconds of the main thread: whether it works, as the watchdog reads it from another
+    node (on this host it reads /proc too)."""
+    try:
+        clock = time.pthread_getcpuclockid(threading.main_thread().ident or 0)
+        return round(time.clock_gettime(clock), 4)
+    except (AttributeError, OSError, OverflowError):
+        return None
 
 
 def _fr_enabled() -> bool:

@@ -22,11 +22,13 @@ class LaunchForm(widgets.VBox):
         args: the script's arguments, as on a command line.
         fix: add ``--fix`` to the arguments (a scenario's switch that applies the recipe's fix).
         nproc_per_node: ranks per node.
-        nnodes: (simulated) nodes.
+        nnodes: nodes (simulated on this host, or SLURM nodes).
         backend: ``auto``, ``gloo`` or ``nccl``.
         presets: one toggle per debug preset of :data:`rankscope.launch.PRESETS`, by name.
         stall_timeout_s: seconds without progress that count as a stall.
         detached: keep the job running when the kernel stops (re-attach after a restart).
+        launcher: ``torchrun`` (this machine) or ``slurm``; with ``slurm``, ``partition``,
+            ``time_limit``, ``account`` and ``sbatch_args`` appear.
         launch: the button; the workbench connects it.
         errors: where errors are shown (the workbench's, or the form's own).
     """
@@ -58,6 +60,19 @@ class LaunchForm(widgets.VBox):
         self.stall_timeout_s = widgets.BoundedFloatText(
             value=JobSpec.stall_timeout_s, min=0.1, max=86400, description="stall after s"
         )
+        self.launcher = widgets.Dropdown(
+            options=[("this machine (torchrun)", "torchrun"), ("SLURM cluster", "slurm")],
+            description="run on",
+        )
+        self.partition = widgets.Text(placeholder="cluster default", description="partition")
+        self.time_limit = widgets.Text(placeholder="10:00", description="time limit")
+        self.account = widgets.Text(placeholder="(none)", description="account")
+        self.sbatch_args = widgets.Text(placeholder="--qos=debug --mem=8G", description="sbatch")
+        self.slurm_box = widgets.HBox(
+            [self.partition, self.time_limit, self.account, self.sbatch_args],
+            layout=widgets.Layout(display="none"),
+        )
+        self.launcher.observe(self._show_slurm, names="value")
         self.detached = widgets.Checkbox(
             value=False, description="survive kernel restart", indent=False
         )
@@ -74,10 +89,15 @@ class LaunchForm(widgets.VBox):
                 widgets.HBox(
                     [widgets.Label("debug presets"), *self.presets.values(), self.detached]
                 ),
+                self.launcher,
+                self.slurm_box,
                 self.launch,
                 *([] if errors else [self.errors]),
             ]
         )
+
+    def _show_slurm(self, change: dict[str, object]) -> None:
+        self.slurm_box.layout.display = "flex" if change["new"] == "slurm" else "none"
 
     def use_scenario(self, scenario_id: str) -> None:
         """Fill the form with a catalogue scenario's settings (nothing for ``""``)."""
@@ -117,4 +137,18 @@ class LaunchForm(widgets.VBox):
             "presets": [name for name, toggle in self.presets.items() if toggle.value],
             "stall_timeout_s": self.stall_timeout_s.value,
         }
+        if self.launcher.value == "slurm":
+            if launch:
+                raise ValueError(
+                    "this scenario is launched its own way on this machine (another launcher "
+                    "or a fixed port): run it here, or enter a script path to run on SLURM"
+                )
+            options = {
+                "partition": self.partition.value.strip() or None,
+                "time": self.time_limit.value.strip() or None,
+                "account": self.account.value.strip() or None,
+                "sbatch_args": shlex.split(self.sbatch_args.value),
+            }
+            settings["launcher"] = "slurm"
+            settings["slurm"] = {k: v for k, v in options.items() if v}
         return JobSpec(**{**settings, **launch})  # type: ignore[arg-type]

@@ -10,6 +10,7 @@ import ipywidgets as widgets
 from rankscope import plot
 from rankscope.collect import load_run
 from rankscope.launch import Job
+from rankscope.launch.job import state_text
 
 #: Row colours by rank status (rankscope.launch.tracker.rank_status).
 STATUS_COLOURS = {"waiting": "#fdd9a0", "dead": "#f4b6b6", "failed": "#f4b6b6", "exited": "#e6e6e6"}
@@ -98,11 +99,12 @@ class LivePanel(widgets.VBox):
 
     def update(self, job: Job) -> None:
         """Show what ``job`` is doing now (called from the workbench's refresh thread)."""
-        state = job.status()
+        job.status()  # reconciles a job whose supervisor vanished
+        state = state_text(job.info())
         self.rows = job.ranks()
         waiting = sum(r["status"] == "waiting" for r in self.rows)
         self.header.value = (
-            f"<b>{html.escape(job.run.path.name)}</b> · <b>{state}</b> · {len(self.rows)} ranks, "
+            f"<b>{html.escape(job.run.path.name)}</b> · <b>{html.escape(state)}</b> · {len(self.rows)} ranks, "
             f"{waiting} waiting in a collective · <code>{html.escape(str(job.run.path))}</code>"
         )
         self.ranks.value = ranks_html(self.rows)
