@@ -64,13 +64,20 @@ class LaunchForm(widgets.VBox):
             options=[("this machine (torchrun)", "torchrun"), ("SLURM cluster", "slurm")],
             description="run on",
         )
-        self.partition = widgets.Text(placeholder="cluster default", description="partition")
-        self.time_limit = widgets.Text(placeholder="10:00", description="time limit")
-        self.account = widgets.Text(placeholder="(none)", description="account")
-        self.sbatch_args = widgets.Text(placeholder="--qos=debug --mem=8G", description="sbatch")
+        narrow = {"layout": widgets.Layout(width="230px")}
+        self.partition = widgets.Text(
+            placeholder="cluster default", description="partition", **narrow
+        )
+        self.time_limit = widgets.Text(placeholder="10:00", description="time limit", **narrow)
+        self.account = widgets.Text(placeholder="(none)", description="account", **narrow)
+        self.sbatch_args = widgets.Text(
+            placeholder="--qos=debug --mem=8G",
+            description="sbatch args",
+            layout=widgets.Layout(width="340px"),
+        )
         self.slurm_box = widgets.HBox(
             [self.partition, self.time_limit, self.account, self.sbatch_args],
-            layout=widgets.Layout(display="none"),
+            layout=widgets.Layout(display="none", flex_flow="row wrap"),
         )
         self.launcher.observe(self._show_slurm, names="value")
         self.detached = widgets.Checkbox(
