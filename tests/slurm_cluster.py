@@ -90,6 +90,26 @@ class LocalSlurm:
         )
         return out.stdout.split("\n")[:-1]
 
+    def scontrol(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            ["scontrol", *args],
+            env={**os.environ, **self.env},
+            capture_output=True,
+            text=True,
+            timeout=20,
+        )
+
+    def resume(self, node: str, timeout: float = 30.0) -> None:
+        """Bring a node that a test set DOWN back: a responding slurmd returns to service by
+        itself (ReturnToService=2), else RESUME it."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self._nodes_idle():
+                return
+            self.scontrol("update", f"NodeName={node}", "State=RESUME")
+            time.sleep(0.5)
+        raise AssertionError(f"{node} did not return to service in {timeout:g} s")
+
     def _spawn(self, *argv: str) -> None:
         log = open(self.root / "logs" / f"{argv[0]}-{len(self.procs)}.out", "wb")  # noqa: SIM115
         proc = subprocess.Popen(

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -163,3 +164,51 @@ def test_no_slurm_here_is_a_clear_error(tmp_path, monkeypatch):
     spec = _spec("launch/clean.py")
     with pytest.raises(ValueError, match="needs SLURM's commands on PATH"):
         Job(spec, runs_root=tmp_path).start()
+
+
+def test_the_job_does_not_outlive_its_owner(cluster, tmp_path):
+    code = (
+        "import sys, time; from rankscope.launch import Job, JobSpec\n"
+        f"spec = JobSpec(script={str(SCRIPTS / 'slurm/second_node_hang.py')!r}, "
+        "launcher='slurm', nnodes=2, nproc_per_node=2)\n"
+        "job = Job(spec, runs_root=sys.argv[1]).start()\n"
+        "while job.status() != 'running': time.sleep(0.2)\n"
+        "print(job.run.path, flush=True)\n"
+        "import os; os._exit(0)  # the owner dies without stopping it\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path / "runs")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    run = Path(out.stdout.strip())
+    job = Job.attach(run)
+    assert job.wait(timeout=90) != 0
+    assert job.info()["state"] == "stopped" and job.info()["stop_reason"] == "owner_died"
+    assert cluster.squeue() == []
+    assert not leftover_processes(tmp_path)
+
+
+def test_a_node_that_fails_ends_the_job_with_slurm_s_reason(start_slurm, cluster):
+    job = start_slurm.spec(_spec("slurm/second_node_hang.py", stall_timeout_s=60.0))
+    deadline = time.monotonic() + 90
+    while len(job.ranks()) < 4 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    try:
+        down = cluster.scontrol("update", "NodeName=node2", "State=DOWN", "Reason=rankscope-test")
+        assert down.returncode == 0, down.stderr
+        assert job.wait(timeout=90) != 0
+    finally:
+        cluster.resume("node2")
+    info = job.info()
+    assert info["slurm"]["state"] == "NODE_FAIL"
+    assert "NODE_FAIL" in info["error"] and "NodeDown" in info["error"]
+    # the hang it was in when the node went down, and how it ended
+    d = diagnose(job.run.path)
+    records = rank_records(job.run)
+    culprit = next(r for r in records.values() if r.node == "node2" and r.local_rank == 1)
+    assert d.verdict == "hang" and d.culprit_ranks == [culprit.rank], d.render()
+    assert any("NODE_FAIL" in note for note in d.notes), d.notes
+    assert not leftover_processes(job.run.path.parent)

@@ -515,18 +515,26 @@ class Context:
             notes.append(text)
         return notes
 
-    def torchrun_notes(self, culprits: list[int]) -> list[str]:
+    def launcher_notes(self, culprits: list[int]) -> list[str]:
+        """What the launcher or the scheduler said of how the job ended, where it adds to the
+        finding: torchrun's root cause when it names another rank, SLURM ending the job."""
+        notes = []
+        info = self.ev.info
+        slurm_job = (info.get("slurm") or {}).get("job_id")
+        if slurm_job and info.get("state") != "failed_to_start" and info.get("error"):
+            notes.append(f"{info['error']} (run.json)")
         errors = self.ev.table("errors")
         child = errors[errors["kind"] == "torchrun_child_failed"]
         for fields in child["fields"]:
             named = fields.get("root_rank") if isinstance(fields, dict) else None
             if named is None or int(named) in culprits or not culprits:
                 continue
-            return [
+            notes.append(
                 f"torchrun's summary names rank {named} as the root cause (its first observed "
                 f"failure); that failure followed from {who_of(culprits)}'s, above"
-            ]
-        return []
+            )
+            break
+        return notes
 
 
 # --- small helpers the rules share ------------------------------------------------------------

@@ -84,7 +84,7 @@ def _diagnosis(ctx: Context, f: Finding) -> Diagnosis:
         chain=ctx.chain(sorted(f.culprits)) if f.culprits else [],
         evidence=f.refs,
         missing=ctx.missing(),
-        notes=f.notes + ctx.aftermath(f.culprits) + ctx.torchrun_notes(f.culprits),
+        notes=f.notes + ctx.aftermath(f.culprits) + ctx.launcher_notes(f.culprits),
         run=ctx.ev.path,
         calls=ctx.calls,
     )
@@ -120,7 +120,7 @@ def _healthy(ctx: Context) -> Diagnosis:
         )
     else:
         summary = "No failure, divergence or waiting rank in the evidence so far."
-    return _causeless(ctx, "ok", summary + recorded, notes=ctx.torchrun_notes([]))
+    return _causeless(ctx, "ok", summary + recorded, notes=ctx.launcher_notes([]))
 
 
 def _unknown(
@@ -130,7 +130,7 @@ def _unknown(
     ranks: list[int] | None = None,
     missing: list[str] | None = None,
 ) -> Diagnosis:
-    notes = ctx.torchrun_notes([]) + ctx.aftermath([], only=ranks)
+    notes = ctx.launcher_notes([]) + ctx.aftermath([], only=ranks)
     return _causeless(ctx, "unknown", summary, notes=notes, missing=missing)
 
 

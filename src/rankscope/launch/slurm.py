@@ -120,6 +120,8 @@ def batch_script(
         "#SBATCH --ntasks-per-node=1",
         f"#SBATCH --output={q(run + '/slurm-%j.out')}",
         "#SBATCH --open-mode=append",
+        # A node failure ends the job where rankscope sees it, rather than requeueing it.
+        "#SBATCH --no-requeue",
     ]
     for key in ("partition", "time", "account"):
         if options.get(key):
