@@ -6,6 +6,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import html
+import json
 import logging
 import os
 import signal
@@ -29,10 +30,16 @@ from rankscope.rundir import (
     RunDirError,
     claim_run_dir,
     new_run_dir,
+    rank_records,
     rank_summaries,
 )
 
 log = logging.getLogger(__name__)
+
+
+class NotStartedHere(ValueError):
+    """An action that needs the job to be rankscope's own (stopping it) on a job that its
+    probes follow but another launcher started."""
 
 
 class Job:
@@ -163,6 +170,8 @@ class Job:
         for job in list(_live_jobs):
             if job.run is not None and job.run.path == run.path:
                 return job
+        if not run.is_run() and run.rank_ids():
+            _observe(run)
         data = run.read_run()
         try:
             spec = JobSpec.from_dict(data["spec"])
@@ -238,9 +247,13 @@ class Job:
             return tracker.snapshots(job_ended=ended)
 
     def _reconcile(self) -> None:
-        """If the supervisor vanished without writing a final state, write one."""
+        """If the supervisor vanished without writing a final state, write one; an observed
+        job has none and ends when every rank has."""
         data = self._data()
         if data["state"] in FINAL_STATES:
+            return
+        if data.get("observed"):
+            self._end_if_every_rank_ended(int(data["world_size"]))
             return
         if self._sup is not None:
             if self._sup.poll() is None:
@@ -274,6 +287,22 @@ class Job:
 
         run.update_run(final)
 
+    def _end_if_every_rank_ended(self, world_size: int) -> None:
+        records = rank_records(self.run)  # type: ignore[arg-type]
+        if len(records) < world_size or not all(r.ended for r in records.values()):
+            return
+        codes = [r.exit_code for r in records.values()]
+
+        def final(d: dict[str, Any]) -> None:
+            if d["state"] in FINAL_STATES:
+                return
+            d["state"] = "exited"
+            d["ranks"] = {str(r): rec.summary() for r, rec in records.items()}
+            d["exit_code"] = 0 if all(c == 0 for c in codes) else 1
+            d["ended_at"] = max(r.ended_at or 0.0 for r in records.values())
+
+        self.run.update_run(final)  # type: ignore[union-attr]
+
     # --- control ----------------------------------------------------------------------------
     def stop(self, *, grace_s: float = 5.0, reason: str = "stopped") -> int:
         """SIGTERM every process of the job, SIGKILL what is left after ``grace_s``."""
@@ -282,6 +311,15 @@ class Job:
             raise RuntimeError("the job has not been started")
         if self.poll() is not None:
             return self.poll()  # type: ignore[return-value]
+        data = self._data()
+        if data.get("observed"):
+            jobs = sorted({r.slurm_job for r in rank_records(run).values() if r.slurm_job})
+            how = f"scancel {' '.join(jobs)}" if jobs else "its launcher, or kill its processes"
+            raise NotStartedHere(
+                f"rankscope did not start {run.path.name} (its probes write here, it was "
+                f"launched another way), so it does not stop it: stop it the way it was "
+                f"started ({how})"
+            )
 
         def mark(d: dict[str, Any]) -> None:
             d.setdefault("stop_reason", reason)
@@ -399,6 +437,43 @@ class Job:
                 daemon=True,
             )
             self._stopper.start()
+
+
+def _observe(run: RunDir) -> None:
+    """Write run.json for a run directory that probes of a job started some other way write
+    into (an existing sbatch script, Kubernetes, Ray): from then on it is followed as a job
+    rankscope started, but for stopping it. Its spec is what the ranks' start events say."""
+    records = rank_records(run)
+    sizes = {r.world_size for r in records.values() if r.world_size}
+    if not sizes:
+        raise RunDirError(
+            f"{run.path} has rank folders but no rank has reported its start (with WORLD_SIZE) "
+            "yet: wait for the ranks' probes to start, then attach again"
+        )
+    world = max(sizes)
+    spec = JobSpec(module="(started elsewhere)", nproc_per_node=world)
+    data = {
+        "id": run.path.name,
+        "spec": spec.to_dict(),
+        "world_size": world,
+        "nnodes": None,
+        "nproc_per_node": None,
+        "launcher": "external",
+        "observed": True,
+        "detached": True,
+        "created_at": min(r.started_at or time.time() for r in records.values()),
+        "state": "running",
+        "stalls": [],
+    }
+    # Atomically, and only if no other observer wrote it first: a hard link fails if it exists.
+    tmp = run.path / f".run.json.{os.getpid()}"
+    tmp.write_text(json.dumps(data))
+    try:
+        os.link(tmp, run.run_json)
+    except FileExistsError:
+        pass
+    finally:
+        tmp.unlink()
 
 
 def state_text(info: dict[str, Any]) -> str:
