@@ -2,6 +2,7 @@
 
 rankscope run [options] SCRIPT [ARGS...]   start a job, watch every rank, capture a stall
 rankscope diagnose PATH [--json]           explain a run directory or a folder of artifacts
+rankscope attach URL [-o DIR] [--json]     diagnose a live job through torch's debug server
 rankscope status RUN_DIR                   state and per-rank progress of a job
 rankscope replay PATH [-o repro.py]        a small CPU job that freezes the way PATH's job did
 rankscope capture RUN_DIR                  capture evidence from a running job now
@@ -12,6 +13,7 @@ rankscope presets                          the debug presets and what each one s
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -25,7 +27,7 @@ from typing import Any, TextIO
 from rankscope.launch import PRESETS, Job, JobSpec
 from rankscope.launch.job import state_text
 from rankscope.launch.spec import DEFAULT_PRESETS, LAUNCHERS
-from rankscope.rundir import FINAL_STATES, REPRO, RunDirError
+from rankscope.rundir import FINAL_STATES, REPRO, RunDirError, new_run_dir
 
 #: ``rankscope diagnose``'s exit code when the evidence cannot tell what happened.
 EXIT_UNKNOWN = 3
@@ -180,6 +182,32 @@ def build_parser() -> argparse.ArgumentParser:
     )
     diag.add_argument("path", metavar="PATH")
     diag.add_argument("--json", action="store_true", help="print the diagnosis as JSON")
+
+    att = sub.add_parser(
+        "attach",
+        help="diagnose a live job, not started by rankscope, through torch's debug server",
+        description="Fetch every rank's Python stacks and flight-recorder dump from the debug "
+        "server of a running job (torch.distributed.debug.start_debug_server on every rank; URL "
+        "is rank 0's frontend, http://HOST:PORT), keep them in DIR, and diagnose them as "
+        "'rankscope diagnose DIR' would. Exits as diagnose does: 0 with an answer, "
+        f"{EXIT_UNKNOWN} when the evidence cannot tell, 2 when URL gives nothing to diagnose.",
+    )
+    att.add_argument("url", metavar="URL", help="the debug server's frontend: http://HOST:PORT")
+    att.add_argument(
+        "-o",
+        "--output",
+        default=None,
+        metavar="DIR",
+        help="where to keep what was fetched (new or empty; by default a fresh folder under ./runs/)",
+    )
+    att.add_argument("--json", action="store_true", help="print the diagnosis as JSON")
+    att.add_argument(
+        "--timeout",
+        type=_positive,
+        default=10.0,
+        metavar="SECONDS",
+        help="how long to wait for each answer (10)",
+    )
 
     rep = sub.add_parser(
         "replay",
@@ -441,18 +469,51 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
     path = Path(args.path)
     if not path.exists():
         raise FileNotFoundError(f"{path} does not exist")
+    return _diagnose_and_print(path, as_json=args.json, keep=(path / "run.json").is_file())
+
+
+def _diagnose_and_print(path: Path, *, as_json: bool, keep: bool) -> int:
+    """Print the diagnosis of ``path`` (and write it there if ``keep``); the exit code."""
     try:
         from rankscope.analyze import diagnose, write_diagnosis
     except ImportError as exc:
         raise ValueError(f"the analyzer is not available in this installation: {exc}") from exc
     diagnosis = diagnose(path)
-    if (path / "run.json").is_file():
+    if keep:
         write_diagnosis(path, diagnosis)
-    if args.json:
+    if as_json:
         print(json.dumps(diagnosis.to_dict(), indent=2, default=str))
     else:
         print(diagnosis.render())
     return EXIT_UNKNOWN if diagnosis.verdict == "unknown" else 0
+
+
+def cmd_attach(args: argparse.Namespace) -> int:
+    """Fetch a live job's evidence from torch's debug server into a folder, then diagnose that
+    folder: the evidence stays, so the verdict can be checked and re-read later."""
+    from rankscope.collect.debug_server import fetch_debug_server
+
+    dest = Path(args.output) if args.output else new_run_dir("runs", name="attach").path
+    try:
+        fetch_debug_server(args.url, dest, timeout_s=args.timeout)
+    except ValueError:
+        if args.output is None:  # keep no empty folder of ours behind a failure
+            with contextlib.suppress(OSError):
+                (dest / "manifest.json").unlink(missing_ok=True)
+                dest.rmdir()
+        raise
+    manifest = json.loads((dest / "manifest.json").read_text())
+    missing = manifest["missing"]
+    line = f"rankscope attach: {len(manifest['ranks'])} ranks -> {_rel(dest)}"
+    gaps = [
+        f"no {what.replace('_', ' ')} from ranks {', '.join(map(str, ranks))}"
+        for what, ranks in missing.items()
+        if ranks
+    ]
+    if gaps:
+        line += f" ({'; '.join(gaps)}: manifest.json says why)"
+    print(line, file=sys.stderr)
+    return _diagnose_and_print(dest, as_json=args.json, keep=True)
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
@@ -544,6 +605,7 @@ def cmd_lab(args: argparse.Namespace) -> int:
 COMMANDS = {
     "run": cmd_run,
     "diagnose": cmd_diagnose,
+    "attach": cmd_attach,
     "replay": cmd_replay,
     "status": cmd_status,
     "capture": cmd_capture,
