@@ -16,6 +16,8 @@ import pytest
 
 from rankscope.launch import Job, JobSpec
 
+from .slurm_cluster import LocalSlurm, Unavailable
+
 if TYPE_CHECKING:
     from rankscope.probe import _core
 
@@ -91,6 +93,27 @@ def start_job(tmp_path: Path) -> Iterator[JobFactory]:
         for proc in left:
             proc.kill()
         assert not left, f"processes outlived the test: {[p.pid for p in left]}"
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalSlurm]:
+    """A real SLURM cluster on this host (tests/slurm_cluster.py) for the session, reached
+    through SLURM_CONF in this process's environment; skips, saying why, where it cannot
+    start."""
+    try:
+        slurm = LocalSlurm(tmp_path_factory.mktemp("slurm")).start()
+    except Unavailable as exc:
+        pytest.skip(f"no SLURM test cluster here: {exc}")
+    saved = os.environ.get("SLURM_CONF")
+    os.environ.update(slurm.env)  # the jobs' supervisors, the tests' clients, kernels reach it
+    try:
+        yield slurm
+    finally:
+        slurm.stop()
+        if saved is None:
+            os.environ.pop("SLURM_CONF", None)
+        else:
+            os.environ["SLURM_CONF"] = saved
 
 
 @pytest.fixture

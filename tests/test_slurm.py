@@ -5,7 +5,6 @@ the daemons cannot start (no SLURM installed, not root)."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -20,27 +19,14 @@ from rankscope.launch.evidence import pyspy_path
 from rankscope.rundir import rank_records
 
 from .conftest import SCRIPTS, JobFactory, leftover_processes, site_of
-from .slurm_cluster import LocalSlurm, Unavailable
+from .slurm_cluster import LocalSlurm
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalSlurm]:
-    try:
-        slurm = LocalSlurm(tmp_path_factory.mktemp("slurm")).start()
-    except Unavailable as exc:
-        pytest.skip(f"no SLURM test cluster here: {exc}")
-    saved = os.environ.get("SLURM_CONF")
-    os.environ.update(slurm.env)  # the jobs' supervisors and the tests' clients reach it
-    try:
-        yield slurm
-    finally:
-        slurm.stop()
-        if saved is None:
-            os.environ.pop("SLURM_CONF", None)
-        else:
-            os.environ["SLURM_CONF"] = saved
+@pytest.fixture
+def cluster(slurm_cluster: LocalSlurm) -> LocalSlurm:
+    return slurm_cluster
 
 
 @pytest.fixture
