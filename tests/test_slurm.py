@@ -17,6 +17,7 @@ from rankscope.analyze import diagnose
 from rankscope.launch import Job, JobSpec
 from rankscope.launch.evidence import pyspy_path
 from rankscope.rundir import rank_records
+from rankscope.widgets.live import ranks_html
 
 from .conftest import SCRIPTS, JobFactory, leftover_processes, site_of
 from .slurm_cluster import LocalSlurm
@@ -73,6 +74,12 @@ def test_a_hang_on_the_second_node_is_caught_captured_and_diagnosed(start_slurm,
     assert {r["node"] for r in manifest["ranks"].values()} == {"node1", "node2"}
     answered = [r["answered_at"] - manifest["requested_at"] for r in manifest["ranks"].values()]
     print(f"capture answered after {max(answered):.2f} s at most")
+    assert max(answered) < 3.0
+    # heartbeats from both nodes arrive through the run directory while the job hangs
+    ages = [r["heartbeat_age_s"] for r in job.ranks()]
+    print(f"heartbeat ages {[round(a, 2) for a in ages]}")
+    assert all(a is not None and a < 2.0 for a in ages), ages
+    assert "<th>node</th>" in ranks_html(job.ranks())
     # py-spy ran beside each rank, on its node, through srun --overlap
     spied = {r: v["pyspy"] for r, v in manifest["ranks"].items()}
     if pyspy_path() is not None:

@@ -29,12 +29,15 @@ LOG_LINES = 40
 
 
 def ranks_html(rows: list[dict[str, Any]]) -> str:
-    """One table row per rank snapshot of :meth:`rankscope.launch.Job.ranks`."""
+    """One table row per rank snapshot of :meth:`rankscope.launch.Job.ranks`; a ``node``
+    column where the ranks run on SLURM nodes."""
+    nodes = any(r.get("node") for r in rows)
     body = []
     for r in rows:
         collective = f"{r['op']} (group {r['pg']} #{r['seq']})" if r.get("op") else ""
         cells = (
             r["rank"],
+            *((_blank(r.get("node")),) if nodes else ()),
             r["status"],
             _blank(r.get("step")),
             r.get("done", 0),
@@ -50,7 +53,8 @@ def ranks_html(rows: list[dict[str, Any]]) -> str:
             + "".join(f"<td>{html.escape(str(c))}</td>" for c in cells)
             + "</tr>"
         )
-    head = "".join(f"<th>{c}</th>" for c in COLUMNS)
+    columns = (COLUMNS[0], "node", *COLUMNS[1:]) if nodes else COLUMNS
+    head = "".join(f"<th>{c}</th>" for c in columns)
     return (
         "<div style='max-height:360px;overflow:auto'><table class='rankscope-ranks'>"
         f"<tr>{head}</tr>{''.join(body)}</table></div>"
