@@ -32,8 +32,10 @@ lab: install
 test: install
 	$(PY) -m ruff check src tests bench
 	$(PY) -m ruff format --check src tests bench
-	-sh tests/browser_setup.sh  # Debian's chromium for the browser test (it skips, saying why, without)
-	-sh tests/slurm_setup.sh  # Debian's slurm-wlm and munge for the SLURM tests (the same)
+	# Debian's chromium for the browser test, slurm-wlm and munge for the SLURM tests (they skip,
+	# saying why, without)
+	-sh tests/debian_setup.sh browser
+	-sh tests/debian_setup.sh slurm
 	$(PY) -m pytest
 
 check: install

@@ -7,7 +7,7 @@ import multiprocessing.process
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -34,17 +34,22 @@ def site_of(script: str, tag: str) -> str:
     raise AssertionError(f"no line marked 'site: {tag}' in {script}")
 
 
-def leftover_processes(root: Path) -> list[psutil.Process]:
-    """Processes whose RANKSCOPE_RUN_DIR lies under ``root``."""
-    root_s = str(root.resolve())
+def processes_with(name: str, test: Callable[[str], bool]) -> list[psutil.Process]:
+    """Processes whose environment variable ``name`` passes ``test``."""
     found = []
     for proc in psutil.process_iter():
         try:
-            if proc.environ().get("RANKSCOPE_RUN_DIR", "").startswith(root_s):
+            if test(proc.environ().get(name, "")):
                 found.append(proc)
         except psutil.Error:
             continue
     return found
+
+
+def leftover_processes(root: Path) -> list[psutil.Process]:
+    """Processes whose RANKSCOPE_RUN_DIR lies under ``root``."""
+    root_s = str(root.resolve())
+    return processes_with("RANKSCOPE_RUN_DIR", lambda value: value.startswith(root_s))
 
 
 class JobFactory:

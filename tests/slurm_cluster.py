@@ -1,6 +1,6 @@
 """A real SLURM cluster on this host for the tests: munged, slurmctld and two slurmd daemons
 (nodes ``node1`` and ``node2``, both at 127.0.0.1 on ports of their own), from Debian's packages
-(``tests/slurm_setup.sh``), with a configuration, state and logs in a temporary folder. The
+(``tests/debian_setup.sh slurm``), with a configuration, state and logs in a temporary folder. The
 daemons run in the foreground as children of the test process and are stopped at the end."""
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ class LocalSlurm:
     def start(self) -> LocalSlurm:
         missing = [d for d in DAEMONS if shutil.which(d) is None]
         if missing:
-            raise Unavailable(f"{', '.join(missing)} not installed (tests/slurm_setup.sh)")
+            raise Unavailable(f"{', '.join(missing)} not installed (tests/debian_setup.sh slurm)")
         if os.geteuid() != 0:
             raise Unavailable("the test cluster's daemons run as root here; not root")
         key = Path("/etc/munge/munge.key")

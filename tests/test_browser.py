@@ -42,11 +42,14 @@ CHROMIUM_ARGS = [
 
 @pytest.fixture
 def chromium() -> str:
-    """Debian's chromium, installed by tests/browser_setup.sh if missing; skip if it cannot be."""
+    """Debian's chromium, installed by tests/debian_setup.sh if missing; skip if it cannot be."""
     found = shutil.which("chromium")
     if found is None:
         setup = subprocess.run(
-            ["sh", str(HERE / "browser_setup.sh")], capture_output=True, text=True, timeout=600
+            ["sh", str(HERE / "debian_setup.sh"), "browser"],
+            capture_output=True,
+            text=True,
+            timeout=600,
         )
         found = shutil.which("chromium")
         if found is None:

@@ -33,7 +33,7 @@ from rankscope.collect import Problems, debug_server
 from rankscope.collect.debug_server import DebugServerError, fetch_debug_server
 from rankscope.collect.discover import discover
 
-from .conftest import SCRIPTS, site_of
+from .conftest import SCRIPTS, processes_with, site_of
 
 pytestmark = pytest.mark.timeout(120)
 SCRIPT = SCRIPTS / "debug_server" / "hang.py"
@@ -226,14 +226,7 @@ needs_debug_server = pytest.mark.skipif(UNAVAILABLE is not None, reason=UNAVAILA
 
 
 def _marked(token: str) -> list[psutil.Process]:
-    found = []
-    for proc in psutil.process_iter():
-        try:
-            if proc.environ().get(MARK) == token:
-                found.append(proc)
-        except psutil.Error:
-            continue
-    return found
+    return processes_with(MARK, lambda value: value == token)
 
 
 class HungJob:
