@@ -368,6 +368,30 @@ def test_cli_attach_prints_the_diagnosis_and_keeps_the_evidence(
 
 @pytest.mark.slow
 @needs_debug_server
+def test_the_workbench_attaches_to_the_debug_server(hung_job, tmp_path):
+    from rankscope.widgets import Workbench
+
+    wb = Workbench(runs_root=tmp_path / "runs", attach=False)
+    try:
+        with pytest.raises(ValueError, match="enter a run directory or the URL"):
+            wb.attach_any("")
+        wb.attach_to.value = hung_job.url
+        wb.attach_button.click()
+        deadline = time.monotonic() + 60
+        while wb.results.diagnosis is None:
+            assert time.monotonic() < deadline, wb.errors.outputs
+            time.sleep(0.1)
+        d = wb.results.diagnosis
+        assert (d.verdict, d.culprit_ranks) == ("hang", [1]), d.render()
+        assert wb.results.card.value == d.to_html()  # the card shows it
+        (folder,) = (tmp_path / "runs").glob("*-attach-*")
+        assert (folder / "stacks_rank0.txt").is_file()
+    finally:
+        wb.close()
+
+
+@pytest.mark.slow
+@needs_debug_server
 def test_a_worker_url_is_refused_with_the_frontend_to_use(hung_job, tmp_path):
     out = fetch_debug_server(hung_job.url, tmp_path / "attach", timeout_s=10)
     worker = json.loads((out / "manifest.json").read_text())["ranks"]["1"]["worker"]

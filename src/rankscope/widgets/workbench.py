@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import threading
 import time
 from collections.abc import Callable
@@ -15,8 +16,9 @@ import ipywidgets as widgets
 
 from rankscope.analyze import Diagnosis, diagnose, write_diagnosis
 from rankscope.collect import Run, load_run
+from rankscope.collect.debug_server import fetch_debug_server
 from rankscope.launch import Job
-from rankscope.rundir import FINAL_STATES, RunDir, RunDirError
+from rankscope.rundir import FINAL_STATES, RunDir, RunDirError, new_run_dir
 from rankscope.widgets._common import guarded, report, report_failure
 from rankscope.widgets.form import LaunchForm
 from rankscope.widgets.live import LivePanel
@@ -82,6 +84,12 @@ class Workbench(widgets.VBox):
         self.errors = widgets.Output()
         self.form = LaunchForm(errors=self.errors)
         self.jobs = widgets.Select(options=[], rows=4, description="jobs", layout={"width": "70%"})
+        self.attach_to = widgets.Text(
+            placeholder="a run directory, or http://HOST:PORT of torch's debug server",
+            description="attach",
+            layout={"width": "60%"},
+        )
+        self.attach_button = widgets.Button(description="Attach", icon="link")
         self.live = LivePanel()
         self.results = ResultsPanel(errors=self.errors)
         self._entries: list[_Entry] = []
@@ -97,10 +105,14 @@ class Workbench(widgets.VBox):
         self.live.capture.on_click(lambda _: guarded(self.errors, self.capture)())
         self.live.diagnose.on_click(lambda _: guarded(self.errors, self.diagnose)())
         self.jobs.observe(lambda change: guarded(self.errors, self._select)(change), names="value")
+        self.attach_button.on_click(
+            lambda _: guarded(self.errors, self.attach_any)(self.attach_to.value.strip())
+        )
         super().__init__(
             [
                 widgets.HTML("<h3 style='margin:0'>rankscope workbench</h3>"),
                 self.form,
+                widgets.HBox([self.attach_to, self.attach_button]),
                 self.jobs,
                 self.live,
                 self.results,
@@ -132,6 +144,33 @@ class Workbench(widgets.VBox):
     def attach(self, run_dir: str | os.PathLike[str]) -> Job:
         """List and select the job of a run directory (a live one is watched again)."""
         return self._add(Job.attach(run_dir), select=True)
+
+    def attach_any(self, where: str) -> Future[Any]:
+        """What the attach field holds: a run directory (a job rankscope started, or one whose
+        probes write there) is listed and followed live; the URL of torch's debug server
+        (a job with no probe) is read now, every rank's stacks and flight recorder fetched into
+        a folder under ``runs_root``, and that folder diagnosed and shown. Attach again for a
+        newer look.
+
+        Raises:
+            ValueError: the field is empty.
+        """
+        if not where:
+            raise ValueError("enter a run directory or the URL of a torch debug server")
+        if where.startswith(("http://", "https://")):
+            return self._submit(self._attach_url, where)
+        return self._submit(self.attach, where)
+
+    def _attach_url(self, url: str) -> Diagnosis:
+        folder = new_run_dir(self.runs_root, name="attach").path
+        try:
+            fetch_debug_server(url, folder)
+        except ValueError:
+            shutil.rmtree(folder, ignore_errors=True)  # nothing of use came
+            raise
+        with self._lock:
+            self.jobs.value = None  # the results area shows the fetched folder, not a job
+        return self.results.load(folder, now=time.time())
 
     def attach_all(self) -> list[Job]:
         """List every run directory under ``runs_root``, oldest first; one that cannot be read
