@@ -63,6 +63,8 @@ def test_clean_run_records_every_rank(start_job):
     stdout = list(job.run.logs.glob("node0/*/attempt_0/1/stdout.log"))
     assert stdout and "rank 1 sum 16" in stdout[0].read_text()
     assert "[default0]:rank 0 sum 16" in job.run.launcher_log().read_text()
+    # the flight recorder is on, under the one name this torch reads: no deprecation warning
+    assert "is deprecated" not in job.run.launcher_log().read_text()
 
 
 @pytest.mark.slow

@@ -1000,6 +1000,23 @@ def _seconds(x: float) -> str:
     return f"{'-' if us < 0 and n else ''}{n // 1_000_000}.{n % 1_000_000:06d}"
 
 
+#: The first torch release checked to read TORCH_FR_BUFFER_SIZE and to warn, in every rank, that
+#: TORCH_NCCL_TRACE_BUFFER_SIZE is deprecated.
+_FR_NAME_FROM = (2, 13)
+
+
+def _one_buffer_size_name() -> None:
+    """A job's environment often sets both names of the flight recorder's size, for whichever
+    torch reads it; where this torch reads the new one, drop the old one (the same value) so
+    that no rank's log starts with torch's deprecation warning."""
+    new, old = (
+        os.environ.get("TORCH_FR_BUFFER_SIZE"),
+        os.environ.get("TORCH_NCCL_TRACE_BUFFER_SIZE"),
+    )
+    if new is not None and new == old and torch.__version__ >= _FR_NAME_FROM:
+        del os.environ["TORCH_NCCL_TRACE_BUFFER_SIZE"]
+
+
 def _main_cpu() -> float | None:
     """CPU seconds of the main thread: whether it works, as the watchdog reads it from another
     node (on this host it reads /proc too)."""
@@ -1087,6 +1104,7 @@ def install(run_dir: str | os.PathLike[str] | None = None, *, rank: int | None =
         run.rank_dir(rank).mkdir(parents=True, exist_ok=True)
         os.environ["NCCL_DEBUG_FILE"] = str(run.nccl_log(rank))
     os.environ.setdefault("TORCH_FR_DUMP_TEMP_FILE", str(run.rank_dir(rank) / "torch_fr_rank_"))
+    _one_buffer_size_name()
     _probe = Probe(run, rank)
     _probe.start()
     if not hasattr(sys, "_rankscope_bootstrap"):
