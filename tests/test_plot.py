@@ -215,6 +215,7 @@ def test_where_is_everyone_groups_ranks_by_place() -> None:
     _, summary = stack_tables()
     groups = plot.where_groups(summary)
     assert groups[["count", "ranks"]].values.tolist() == [[7, "0-6"], [1, "7"]]
+    assert groups["place"][1] == "barrier at train.py:31 in step"  # plain text in a table
     fig = plot.where_is_everyone(summary, culprit_ranks=[7])
     (bar,) = fig.data
     assert list(bar.x) == [7, 1]

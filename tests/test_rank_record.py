@@ -3,7 +3,9 @@ progress, malformed events, and how a finished job's ranks read."""
 
 from __future__ import annotations
 
-from rankscope.launch.tracker import in_collective, snapshot
+import os
+
+from rankscope.launch.tracker import doing_now, exit_text, in_collective, snapshot
 from rankscope.rundir import RankRecord
 
 START = {
@@ -95,3 +97,46 @@ def test_a_stopped_job_s_ranks_read_stopped_not_failed():
     assert gone["status"] == "stopped" and gone["exit_code"] == -9
     assert snapshot(crashed, 0.0, job_ended=ended)["status"] == "failed"
     assert snapshot(by_sigterm, 0.0)["status"] == "failed"  # while the job is not over
+
+
+def test_what_a_rank_does_now_is_apart_from_what_it_last_completed():
+    r = RankRecord(rank=1)
+    r.apply({**START, "pid": os.getpid()})  # a live process: it runs, it is not dead
+    r.apply(
+        {
+            "ev": "enter",
+            "t": 11.0,
+            "op": "all_reduce",
+            "pg": "0",
+            "seq": 3,
+            "file": "/x/t.py",
+            "line": 8,
+        }
+    )
+    r.apply({"ev": "exit", "t": 11.5})
+    r.apply({"ev": "heartbeat", "t": 12.0, "at": ["/x/t.py", 14, "step"]})
+    snap = snapshot(r, now=13.0)
+    assert snap["last_done"] == "all_reduce (group 0 #3)" and snap["at"] == "t.py:14"
+    assert doing_now(snap) == "at t.py:14"  # asleep at line 14, not "in all_reduce"
+    r.apply(
+        {
+            "ev": "enter",
+            "t": 14.0,
+            "op": "barrier",
+            "pg": "0",
+            "seq": 4,
+            "file": "/x/t.py",
+            "line": 20,
+        }
+    )
+    snap = snapshot(r, now=16.5)
+    assert doing_now(snap) == "waiting in barrier (group 0 #4) at t.py:20 for 2.5 s"
+    assert snap["last_done"] == "all_reduce (group 0 #3)"
+    r.apply({"ev": "heartbeat", "t": 17.0, "at": "not a list"})
+    assert r.at == "t.py:14"
+
+
+def test_exit_codes_name_their_signal():
+    assert (exit_text(0), exit_text(1), exit_text(None)) == ("0", "1", "")
+    assert exit_text(-15) == "SIGTERM (-15)" and exit_text(-9) == "SIGKILL (-9)"
+    assert exit_text(-200) == "signal 200 (-200)"

@@ -230,3 +230,22 @@ def test_the_form_runs_a_script_on_slurm(workbench: Workbench) -> None:
         "time": "5:00",
         "sbatch_args": ["--qos=low", "--mem=1G"],
     }
+
+
+def test_the_rank_table_marks_culprits_and_names_signals() -> None:
+    from rankscope.widgets.live import ranks_html
+
+    rows = [
+        {
+            "rank": 0,
+            "status": "exited",
+            "done": 3,
+            "exit_code": -15,
+            "last_done": "barrier (group 0 #3)",
+        },
+        {"rank": 1, "status": "running", "done": 2, "at": "t.py:14", "exit_code": None},
+    ]
+    text = ranks_html(rows, culprits=[1])
+    assert "SIGTERM (-15)" in text and "1 ⚑ culprit" in text and "at t.py:14" in text
+    assert "<th>now</th>" in text and "<th>last completed</th>" in text
+    assert "<th>node</th>" not in text  # no SLURM node to show

@@ -27,6 +27,7 @@ from typing import Any, TextIO
 from rankscope.launch import PRESETS, Job, JobSpec
 from rankscope.launch.job import state_text
 from rankscope.launch.spec import DEFAULT_PRESETS, LAUNCHERS
+from rankscope.launch.tracker import doing_now, exit_text
 from rankscope.rundir import FINAL_STATES, REPRO, RunDirError, new_run_dir
 
 #: ``rankscope diagnose``'s exit code when the evidence cannot tell what happened.
@@ -450,17 +451,17 @@ def _without_ages(text: str) -> str:
 
 
 def format_rank(r: dict[str, Any]) -> str:
-    where = ""
-    if r.get("op"):
-        where = f"{r['op']} pg{r['pg']} #{r['seq']} @ {r['site']}"
-        if r.get("in_collective_s") is not None:
-            where += f" for {r['in_collective_s']:.1f}s"
     step = "-" if r.get("step") is None else r["step"]
     hb = r.get("heartbeat_age_s")
     node = f"  {r['node']}" if r.get("node") else ""
+    now = doing_now(r)
+    last = f"  (last completed {r['last_done']})" if r.get("last_done") else ""
+    code = exit_text(r.get("exit_code"))
     return (
         f"  rank {r['rank']:>3}{node}  pid {r['pid'] or '-':>7}  {r['status']:<8} "
-        f"done {r['done']:>5}  step {step:>5}  {where}" + ("" if hb is None else f"  hb {hb:.1f}s")
+        f"done {r['done']:>5}  step {step:>5}  {now}{last}"
+        + (f"  exit {code}" if code else "")
+        + ("" if hb is None else f"  hb {hb:.1f}s")
     )
 
 

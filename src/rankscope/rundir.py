@@ -56,7 +56,8 @@ EVENT_KINDS = {
     "start": "pid, host, argv, python, torch, main_tid and the torchrun env contract (env: dict)",
     "heartbeat": "done (collectives completed), step, coll (id of the collective in flight or "
     "null), op, fr (flight recorder per group: [last enqueued, last completed]), cpu (the main "
-    "thread's CPU seconds)",
+    "thread's CPU seconds), at ([file, line, function] of the main thread's innermost user "
+    "frame)",
     "facts": "facts (their id in the ring), then enter's fields from op to func; written at once, "
     "before the first call that has them proceeds",
     "enter": "id, seq (the n-th collective of the rank on the group, from 1; point-to-point calls "
@@ -395,6 +396,10 @@ class RankRecord:
     site: str | None = None
     in_collective_since: float | None = None
     """When it entered the (blocking) collective it has not returned from yet."""
+    last_done: str | None = None
+    """The last collective it returned from: ``all_reduce (group 0 #3)``."""
+    at: str | None = None
+    """Where its main thread was at its last heartbeat, in the user's code: ``train.py:14``."""
     fr: dict[str, list[int]] | None = None
     """Flight recorder per group: [last enqueued, last completed], from the heartbeat."""
     node: str | None = None
@@ -423,6 +428,9 @@ class RankRecord:
         t = as_float(ev.get("t"))
         self.last_event_at = t if t is not None else self.last_event_at
         if kind == "heartbeat":
+            where = ev.get("at")
+            if isinstance(where, list) and len(where) >= 2:
+                self.at = _site(where[0], as_int(where[1])) or self.at
             cpu = as_float(ev.get("cpu"))
             if cpu is not None and t is not None:
                 if self.cpu_at is not None and t > self.cpu_at[0]:
@@ -439,14 +447,14 @@ class RankRecord:
                 as_str(ev.get("pg")),
                 as_int(ev.get("seq")),
             )
-            file, line = ev.get("file"), as_int(ev.get("line"))
-            ok = isinstance(file, str) and file and line is not None
-            self.site = f"{Path(file).name}:{line}" if ok else None
+            self.site = _site(ev.get("file"), as_int(ev.get("line")))
             self.in_collective_since = None if ev.get("async_op") else t
             return False
         if kind == "exit":
             self.done += 1
             self.in_collective_since = None
+            if self.op is not None:
+                self.last_done = f"{self.op} (group {self.pg} #{self.seq})"
             return True
         if kind == "step":
             self.step = as_int(ev.get("step"))
@@ -481,6 +489,12 @@ class RankRecord:
         """What ``run.json`` keeps of it: who it was and how it ended."""
         keys = ("pid", "host", "local_rank", "group_rank", "started_at", "exit_code", "ended_at")
         return {k: getattr(self, k) for k in keys if getattr(self, k) is not None}
+
+
+def _site(file: Any, line: int | None) -> str | None:
+    """``train.py:14``, or None where the file or the line is missing or malformed."""
+    ok = isinstance(file, str) and file and line is not None
+    return f"{Path(file).name}:{line}" if ok else None
 
 
 def rank_summaries(run: RunDir) -> dict[int, dict[str, Any]]:

@@ -22,7 +22,7 @@ from rankscope.launch import slurm
 from rankscope.launch.evidence import capture_evidence
 from rankscope.launch.procs import pid_alive, terminate
 from rankscope.launch.spec import JobSpec, free_port, launch_commands, launch_files
-from rankscope.launch.tracker import RankTracker
+from rankscope.launch.tracker import RankTracker, doing_now, exit_text
 from rankscope.launch.watchdog import Watchdog
 from rankscope.rundir import (
     FINAL_STATES,
@@ -76,7 +76,7 @@ class Job:
         return f"<Job {where} {self.status() if self.run else ''}>"
 
     #: Columns of :meth:`ranks` a notebook shows.
-    GLANCE = ("rank", "node", "status", "step", "done", "op", "pg", "seq", "site", "exit_code")
+    GLANCE = ("rank", "node", "status", "step", "done", "now", "last_done", "exit")
 
     def _repr_html_(self) -> str:
         """The job's live state in a notebook: its run, its state, and every rank now."""
@@ -86,9 +86,7 @@ class Job:
         rows = self.ranks()
         cells = "".join(f"<th>{c}</th>" for c in self.GLANCE)
         body = "".join(
-            "<tr>"
-            + "".join(f"<td>{html.escape(_cell(r.get(c)))}</td>" for c in self.GLANCE)
-            + "</tr>"
+            "<tr>" + "".join(f"<td>{html.escape(_cell(v))}</td>" for v in _glance(r)) + "</tr>"
             for r in rows
         )
         stalls = f", {len(self.stalls)} stall(s) caught" if self.stalls else ""
@@ -489,6 +487,12 @@ def state_text(info: dict[str, Any]) -> str:
     if sl.get("nodes"):
         where += f" on {sl['nodes']}"
     return f"{state} ({where})"
+
+
+def _glance(snap: dict[str, Any]) -> tuple[Any, ...]:
+    """A rank's snapshot as the columns of :attr:`Job.GLANCE`."""
+    derived = {"now": doing_now(snap), "exit": exit_text(snap.get("exit_code"))}
+    return tuple(derived[c] if c in derived else snap.get(c) for c in Job.GLANCE)
 
 
 def _cell(value: Any) -> str:

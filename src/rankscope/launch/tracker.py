@@ -5,6 +5,7 @@ cannot (alive or dead, working or idle)."""
 from __future__ import annotations
 
 import dataclasses
+import signal
 import time
 from typing import Any
 
@@ -55,6 +56,33 @@ def snapshot(
     elif stopped and record.end_reason == "SIGTERM":
         d["status"] = "stopped"  # ended by the stop's SIGTERM, not a failure of its own
     return d
+
+
+def exit_text(code: int | None) -> str:
+    """An exit code as people read it: a negative one is the signal that ended the process,
+    ``SIGTERM (-15)``."""
+    if code is None:
+        return ""
+    if code < 0:
+        try:
+            return f"{signal.Signals(-code).name} ({code})"
+        except ValueError:
+            return f"signal {-code} ({code})"
+    return str(code)
+
+
+def doing_now(snap: dict[str, Any]) -> str:
+    """What a rank's snapshot says it does now: ``waiting in all_reduce (group 0 #3) at
+    train.py:8 for 4.2 s``, or ``at train.py:14`` (its main thread's line, when its probe
+    reported it), or nothing for a rank that ended."""
+    if snap.get("in_collective_s") is not None:
+        return (
+            f"waiting in {snap['op']} (group {snap['pg']} #{snap['seq']}) at {snap['site']} "
+            f"for {snap['in_collective_s']:.1f} s"
+        )
+    if snap.get("status") == "running" and snap.get("at"):
+        return f"at {snap['at']}"
+    return ""
 
 
 def in_collective(record: RankRecord) -> bool:

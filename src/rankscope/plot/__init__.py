@@ -6,7 +6,7 @@ seconds (``bench/plot_build.py``): calls and lines are drawn as one WebGL trace 
 one trace per rank. This package imports pandas, numpy and plotly, never ipywidgets.
 """
 
-from rankscope.plot._common import as_calls
+from rankscope.plot._common import ALERT, as_calls
 from rankscope.plot.ladder import LADDER, ladder_table, sequence_ladder
 from rankscope.plot.memory import memory_by_rank
 from rankscope.plot.nccl import nccl_view
@@ -16,6 +16,7 @@ from rankscope.plot.table import log_tail, table_view
 from rankscope.plot.timeline import rank_timeline
 
 __all__ = [
+    "ALERT",
     "LADDER",
     "as_calls",
     "ladder_table",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 from collections.abc import Iterable
 
 import numpy as np
@@ -37,7 +38,7 @@ def where_groups(stack_summary: pd.DataFrame) -> pd.DataFrame:
     where = text_or(latest["site"], "")
     where = where.where(where != "", text_or(latest["file"]) + ":" + text_or(latest["line"]))
     waiting = text_or(latest["waiting_in"], "")
-    place = waiting.where(waiting == "", "<b>" + waiting + "</b> at ") + where
+    place = waiting.where(waiting == "", waiting + " at ") + where
     place = place + " in " + text_or(latest["func"])
     grouped = latest.groupby(place.to_numpy(), sort=False)["rank"]
     out = pd.DataFrame({"count": grouped.size(), "rank_list": grouped.agg(list)})
@@ -77,7 +78,7 @@ def where_is_everyone(
     fig = go.Figure(
         go.Bar(
             x=groups["count"],
-            y=groups["place"],
+            y=groups["place"].map(_bold_call),
             orientation="h",
             marker={"color": colour},
             text=groups["count"].astype(str) + noun + groups["ranks"],
@@ -95,6 +96,13 @@ def where_is_everyone(
         margin={"l": 20, "r": 20, "t": 50, "b": 40},
     )
     return fig
+
+
+def _bold_call(place: str) -> str:
+    """The collective a group waits in, in bold, on the chart's axis (plotly's markup; the
+    table of :func:`where_groups` stays plain text)."""
+    call, sep, rest = place.partition(" at ")
+    return f"<b>{html.escape(call)}</b> at {html.escape(rest)}" if sep else html.escape(place)
 
 
 def merged_stacks(

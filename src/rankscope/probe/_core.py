@@ -494,6 +494,7 @@ class Probe:
                     op=cur.op if cur else None,
                     fr=_fr_progress() if fr_on and c10d.is_initialized() else None,
                     cpu=_main_cpu(),
+                    at=self._main_at(),
                 )
                 next_beat = now + HEARTBEAT_S
             with contextlib.suppress(Exception):
@@ -748,6 +749,13 @@ class Probe:
         with contextlib.suppress(TypeError):
             self._pg_cache[key] = info
         return info
+
+    def _main_at(self) -> list[Any] | None:
+        """[file, line, function] of the main thread's innermost frame of the user's code: the
+        line it runs now (or waits at), for the live view."""
+        frame = sys._current_frames().get(threading.main_thread().ident or 0)
+        file, line, func = self._call_site(frame) if frame is not None else (None, None, None)
+        return None if file is None else [file, line, func]
 
     def _call_site(self, frame: Any) -> tuple[str | None, int | None, str | None]:
         """(file, line, function) of the first frame from ``frame`` outwards outside torch and

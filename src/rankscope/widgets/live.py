@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import html
+from collections.abc import Iterable
 from typing import Any
 
 import ipywidgets as widgets
@@ -11,6 +12,7 @@ from rankscope import plot
 from rankscope.collect import load_run
 from rankscope.launch import Job
 from rankscope.launch.job import state_text
+from rankscope.launch.tracker import doing_now, exit_text
 
 #: Row colours by rank status (rankscope.launch.tracker.rank_status).
 STATUS_COLOURS = {"waiting": "#fdd9a0", "dead": "#f4b6b6", "failed": "#f4b6b6", "exited": "#e6e6e6"}
@@ -19,37 +21,38 @@ COLUMNS = (
     "status",
     "step",
     "done",
-    "collective",
-    "site",
-    "waiting s",
+    "now",
+    "last completed",
     "heartbeat s",
     "exit",
 )
 LOG_LINES = 40
 
 
-def ranks_html(rows: list[dict[str, Any]]) -> str:
-    """One table row per rank snapshot of :meth:`rankscope.launch.Job.ranks`; a ``node``
-    column where the ranks run on SLURM nodes."""
+def ranks_html(rows: list[dict[str, Any]], *, culprits: Iterable[int] = ()) -> str:
+    """One table row per rank snapshot of :meth:`rankscope.launch.Job.ranks`: what it does now
+    (waiting in a collective since when, or the line its main thread is at) apart from the
+    last collective it completed; a ``node`` column where the ranks run on SLURM nodes; the
+    ``culprits`` of a diagnosis marked."""
     nodes = any(r.get("node") for r in rows)
+    bad = set(culprits)
     body = []
     for r in rows:
-        collective = f"{r['op']} (group {r['pg']} #{r['seq']})" if r.get("op") else ""
         cells = (
-            r["rank"],
+            f"{r['rank']} ⚑ culprit" if r["rank"] in bad else r["rank"],
             *((_blank(r.get("node")),) if nodes else ()),
             r["status"],
             _blank(r.get("step")),
             r.get("done", 0),
-            collective,
-            _blank(r.get("site")),
-            _seconds(r.get("in_collective_s")),
+            doing_now(r),
+            _blank(r.get("last_done")),
             _seconds(r.get("heartbeat_age_s")),
-            _blank(r.get("exit_code")),
+            exit_text(r.get("exit_code")),
         )
         colour = STATUS_COLOURS.get(r["status"], "white")
+        mark = f";outline:2px solid {plot.ALERT}" if r["rank"] in bad else ""
         body.append(
-            f"<tr style='background:{colour}'>"
+            f"<tr style='background:{colour}{mark}'>"
             + "".join(f"<td>{html.escape(str(c))}</td>" for c in cells)
             + "</tr>"
         )
@@ -74,8 +77,9 @@ class LivePanel(widgets.VBox):
 
     Attributes:
         header: the job's name, state and run directory.
-        ranks: the per-rank table (state, step, collectives done, current collective, call
-            site, time in it, heartbeat age, exit code).
+        ranks: the per-rank table (state, step, collectives done, what it does now, the last
+            collective it completed, heartbeat age, exit code or signal).
+        culprits: ranks to mark in the table (the workbench sets them from a diagnosis).
         stop: stop the job; ``capture``: capture evidence from every rank now; ``diagnose``:
             diagnose the job now (the workbench connects them).
         logs: one tab per rank with the tail of its stdout and stderr.
@@ -92,6 +96,7 @@ class LivePanel(widgets.VBox):
         self.diagnose = widgets.Button(description="Diagnose", button_style="info", icon="search")
         self.logs = widgets.Tab()
         self.rows: list[dict[str, Any]] = []
+        self.culprits: set[int] = set()
         super().__init__(
             [
                 self.header,
@@ -111,7 +116,7 @@ class LivePanel(widgets.VBox):
             f"<b>{html.escape(job.run.path.name)}</b> · <b>{html.escape(state)}</b> · {len(self.rows)} ranks, "
             f"{waiting} waiting in a collective · <code>{html.escape(str(job.run.path))}</code>"
         )
-        self.ranks.value = ranks_html(self.rows)
+        self.ranks.value = ranks_html(self.rows, culprits=self.culprits)
         self._update_logs(job)
 
     def _update_logs(self, job: Job) -> None:

@@ -277,6 +277,7 @@ class Workbench(widgets.VBox):
         if self._relabelling or change["new"] is None:
             return
         entry = self._entries[change["new"]]
+        self.live.culprits = set(entry.diagnosis.culprit_ranks) if entry.diagnosis else set()
         if entry.diagnosis is not None:
             self._submit(self.results.show, entry.run, entry.diagnosis)
         elif entry.state in DIAGNOSE_ON:
@@ -291,6 +292,8 @@ class Workbench(widgets.VBox):
         write_diagnosis(entry.job.run, d)
         if entry is self._selected_entry():
             self.results.show(run, d, now=time.time() if live else None)
+            self.live.culprits = set(d.culprit_ranks)
+            self.live.update(entry.job)
         # Set last: wait_for_diagnosis() returns once the results area shows it.
         entry.run, entry.diagnosis = run, d
         return d
