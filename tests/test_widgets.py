@@ -178,6 +178,19 @@ def test_show_a_finished_run_and_foreign_artifacts() -> None:
         rankscope.show(DATA / "no_such_run")
 
 
+def test_what_the_results_showed_stays_as_plain_outputs() -> None:
+    from rankscope.widgets.results import ResultsPanel
+
+    assert ResultsPanel().static() == []  # nothing shown, nothing to keep
+    panel = rankscope.show(DATA / "gloo_barrier_hang" / "run")
+    card, timeline, ranks = panel.static()
+    assert card["data"]["text/html"] == panel.diagnosis.to_html()
+    assert "diagnosed " in card["data"]["text/html"] and " from " in card["data"]["text/html"]
+    assert "application/vnd.plotly.v1+json" in timeline["data"]
+    assert ranks["data"]["text/html"].count("</tr>") == 1 + 4  # a header and four ranks
+    assert "NA" not in ranks["data"]["text/html"]  # what is unknown is left blank
+
+
 def test_only_widgets_imports_ipywidgets_and_nothing_imports_widgets() -> None:
     for path in SRC.rglob("*.py"):
         tree = ast.parse(path.read_text())

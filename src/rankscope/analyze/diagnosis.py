@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import html
 import os
+import time
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -98,6 +99,8 @@ class Diagnosis:
     notes: list[str] = field(default_factory=list)
     """Other facts worth knowing (what torchrun named as root cause, ...)."""
     run: str | None = None
+    diagnosed_at: float = field(default_factory=time.time, compare=False)
+    """When it was made (seconds since the epoch): a live job's evidence changes."""
     calls: pd.DataFrame | None = field(default=None, repr=False, compare=False)
     """The calls table the diagnosis was built from (:data:`rankscope.schema.CALLS`: the
     probe's and the flight recorder's calls merged); not part of the JSON."""
@@ -120,6 +123,7 @@ class Diagnosis:
             "missing": list(self.missing),
             "notes": list(self.notes),
             "run": self.run,
+            "diagnosed_at": self.diagnosed_at,
         }
 
     def to_html(self) -> str:
@@ -150,6 +154,10 @@ class Diagnosis:
                 parts.append(f"<p><b>{label}:</b> {html.escape(text)}</p>")
         parts += [f"<p style='color:#555'>note: {html.escape(n)}</p>" for n in self.notes]
         parts += [f"<p style='color:#555'>missing: {html.escape(m)}</p>" for m in self.missing]
+        parts.append(
+            f"<p class='rankscope-provenance' style='color:#777;font-size:0.85em'>"
+            f"{html.escape(self.provenance())}</p>"
+        )
         return (
             f"<div class='rankscope-card' style='border-left:6px solid {colour};"
             f"padding:4px 12px;margin:4px 0'>{''.join(parts)}</div>"
@@ -157,6 +165,22 @@ class Diagnosis:
 
     def _repr_html_(self) -> str:
         return self.to_html()
+
+    def provenance(self) -> str:
+        """When it was made and from which evidence: ``diagnosed 19:42:07 from calls (ranks
+        0-3), stacks (ranks 1, 3) of runs/20261126-...``."""
+        when = time.strftime("%H:%M:%S", time.localtime(self.diagnosed_at))
+        by_table: dict[str, set[int]] = {}
+        for ref in self.evidence:
+            ranks = by_table.setdefault(ref.table, set())
+            if ref.rank is not None:
+                ranks.add(int(ref.rank))
+        cited = ", ".join(
+            f"{table} (ranks {compact_ranks(ranks)})" if ranks else table
+            for table, ranks in by_table.items()
+        )
+        text = f"diagnosed {when} from " + (cited or "no cited evidence row")
+        return text + (f" of {os.path.basename(self.run)}" if self.run else "")
 
     def _collective_html(self) -> str:
         c = self.collective

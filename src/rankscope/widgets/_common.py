@@ -62,6 +62,11 @@ def figure_output(fig: go.Figure) -> dict[str, Any]:
     }
 
 
+def html_output(text: str) -> dict[str, Any]:
+    """A display_data output holding HTML (what stays in a saved notebook)."""
+    return {"output_type": "display_data", "data": {"text/html": text}, "metadata": {}}
+
+
 def set_figure(out: widgets.Output, fig: go.Figure) -> None:
     """Replace what ``out`` shows with ``fig``."""
     out.outputs = (figure_output(fig),)

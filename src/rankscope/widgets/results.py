@@ -5,6 +5,7 @@ from __future__ import annotations
 import html
 import os
 from pathlib import Path
+from typing import Any
 
 import ipywidgets as widgets
 import plotly.graph_objects as go
@@ -14,11 +15,13 @@ from rankscope.analyze import Diagnosis, diagnose
 from rankscope.collect import Run, load_run
 from rankscope.replay import REPRO_NAME
 from rankscope.replay import build as build_replay
-from rankscope.widgets._common import guarded, set_figure
+from rankscope.widgets._common import figure_output, guarded, html_output, set_figure
 
 #: Tabs of the results area, in order; NCCL only when the run has NCCL logs.
 NO_DIAGNOSIS = "<i>no diagnosis yet: it comes when the job stalls or ends, or on Diagnose</i>"
 PLOTS = ("sequence ladder", "where is everyone", "merged stacks", "progress", "NCCL")
+#: The ranks table's columns in a static snapshot (:meth:`ResultsPanel.static`).
+STATIC_RANK_COLUMNS = ("rank", "host", "pid", "exit_code", "signal", "end_reason")
 
 
 def rank_list(text: str) -> list[int]:
@@ -53,6 +56,7 @@ class ResultsPanel(widgets.VBox):
     def __init__(self, *, errors: widgets.Output | None = None) -> None:
         self.errors = errors or widgets.Output()
         self.card = widgets.HTML(NO_DIAGNOSIS)
+        self.timeline_figure: go.Figure | None = None
         self.timeline = widgets.Output()
         self._plot_outputs = {name: widgets.Output() for name in PLOTS}
         self.plots = widgets.Tab()
@@ -116,17 +120,15 @@ class ResultsPanel(widgets.VBox):
         divergence = d.collective.to_dict() if d.collective else None
         calls = d.calls  # what the diagnosis was built from: the probe's and the recorder's
         ranks = run.ranks["rank"].dropna().astype(int).tolist()
-        set_figure(
-            self.timeline,
-            plot.rank_timeline(
-                calls,
-                culprit_ranks=culprits,
-                divergence=divergence,
-                now=now,
-                ranks=ranks,
-                chain=d.chain,
-            ),
+        self.timeline_figure = plot.rank_timeline(
+            calls,
+            culprit_ranks=culprits,
+            divergence=divergence,
+            now=now,
+            ranks=ranks,
+            chain=d.chain,
         )
+        set_figure(self.timeline, self.timeline_figure)
         figures: dict[str, go.Figure] = {
             "sequence ladder": plot.sequence_ladder(calls, culprit_ranks=culprits),
             "where is everyone": plot.where_is_everyone(run.stack_summary, culprit_ranks=culprits),
@@ -142,6 +144,21 @@ class ResultsPanel(widgets.VBox):
         self.plots.children = [*(self._plot_outputs[n] for n in figures), self._drill]
         self.plots.titles = [*figures, "tables"]
         self.show_rows()
+
+    def static(self) -> list[dict[str, Any]]:
+        """What the area shows, as plain notebook outputs that stay in a saved notebook with no
+        widget behind them: the card, the timeline, every rank's row of the ranks table."""
+        if self.run is None or self.diagnosis is None:
+            return []
+        ranks = self.run.ranks
+        keep = [c for c in STATIC_RANK_COLUMNS if c in ranks.columns]
+        shown = ranks[keep].astype(object)
+        table = shown.where(shown.notna(), "").to_html(index=False, classes="rankscope-ranks")
+        return [
+            html_output(self.diagnosis.to_html()),
+            figure_output(self.timeline_figure),
+            html_output(f"<div style='overflow-x:auto'>{table}</div>"),
+        ]
 
     def write_replay(self) -> Path:
         """Write the replay of the run shown into its directory; show its path and header."""

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import ipywidgets as widgets
+from IPython.display import display as ipy_display
 
 from rankscope.analyze import Diagnosis, diagnose, write_diagnosis
 from rankscope.collect import Run, load_run
@@ -227,10 +228,17 @@ class Workbench(widgets.VBox):
                 entry.job.stop(grace_s=grace_s)
 
     def close(self) -> None:
-        """Stop refreshing and finish pending actions; jobs keep running (see ``stop_all``)."""
+        """Stop refreshing and finish pending actions; jobs keep running (see ``stop_all``).
+
+        What the results area showed stays in the output of the cell that closes it, as plain
+        outputs (the card with when and from what it was diagnosed, the timeline, the ranks):
+        a saved notebook shows the answer without any widget behind it.
+        """
         self._closing.set()
         self._refresher.join(timeout=10)
         self._actions.shutdown(wait=True)
+        for output in self.results.static():
+            ipy_display(output["data"], raw=True)
         super().close()
 
     # --- internals -------------------------------------------------------------------------
