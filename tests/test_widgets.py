@@ -108,9 +108,12 @@ def test_live_job_freezes_and_the_culprit_is_shown(workbench: Workbench, tmp_pat
     # The panel updates by itself while the job runs: steps advance, then rank 0 waits.
     wait_until(lambda: any(r["step"] == 2 for r in wb.live.rows), what="step 2")
     wait_until(
-        lambda: "barrier" in wb.live.ranks.value and "waiting" in wb.live.ranks.value,
+        lambda: "waiting in barrier (group 0 #" in wb.live.ranks.value,
         what="rank 0 waiting in barrier",
     )
+    # rank 1 is in no collective: the panel shows the line its main thread is at
+    wait_until(lambda: "at hang.py:" in wb.live.ranks.value, what="rank 1's current line")
+    assert "all_reduce (group 0 #" in wb.live.ranks.value  # the last one completed, apart
     wait_until(lambda: "finished step 2" in wb.live.logs.children[0].value, what="log tail")
     assert wb.live.logs.titles == ("rank 0", "rank 1")
 
@@ -131,6 +134,7 @@ def test_live_job_freezes_and_the_culprit_is_shown(workbench: Workbench, tmp_pat
         "tables",
     )
     assert (wb.selected.run.path / "diagnosis.json").is_file()
+    wait_until(lambda: "1 ⚑ culprit" in wb.live.ranks.value, what="the culprit row marked")
 
     # Capture evidence now, then drill down into the stack table of rank 0.
     evidence = wb.selected.run.evidence
@@ -147,6 +151,12 @@ def test_live_job_freezes_and_the_culprit_is_shown(workbench: Workbench, tmp_pat
     wait_until(lambda: "exited" in wb.jobs.options[1][0], what="clean job exited")
     wb.jobs.value = 1
     wait_until(lambda: "<b>OK</b>" in wb.results.card.value, what="the clean job's diagnosis")
+    wait_until(
+        lambda: (
+            wb.live.stop.disabled and wb.live.capture.disabled and not wb.live.diagnose.disabled
+        ),
+        what="Stop and Capture off for an ended job",
+    )
 
     # A kernel restart: a new workbench re-attaches both runs and can stop the live one.
     wb2 = Workbench(runs_root=tmp_path / "runs", refresh_s=0.3)

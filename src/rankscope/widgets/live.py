@@ -117,6 +117,9 @@ class LivePanel(widgets.VBox):
             f"{waiting} waiting in a collective · <code>{html.escape(str(job.run.path))}</code>"
         )
         self.ranks.value = ranks_html(self.rows, culprits=self.culprits)
+        # Stop and Capture act on live processes only; Diagnose reads the run at any time.
+        ended = job.poll() is not None
+        self.stop.disabled = self.capture.disabled = ended
         self._update_logs(job)
 
     def _update_logs(self, job: Job) -> None:
