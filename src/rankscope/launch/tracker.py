@@ -154,9 +154,10 @@ class RankTracker:
                 share = record.cpu_share if fresh else None
                 busy |= record.warming or (share is not None and share >= BUSY_CPU_SHARE)
                 continue
-            if record.warming:
-                # The probe's warm-up import holds the GIL: a computing main thread looks idle
-                # meanwhile, so this look cannot tell. A second or two, once per rank.
+            if record.warming and _main_thread_may_want_the_gil(record.pid):
+                # The probe's warm-up import holds the GIL for a second or two: a computing
+                # main thread waits for it (a futex) and gets little CPU meanwhile. One that
+                # sleeps, or waits on a socket or a pipe, is idle all the same.
                 busy = True
                 continue
             # The main thread only: the probe's own threads are not the rank's work.
@@ -191,3 +192,16 @@ def _main_thread_runs(pid: int) -> bool:
     except OSError:
         return False
     return stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3] in (b"R", b"D")
+
+
+def _main_thread_may_want_the_gil(pid: int) -> bool:
+    """Linux: the main thread waits on a futex (where a thread waits for the GIL), or where it
+    waits cannot be read (kernels that hide it say ``0``): it may be a working thread that the
+    GIL keeps off the CPU. False when it runs (the other checks see that) or sleeps elsewhere
+    (``hrtimer_nanosleep``, ``poll_schedule_timeout``, a pipe's read)."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/wchan") as f:
+            where = f.read().strip()
+    except OSError:
+        return True
+    return where in ("", "0") or "futex" in where
