@@ -74,7 +74,17 @@ def test_rank_timeline_bars_in_flight_divergence_and_culprit() -> None:
         hang_calls(), culprit_ranks=[2], divergence={"pg": "0", "seq": 4}, now=T0 + 10
     )
     traces = {t.name: t for t in fig.data}
-    assert set(traces) == {"all_reduce", "in flight", "calls", "divergence"}
+    assert set(traces) == {
+        "all_reduce",
+        "all_reduce, in flight",
+        "barrier, in flight",
+        "in flight",
+        "calls",
+        "divergence",
+    }
+    # in flight: each op's own colour (barrier apart from all_reduce), with a red core
+    assert traces["barrier, in flight"].line.color != traces["all_reduce, in flight"].line.color
+    assert traces["all_reduce, in flight"].line.color == traces["all_reduce"].line.color
     assert all(t.type == "scattergl" for t in fig.data)
     # Nine completed all_reduces: segments x0, x1, NaN; rows are ranks.
     bars = traces["all_reduce"]
@@ -95,10 +105,52 @@ def test_rank_timeline_bars_in_flight_divergence_and_culprit() -> None:
     labels = dict(zip(fig.layout.yaxis.tickvals, fig.layout.yaxis.ticktext, strict=True))
     assert ALERT in labels[2] and labels[0] == "0"
     assert fig.layout.yaxis.range[0] > fig.layout.yaxis.range[1]
+    # a short run opens whole, up to now
+    left, right = fig.layout.xaxis.range
+    assert left <= 0 and right > 9.0
     hover = list(traces["calls"].hovertext)
     barrier = next(h for h in hover if "barrier" in h)
     assert "rank 2" in barrier and "group 0 #4" in barrier and "shapes []" in barrier
     assert "train.py:30" in barrier and "in flight for 5.800 s" in barrier
+
+
+def test_rank_timeline_opens_around_the_divergence_with_every_call_visible() -> None:
+    # 200 quick all_reduces per rank, then the hang: the history must not crush the divergence.
+    rows = [
+        {
+            "rank": r,
+            "coll_id": n,
+            "seq": n,
+            "op": "all_reduce",
+            "shapes": "[[4]]",
+            "site": "t.py:3",
+            "t_start_s": T0 + n * 0.05,
+            "t_end_s": T0 + n * 0.05 + 1e-5,
+            "completed": True,
+        }
+        for r in range(2)
+        for n in range(1, 201)
+    ]
+    rows += [
+        {
+            "rank": r,
+            "coll_id": 201,
+            "seq": 201,
+            "op": op,
+            "shapes": "[]",
+            "site": "t.py:9",
+            "t_start_s": T0 + 10.1,
+            "t_end_s": None,
+            "completed": False,
+        }
+        for r, op in ((0, "all_reduce"), (1, "barrier"))
+    ]
+    fig = plot.rank_timeline(collectives(rows), divergence={"pg": "0", "seq": 201}, now=T0 + 20)
+    left, right = fig.layout.xaxis.range
+    assert 9.0 < left < 10.0 and right > 19.95  # four calls per rank before it, up to now
+    bars = next(t for t in fig.data if t.name == "all_reduce")
+    widths = np.asarray(bars.x[1::3]) - np.asarray(bars.x[0::3])
+    assert widths.min() >= 0.003 * 19.95 * 0.99  # 10 µs calls still drawn 0.3 % of the run wide
 
 
 def test_rank_timeline_keeps_ranks_without_calls_and_explains_empty() -> None:

@@ -29,6 +29,10 @@ TITLE = "Rank timeline"
 #: Calls that get a hover text: past this many, only each rank's latest calls, the calls in
 #: flight, the culprits' calls and the divergence do (every call is still drawn).
 HOVER_BUDGET = 20_000
+#: The shortest bar, as a share of the run's span.
+MIN_WIDTH = 0.003
+#: Calls per rank shown before the divergence when the figure opens.
+CONTEXT_CALLS = 4
 
 
 def rank_timeline(
@@ -42,7 +46,9 @@ def rank_timeline(
 ) -> go.Figure:
     """One row per rank, one bar per collective or point-to-point call over wall time.
 
-    Completed calls are coloured by op; a call still in flight is drawn in red up to ``now``.
+    Calls are coloured by op; a call still in flight is drawn up to ``now`` with a red core.
+    Every bar is at least :data:`MIN_WIDTH` of the run wide. With a divergence, the figure opens
+    on a few calls per rank before it up to ``now`` (double-click shows the whole run).
     Hovering a bar shows the op, the process group, the collective's number on the group, the
     shapes, the call site and the duration. Every bar of one op is one WebGL trace; past
     :data:`HOVER_BUDGET` calls only each rank's latest calls (and every call in flight or of a
@@ -78,6 +84,8 @@ def rank_timeline(
     end = np.where(np.isnan(end), np.where(inflight, now, start), end)
     rank = table["rank"].to_numpy(dtype=float)
     x0, x1 = start - t0, end - t0
+    # A call of a few microseconds is still a visible mark: a 0.3 % sliver of the run at least.
+    x1 = np.maximum(x1, x0 + MIN_WIDTH * max(now - t0, 1e-3))
 
     fig = go.Figure()
     height = rows_height(len(all_ranks))
@@ -85,10 +93,13 @@ def rank_timeline(
     op = text_or(table["op"])
     group, colours = _op_groups(op)
     for name, colour in colours.items():
-        pick = ~inflight & (group == name).to_numpy()
-        if pick.any():
-            add_segments(fig, x0[pick], x1[pick], rank[pick], name=name, colour=colour, width=width)
-    if inflight.any():
+        of_op = (group == name).to_numpy()
+        for pick, label in ((~inflight & of_op, name), (inflight & of_op, f"{name}, in flight")):
+            if pick.any():
+                add_segments(
+                    fig, x0[pick], x1[pick], rank[pick], name=label, colour=colour, width=width
+                )
+    if inflight.any():  # in flight: the op's colour, with a red core
         add_segments(
             fig,
             x0[inflight],
@@ -96,7 +107,7 @@ def rank_timeline(
             rank[inflight],
             name="in flight",
             colour=ALERT,
-            width=width,
+            width=max(width / 3, 1.0),
         )
     shown = _with_hover(table, culprits=culprits, inflight=inflight)
     fig.add_trace(
@@ -112,7 +123,7 @@ def rank_timeline(
             showlegend=False,
         )
     )
-    _mark_divergence(fig, table, divergence, t0=t0)
+    first = _mark_divergence(fig, table, divergence, t0=t0)
     _draw_chain(fig, chain, x=now - t0)
     highlight_ranks(fig, culprits, axis="y")
     fig.add_vline(
@@ -124,13 +135,28 @@ def rank_timeline(
     fig.update_layout(
         title={"text": f"{TITLE}: {len(all_ranks)} ranks, {len(table)} calls"},
         height=height,
-        xaxis={"title": {"text": time_origin(t0)}},
+        xaxis={"title": {"text": time_origin(t0)}, **_around(x0, first, now - t0, all_ranks)},
         yaxis=rank_axis(all_ranks, culprits=culprits, top_down=True),
         legend={"orientation": "h", "y": -0.15},
         hovermode="closest",
         margin={"l": 60, "r": 20, "t": 50, "b": 40},
     )
     return fig
+
+
+def _around(x0: np.ndarray, first: float | None, end: float, ranks: list[int]) -> dict[str, Any]:
+    """The x-range the figure opens on: from a few calls per rank before the divergence to
+    ``end`` (double-click shows the whole run); the whole run when there is no divergence."""
+    if first is None:
+        return {}
+    before = np.sort(x0[x0 < first])
+    left = (
+        float(before[-min(len(before), CONTEXT_CALLS * max(len(ranks), 1))])
+        if len(before)
+        else first
+    )
+    pad = 0.03 * max(end - left, 1e-3)
+    return {"range": [max(left - pad, -pad), end + pad]}
 
 
 def _op_groups(op: pd.Series) -> tuple[pd.Series, dict[str, str]]:
@@ -176,15 +202,16 @@ def _hover(table: pd.DataFrame, op: pd.Series, dur: np.ndarray, inflight: np.nda
 
 def _mark_divergence(
     fig: go.Figure, table: pd.DataFrame, divergence: Mapping[str, Any] | None, *, t0: float
-) -> None:
+) -> float | None:
+    """Mark the calls of the collective where the ranks part; return when the first began."""
     if not divergence or divergence.get("seq") is None:
-        return
+        return None
     pg, seq = str(divergence.get("pg")), int(divergence["seq"])
     rows = table[(table["pg"].astype(str) == pg).to_numpy() & (table["seq"] == seq).fillna(False)]
     label = f"first divergence: group {pg} #{seq}"
     if rows.empty:
         fig.add_annotation(text=label, xref="paper", yref="paper", x=0, y=1.06, showarrow=False)
-        return
+        return None
     x = floats(rows["t_start_s"]) - t0
     first = float(x.min())
     # Mark the odd calls (op, shapes or dtypes unlike most), or all when they agree and the
@@ -214,6 +241,7 @@ def _mark_divergence(
         annotation_text=label,
         annotation_font_color=ALERT,
     )
+    return first
 
 
 #: Arrows of a chain drawn at most (a 16k-rank chain is a handful of links, each many ranks).
