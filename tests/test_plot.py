@@ -299,16 +299,30 @@ def test_progress_lines_steps_and_heartbeat_age() -> None:
             rows.append({"rank": r, "ev": "step", "t_s": T0 + n + 0.5, "step": n})
     events = schema.conform("events", pd.DataFrame(rows))
     fig = plot.progress(events, now=T0 + 10, highlight=[2])
-    done = next(t for t in fig.data if t.name == "all ranks" and t.xaxis == "x")
-    # One polyline per rank broken by NaN, held flat up to now.
-    assert np.isnan(done.y).sum() == 2 and np.nanmax(done.y) == 3
-    assert np.nanmax(done.x) == pytest.approx(10)
+    # Few ranks: a line and a colour per rank, held flat up to now.
+    done = {t.name: t for t in fig.data if t.xaxis == "x"}
+    assert {"rank 0", "rank 1", "rank 2", "highlighted"} <= set(done)
+    assert np.nanmax(done["rank 0"].y) == 3 and np.nanmax(done["rank 0"].x) == pytest.approx(10)
+    assert len({done[f"rank {r}"].line.color for r in range(3)}) == 3
     marked = [t for t in fig.data if t.name == "highlighted"]
     assert {t.xaxis for t in marked} == {"x", "x2"} and set(marked[0].customdata) == {2}
     (age,) = [t for t in fig.data if t.type == "bar"]
     assert list(age.x) == [0, 1, 2]
     assert list(age.y) == pytest.approx([6.5, 6.5, 8.5])
     assert list(age.marker.color)[2] == ALERT
+    assert list(fig.layout.xaxis3.tickvals) == [0, 1, 2]  # whole ranks only
+    # Many ranks: one grey trace for all, polylines broken by NaN.
+    many = [{**row, "rank": row["rank"] + 3 * k} for k in range(4) for row in rows]
+    fig = plot.progress(schema.conform("events", pd.DataFrame(many)), now=T0 + 10)
+    (grey,) = [t for t in fig.data if t.name == "all ranks" and t.xaxis == "x"]
+    assert np.isnan(grey.y).sum() == 11
+    # No step marked: no step panel, and nothing else says "none recorded".
+    plain = [row for row in rows if row["ev"] != "step"]
+    fig = plot.progress(schema.conform("events", pd.DataFrame(plain)), now=T0 + 10)
+    assert [a.text for a in fig.layout.annotations] == [
+        "collectives completed",
+        "heartbeat age at now",
+    ]
 
 
 def test_nccl_view_marks_unfinished_init_and_warnings() -> None:

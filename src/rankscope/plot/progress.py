@@ -12,16 +12,21 @@ from plotly.subplots import make_subplots
 from rankscope.plot._common import ALERT, MUTED, PALETTE, empty_figure, floats, time_origin
 
 TITLE = "Progress"
+#: Up to this many ranks, each rank's line has a colour of its own.
+OWN_COLOURS = 8
 
 
 def progress(
     events: pd.DataFrame, *, now: float | None = None, highlight: Iterable[int] = ()
 ) -> go.Figure:
-    """Three panels: collectives completed per rank over time, the user's step marker per rank
-    over time, and each rank's heartbeat age (seconds since its last event) at ``now``.
+    """Panels stacked over one another: collectives completed per rank over time, the user's
+    step marker per rank over time (only when some rank marked steps), and each rank's
+    heartbeat age (seconds since its last event) at ``now``.
 
-    Every rank's line is drawn in grey in one WebGL trace and the highlighted ranks again in
-    red, so a rank that stopped while the others went on (or the reverse) shows as a flat line.
+    Up to :data:`OWN_COLOURS` ranks, each rank's line has a colour of its own (the legend names
+    them); past that every rank is grey in one WebGL trace. The highlighted ranks are drawn
+    again in red, so a rank that stopped while the others went on (or the reverse) shows as a
+    flat line.
 
     Args:
         events: the run's ``events`` table (the probe's events).
@@ -29,7 +34,7 @@ def progress(
         highlight: ranks to draw in red (a diagnosis's culprits).
 
     Returns:
-        The figure; x of the first two panels is seconds since the first event.
+        The figure; x of the line panels is seconds since the first event.
     """
     ev = events[events["t_s"].notna()]
     if ev.empty:
@@ -38,24 +43,30 @@ def progress(
     t0 = float(t.min())
     now = float(t.max()) if now is None else max(float(now), float(t.max()))
     marked = sorted(set(highlight))
-    fig = make_subplots(
-        rows=3,
-        cols=1,
-        vertical_spacing=0.1,
-        row_heights=[0.4, 0.3, 0.3],
-        subplot_titles=("collectives completed", "step", "heartbeat age at now"),
-    )
     kind = ev["ev"].astype(str).to_numpy()
     exits = ev[kind == "exit"]
+    steps = ev[(kind == "step") & ev["step"].notna().to_numpy()]
+    panels = ["collectives completed", *(["step"] if len(steps) else []), "heartbeat age at now"]
+    fig = make_subplots(
+        rows=len(panels),
+        cols=1,
+        vertical_spacing=0.16 if len(panels) == 3 else 0.2,
+        row_heights=[0.4, 0.3, 0.3] if len(panels) == 3 else [0.6, 0.4],
+        subplot_titles=panels,
+    )
+    ranks = sorted(ev["rank"].dropna().astype(int).unique().tolist())
+    own = len(ranks) <= OWN_COLOURS
     done = pd.Series(
         exits.sort_values(["rank", "t_s"], kind="stable").groupby("rank").cumcount() + 1
     ).reindex(exits.index)
-    _rank_lines(fig, exits, done, row=1, t0=t0, now=now, marked=marked)
-    steps = ev[(kind == "step") & ev["step"].notna().to_numpy()]
-    _rank_lines(fig, steps, steps["step"].astype(float), row=2, t0=t0, now=now, marked=marked)
+    lines = [(exits, done)] + ([(steps, steps["step"].astype(float))] if len(steps) else [])
+    for row, (rows, value) in enumerate(lines, start=1):
+        _rank_lines(fig, rows, value, row=row, t0=t0, now=now, marked=marked, own=own)
+        fig.update_xaxes(title={"text": time_origin(t0)}, row=row, col=1)
     last = ev.groupby("rank")["t_s"].max()
     age = now - floats(last)
     colour = [ALERT if r in marked else PALETTE[0] for r in last.index]
+    bars = len(panels)
     fig.add_trace(
         go.Bar(
             x=last.index.to_numpy(),
@@ -65,18 +76,19 @@ def progress(
             hovertemplate="rank %{x}: last event %{y:.1f} s before now<extra></extra>",
             showlegend=False,
         ),
-        row=3,
+        row=bars,
         col=1,
     )
-    fig.update_xaxes(title={"text": time_origin(t0)}, row=2, col=1)
-    fig.update_xaxes(title={"text": "rank"}, row=3, col=1)
-    fig.update_yaxes(title={"text": "seconds"}, row=3, col=1)
+    # Ranks are whole numbers: a tick per rank, or plotly's choice of whole steps.
+    rank_ticks = {"tickmode": "array", "tickvals": ranks} if len(ranks) <= 32 else {"dtick": 1}
+    fig.update_xaxes(title={"text": "rank"}, row=bars, col=1, **rank_ticks)
+    fig.update_yaxes(title={"text": "seconds"}, row=bars, col=1)
     fig.update_layout(
         title={"text": f"{TITLE}: {len(last)} ranks"},
-        height=720,
+        height=760 if len(panels) == 3 else 560,
         hovermode="closest",
-        margin={"l": 60, "r": 20, "t": 70, "b": 40},
-        legend={"orientation": "h", "y": 1.06},
+        margin={"l": 60, "r": 20, "t": 90, "b": 40},
+        legend={"orientation": "h", "y": 1.04, "yanchor": "bottom"},
     )
     return fig
 
@@ -90,8 +102,11 @@ def _rank_lines(
     t0: float,
     now: float,
     marked: list[int],
+    own: bool,
 ) -> None:
-    """One polyline per rank (broken by NaN) in one trace, held flat up to ``now``."""
+    """One polyline per rank (broken by NaN), held flat up to ``now``: a trace per rank in a
+    colour of its own (``own``), or all ranks in one grey trace; the marked ranks again in
+    red."""
     if rows.empty:
         axis = "" if row == 1 else str(row)
         fig.add_annotation(
@@ -112,10 +127,15 @@ def _rank_lines(
     ).sort_values(["rank", "t"], kind="stable")
     tail = frame.groupby("rank", as_index=False).last().assign(t=now)
     frame = pd.concat([frame, tail]).sort_values(["rank", "t"], kind="stable", ignore_index=True)
-    for ranks, name, colour, width in (
-        (None, "all ranks", MUTED, 1),
-        (marked, "highlighted", ALERT, 2.5),
-    ):
+    if own:
+        parts = [
+            ([r], f"rank {r}", PALETTE[i % len(PALETTE)], 1.5)
+            for i, r in enumerate(sorted(frame["rank"].unique()))
+        ]
+    else:
+        parts = [(None, "all ranks", MUTED, 1.0)]
+    parts.append((marked, "highlighted", ALERT, 3.0))
+    for ranks, name, colour, width in parts:
         part = frame if ranks is None else frame[frame["rank"].isin(ranks)]
         if part.empty:
             continue

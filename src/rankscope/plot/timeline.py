@@ -137,9 +137,10 @@ def rank_timeline(
         height=height,
         xaxis={"title": {"text": time_origin(t0)}, **_around(x0, first, now - t0, all_ranks)},
         yaxis=rank_axis(all_ranks, culprits=culprits, top_down=True),
-        legend={"orientation": "h", "y": -0.15},
+        # above the plot, clear of the x-axis title
+        legend={"orientation": "h", "y": 1.0, "yanchor": "bottom", "x": 1, "xanchor": "right"},
         hovermode="closest",
-        margin={"l": 60, "r": 20, "t": 50, "b": 40},
+        margin={"l": 60, "r": 20, "t": 80, "b": 40},
     )
     return fig
 
@@ -240,6 +241,8 @@ def _mark_divergence(
         line={"color": ALERT, "width": 2, "dash": "dash"},
         annotation_text=label,
         annotation_font_color=ALERT,
+        # on the line's left: the divergence is often near "now", at the right edge
+        annotation_position="top left",
     )
     return first
 
