@@ -367,13 +367,17 @@ def test_nccl_view_marks_unfinished_init_and_warnings() -> None:
     assert "no NCCL logs" in plot.nccl_view(schema.empty("nccl_comms")).layout.annotations[0].text
 
 
-def test_table_view_and_log_tail() -> None:
-    fig = plot.table_view(hang_calls(), ranks=[2], title="collectives", max_rows=3)
-    (table,) = fig.data
-    assert table.type == "table" and set(table.cells.values[0]) == {"2"}
-    assert fig.layout.title.text == "collectives 4 rows (first 3)"
+def test_table_rows_and_log_tail() -> None:
+    rows, matched = plot.table_rows(hang_calls(), ranks=[2], max_rows=3)
+    assert matched == 4 and len(rows) == 3 and set(rows["rank"]) == {2}
+    # seconds since the epoch read as the time of day, to the millisecond
+    first = rows["t_start_s"].iloc[0]
+    assert len(first) == len("12:34:56.789") and first[2] == ":" and first[8] == "."
+    picked, _ = plot.table_rows(hang_calls(), columns=["op", "rank", "nope", "peer"])
+    assert list(picked.columns) == ["op", "rank", "peer"]
+    assert set(picked["peer"]) == {""}  # unknown is blank, not "<NA>"
     with pytest.raises(ValueError, match="no rank column"):
-        plot.table_view(schema.empty("problems"), ranks=[0])
+        plot.table_rows(schema.empty("problems"), ranks=[0])
     logs = schema.conform(
         "logs",
         pd.DataFrame(

@@ -145,7 +145,12 @@ def test_live_job_freezes_and_the_culprit_is_shown(workbench: Workbench, tmp_pat
     wb.results.table_name.value = "stack_summary"
     wb.results.table_ranks.value = "0"
     wb.results.show_table.click()
-    assert figure_title(wb.results.table).startswith("stack_summary")
+    assert wb.results.table.caption == "stack_summary"
+    assert "<b>stack_summary</b>: " in wb.results.table_info.value
+    assert "thread" in wb.results.table_columns.options  # the columns to choose from
+    wb.results.table_columns.value = ("rank", "site")
+    wb.results.show_table.click()
+    assert wb.results.table.caption == "stack_summary" and not error_text(wb)
 
     # The clean job was diagnosed when it ended, and is shown when selected.
     wait_until(lambda: "exited" in wb.jobs.options[1][0], what="clean job exited")

@@ -12,7 +12,7 @@ from rankscope.plot.memory import memory_by_rank
 from rankscope.plot.nccl import nccl_view
 from rankscope.plot.progress import progress
 from rankscope.plot.stacks import latest_stacks, merged_stacks, where_groups, where_is_everyone
-from rankscope.plot.table import log_tail, table_view
+from rankscope.plot.table import log_tail, table_rows
 from rankscope.plot.timeline import rank_timeline
 
 __all__ = [
@@ -28,7 +28,7 @@ __all__ = [
     "progress",
     "rank_timeline",
     "sequence_ladder",
-    "table_view",
+    "table_rows",
     "where_groups",
     "where_is_everyone",
 ]

@@ -1,33 +1,26 @@
-"""Drill-down: any table as a scrollable plotly table, and the tail of one rank's log."""
+"""Drill-down: any table's rows ready for a grid, and the tail of one rank's log."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
 import pandas as pd
-import plotly.graph_objects as go
 
 #: Rows shown at most; a table of a 1024-rank run has millions.
 MAX_ROWS = 2000
 
 
-def table_view(
+def table_rows(
     table: pd.DataFrame,
     *,
     ranks: Iterable[int] = (),
-    title: str = "",
+    columns: Iterable[str] = (),
     max_rows: int = MAX_ROWS,
-) -> go.Figure:
-    """The rows of ``table`` as a ``go.Table``: all of them, or those of ``ranks``.
-
-    Args:
-        table: any of the run's tables (a ``rank`` column is needed to pick ranks).
-        ranks: only these ranks' rows; empty for every row.
-        title: shown above the table, with the number of rows.
-        max_rows: the first this many rows are shown; the title says how many there were.
-
-    Returns:
-        The figure.
+) -> tuple[pd.DataFrame, int]:
+    """The rows of ``table`` to show in a grid: those of ``ranks`` (every rank's when empty),
+    the ``columns`` chosen (every column when empty), the first ``max_rows``, with times
+    readable (a ``*_s`` column of seconds since the epoch as the time of day, to the
+    millisecond) and nested values as text. Returns them and how many rows matched.
     """
     if max_rows < 1:
         raise ValueError(f"max_rows must be at least 1, got {max_rows}")
@@ -36,21 +29,18 @@ def table_view(
         if "rank" not in table.columns:
             raise ValueError(f"this table has no rank column; its columns: {list(table.columns)}")
         table = table[table["rank"].isin(wanted).fillna(False).to_numpy(dtype=bool)]
-    shown = table.head(max_rows)
-    cells = [shown[c].astype("string").fillna("").to_numpy(dtype=object) for c in shown.columns]
-    fig = go.Figure(
-        go.Table(
-            header={"values": [f"<b>{c}</b>" for c in shown.columns], "align": "left"},
-            cells={"values": cells, "align": "left"},
-        )
-    )
-    more = f" (first {len(shown)})" if len(table) > len(shown) else ""
-    fig.update_layout(
-        title={"text": f"{title} {len(table)} rows{more}".strip()},
-        height=520,
-        margin={"l": 10, "r": 10, "t": 50, "b": 10},
-    )
-    return fig
+    chosen = [c for c in columns if c in table.columns] or list(table.columns)
+    shown = table[chosen].head(max_rows).copy()
+    for c in shown.columns:
+        col = shown[c]
+        if c.endswith("_s") and pd.api.types.is_numeric_dtype(col) and (col.dropna() > 1e9).all():
+            stamp = pd.to_datetime(col.astype("Float64").astype(float), unit="s", utc=True)
+            shown[c] = stamp.dt.strftime("%H:%M:%S.%f").str[:-3].fillna("")
+        elif not pd.api.types.is_numeric_dtype(col) and not pd.api.types.is_bool_dtype(col):
+            # text as text, nested values as their text, and nothing where nothing is known
+            text = col.astype(object).map(lambda v: v if isinstance(v, str) else str(v))
+            shown[c] = text.where(col.notna(), "")
+    return shown.reset_index(drop=True), len(table)
 
 
 def log_tail(logs: pd.DataFrame, *, rank: int, lines: int = 40) -> str:

@@ -9,6 +9,7 @@ from typing import Any
 
 import ipywidgets as widgets
 import plotly.graph_objects as go
+from itables.widget import ITable
 
 from rankscope import plot
 from rankscope.analyze import Diagnosis, diagnose
@@ -64,9 +65,17 @@ class ResultsPanel(widgets.VBox):
             options=Run.TABLES, value="collectives", description="table"
         )
         self.table_ranks = widgets.Text(placeholder="all ranks, or 0,3-5", description="ranks")
+        self.table_columns = widgets.SelectMultiple(
+            options=[], rows=5, description="columns", layout={"width": "320px"}
+        )
         self.show_table = widgets.Button(description="Show rows", icon="table")
-        self.table = widgets.Output()
+        self.table_info = widgets.HTML("")
+        # A grid made for DataFrames: scrolls sideways, sorts and filters in the browser.
+        self.table = ITable(
+            scrollX=True, pageLength=15, lengthMenu=[15, 50, 200], classes="display compact nowrap"
+        )
         self.show_table.on_click(lambda _: guarded(self.errors, self.show_rows)())
+        self.table_name.observe(lambda _: guarded(self.errors, self._columns_of)(), names="value")
         self.replay = widgets.Button(
             description="Replay",
             icon="play",
@@ -78,7 +87,16 @@ class ResultsPanel(widgets.VBox):
         self.run: Run | None = None
         self.diagnosis: Diagnosis | None = None
         self._drill = widgets.VBox(
-            [widgets.HBox([self.table_name, self.table_ranks, self.show_table]), self.table]
+            [
+                widgets.HBox(
+                    [
+                        widgets.VBox([self.table_name, self.table_ranks, self.show_table]),
+                        self.table_columns,
+                    ]
+                ),
+                self.table_info,
+                self.table,
+            ]
         )
         super().__init__(
             [
@@ -174,11 +192,28 @@ class ResultsPanel(widgets.VBox):
         return path
 
     def show_rows(self) -> None:
-        """Show the chosen table's rows for the chosen ranks."""
+        """Show the chosen table's rows for the chosen ranks, in the chosen columns (all when
+        none is chosen), in the grid."""
         if self.run is None:
             raise ValueError("nothing loaded yet: diagnose a job or open a run first")
         name = self.table_name.value
-        fig = plot.table_view(
-            self.run.table(name), ranks=rank_list(self.table_ranks.value), title=name
+        self._columns_of()
+        rows, matched = plot.table_rows(
+            self.run.table(name),
+            ranks=rank_list(self.table_ranks.value),
+            columns=self.table_columns.value,
         )
-        set_figure(self.table, fig)
+        more = f", the first {len(rows)} shown" if matched > len(rows) else ""
+        self.table_info.value = (
+            f"<b>{html.escape(name)}</b>: {matched} rows{more} (sort by a column's header, "
+            "filter with the search box)"
+        )
+        self.table.update(rows, caption=name)
+
+    def _columns_of(self) -> None:
+        """The column choice offers the chosen table's columns (kept if they are the same)."""
+        if self.run is None:
+            return
+        columns = tuple(self.run.table(self.table_name.value).columns)
+        if tuple(self.table_columns.options) != columns:
+            self.table_columns.options = columns
