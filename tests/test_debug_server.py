@@ -379,7 +379,7 @@ def test_the_workbench_attaches_to_the_debug_server(hung_job, tmp_path):
         wb.attach_button.click()
         deadline = time.monotonic() + 60
         while wb.results.diagnosis is None:
-            assert time.monotonic() < deadline, wb.errors.outputs
+            assert time.monotonic() < deadline, wb.attach_errors.outputs
             time.sleep(0.1)
         d = wb.results.diagnosis
         assert (d.verdict, d.culprit_ranks) == ("hang", [1]), d.render()

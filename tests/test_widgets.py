@@ -37,7 +37,16 @@ def wait_until(check: Callable[[], Any], *, timeout_s: float = 60, what: str = "
 
 
 def error_text(wb: Workbench) -> str:
-    return "".join(out.get("text", "") for out in wb.errors.outputs)
+    """Every error the workbench shows, wherever it is shown."""
+    places = (
+        wb.errors,
+        wb.form.errors,
+        wb.live.errors,
+        wb.attach_errors,
+        wb.results.errors,
+        wb.results.table_errors,
+    )
+    return "".join(out.get("text", "") for place in places for out in place.outputs)
 
 
 def figure_title(out: Any) -> str:
@@ -61,12 +70,16 @@ def workbench(tmp_path: Path):
 
 
 def test_bad_script_path_is_shown_in_the_ui(workbench: Workbench, tmp_path: Path) -> None:
+    def beside_launch() -> str:
+        return "".join(out.get("text", "") for out in workbench.form.errors.outputs)
+
     workbench.form.launch.click()
-    assert "choose a scenario or enter the path" in error_text(workbench)
+    assert "choose a scenario or enter the path" in beside_launch()
     workbench.form.script.value = str(tmp_path / "no_such_script.py")
     workbench.form.launch.click()
-    assert "no_such_script.py" in error_text(workbench)
-    assert "does not exist" in error_text(workbench)
+    # beside the Launch button, the latest error only: the one before is cleared
+    assert "no_such_script.py" in beside_launch() and "does not exist" in beside_launch()
+    assert "choose a scenario" not in beside_launch()
     assert workbench.jobs.options == ()
 
 
@@ -141,6 +154,10 @@ def test_live_job_freezes_and_the_culprit_is_shown(workbench: Workbench, tmp_pat
     captures = len(list(evidence.iterdir()))
     manifest = wb.capture().result(timeout=30)
     assert wb.selected.run.capture_dir(manifest["id"]).is_dir()
+    wait_until(
+        lambda: f"capture {manifest['id']}: 2 of 2 ranks answered" in wb.live.status.value,
+        what="the capture's status line",
+    )
     assert len(list(evidence.iterdir())) == captures + 1
     wb.results.table_name.value = "stack_summary"
     wb.results.table_ranks.value = "0"
@@ -188,7 +205,10 @@ def test_show_a_finished_run_and_foreign_artifacts() -> None:
     assert figure_title(foreign.timeline).startswith("Rank timeline: 4 ranks")
     foreign.table_ranks.value = "1-x"
     foreign.show_table.click()
-    assert "'1-x' is not a rank" in "".join(o["text"] for o in foreign.errors.outputs)
+    assert "'1-x' is not a rank" in "".join(o["text"] for o in foreign.table_errors.outputs)
+    foreign.table_ranks.value = "1"  # fixed: the error beside the grid goes
+    foreign.show_table.click()
+    assert not foreign.table_errors.outputs
     with pytest.raises(ValueError, match="does not exist"):
         rankscope.show(DATA / "no_such_run")
 

@@ -233,6 +233,12 @@ class Job:
         """run.json as it is now."""
         return self._data()
 
+    def idle_s(self) -> float | None:
+        """Seconds since the last progress the watchdog saw (a collective returned from, a
+        step, a rank coming up); None where this process does not follow the job."""
+        tracker = self._tracker
+        return None if tracker is None else time.monotonic() - tracker.progressed_at
+
     def ranks(self) -> list[dict[str, Any]]:
         """A snapshot of every rank: status, step, collectives done, current collective, ..."""
         tracker = self._tracker

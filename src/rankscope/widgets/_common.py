@@ -29,10 +29,13 @@ def report(errors: widgets.Output, exc: BaseException) -> None:
 
 
 def guarded(errors: widgets.Output, action: Callable[..., Any]) -> Callable[..., None]:
-    """``action`` with any exception it raises shown in ``errors`` instead of lost."""
+    """``action`` with any exception it raises shown in ``errors`` instead of lost. ``errors``
+    sits beside the control that runs the action: what it said of the last try is cleared
+    when the user tries again."""
 
     @functools.wraps(action)
     def run(*args: Any, **kwargs: Any) -> None:
+        errors.outputs = ()
         try:
             action(*args, **kwargs)
         except Exception as exc:

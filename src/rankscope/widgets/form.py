@@ -30,11 +30,11 @@ class LaunchForm(widgets.VBox):
         launcher: ``torchrun`` (this machine) or ``slurm``; with ``slurm``, ``partition``,
             ``time_limit``, ``account`` and ``sbatch_args`` appear.
         launch: the button; the workbench connects it.
-        errors: where errors are shown (the workbench's, or the form's own).
+        errors: beside the Launch button: what is wrong with the form, until the next try.
     """
 
-    def __init__(self, *, errors: widgets.Output | None = None) -> None:
-        self.errors = errors or widgets.Output()
+    def __init__(self) -> None:
+        self.errors = widgets.Output()
         self._scenarios = {s.id: s for s in scenarios()}
         self.scenario = widgets.Dropdown(
             options=[
@@ -98,8 +98,7 @@ class LaunchForm(widgets.VBox):
                 ),
                 self.launcher,
                 self.slurm_box,
-                self.launch,
-                *([] if errors else [self.errors]),
+                widgets.HBox([self.launch, self.errors]),
             ]
         )
 

@@ -82,6 +82,8 @@ class LivePanel(widgets.VBox):
         culprits: ranks to mark in the table (the workbench sets them from a diagnosis).
         stop: stop the job; ``capture``: capture evidence from every rank now; ``diagnose``:
             diagnose the job now (the workbench connects them).
+        status: beside the buttons, what the last of them did (a capture's id and what it
+            gathered, when the diagnosis was made); ``errors``: what went wrong with it.
         logs: one tab per rank with the tail of its stdout and stderr.
         rows: the latest per-rank snapshot shown.
     """
@@ -95,12 +97,15 @@ class LivePanel(widgets.VBox):
         )
         self.diagnose = widgets.Button(description="Diagnose", button_style="info", icon="search")
         self.logs = widgets.Tab()
+        self.status = widgets.HTML("")
+        self.errors = widgets.Output()
         self.rows: list[dict[str, Any]] = []
         self.culprits: set[int] = set()
         super().__init__(
             [
                 self.header,
-                widgets.HBox([self.stop, self.capture, self.diagnose]),
+                widgets.HBox([self.stop, self.capture, self.diagnose, self.status]),
+                self.errors,
                 self.ranks,
                 self.logs,
             ]
@@ -112,9 +117,17 @@ class LivePanel(widgets.VBox):
         state = state_text(job.info())
         self.rows = job.ranks()
         waiting = sum(r["status"] == "waiting" for r in self.rows)
+        countdown = ""
+        idle = job.idle_s()
+        if waiting and idle is not None and job.info()["state"] == "running":
+            countdown = (
+                f" · <b>no progress for {idle:.1f} s</b> (a stall at "
+                f"{job.spec.stall_timeout_s:g} s)"
+            )
         self.header.value = (
-            f"<b>{html.escape(job.run.path.name)}</b> · <b>{html.escape(state)}</b> · {len(self.rows)} ranks, "
-            f"{waiting} waiting in a collective · <code>{html.escape(str(job.run.path))}</code>"
+            f"<b>{html.escape(job.run.path.name)}</b> · <b>{html.escape(state)}</b> · "
+            f"{len(self.rows)} ranks, {waiting} waiting in a collective{countdown} · "
+            f"<code>{html.escape(str(job.run.path))}</code>"
         )
         self.ranks.value = ranks_html(self.rows, culprits=self.culprits)
         # Stop and Capture act on live processes only; Diagnose reads the run at any time.

@@ -50,12 +50,14 @@ class ResultsPanel(widgets.VBox):
         show_table: the button that shows them in ``table``.
         replay: the button that writes ``repro.py`` (a small CPU job that freezes the same way)
             into the run directory; ``replay_info`` then shows its path and header.
-        errors: where errors of this panel are shown.
+        errors: beside the Replay button, what went wrong with it; ``table_errors``: above the
+            grid, what is wrong with the table's choice.
         run: the :class:`rankscope.collect.Run` shown, and ``diagnosis`` its diagnosis.
     """
 
-    def __init__(self, *, errors: widgets.Output | None = None) -> None:
-        self.errors = errors or widgets.Output()
+    def __init__(self) -> None:
+        self.errors = widgets.Output()
+        self.table_errors = widgets.Output()
         self.card = widgets.HTML(NO_DIAGNOSIS)
         self.timeline_figure: go.Figure | None = None
         self.timeline = widgets.Output()
@@ -74,8 +76,10 @@ class ResultsPanel(widgets.VBox):
         self.table = ITable(
             scrollX=True, pageLength=15, lengthMenu=[15, 50, 200], classes="display compact nowrap"
         )
-        self.show_table.on_click(lambda _: guarded(self.errors, self.show_rows)())
-        self.table_name.observe(lambda _: guarded(self.errors, self._columns_of)(), names="value")
+        self.show_table.on_click(lambda _: guarded(self.table_errors, self.show_rows)())
+        self.table_name.observe(
+            lambda _: guarded(self.table_errors, self._columns_of)(), names="value"
+        )
         self.replay = widgets.Button(
             description="Replay",
             icon="play",
@@ -94,6 +98,7 @@ class ResultsPanel(widgets.VBox):
                         self.table_columns,
                     ]
                 ),
+                self.table_errors,
                 self.table_info,
                 self.table,
             ]
@@ -101,11 +106,10 @@ class ResultsPanel(widgets.VBox):
         super().__init__(
             [
                 self.card,
-                self.replay,
+                widgets.HBox([self.replay, self.errors]),
                 self.replay_info,
                 self.timeline,
                 self.plots,
-                *([] if errors else [self.errors]),
             ]
         )
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import os
 import shutil
 import threading
@@ -27,6 +28,24 @@ from rankscope.widgets.results import ResultsPanel
 
 #: Job states that call for a diagnosis as soon as the workbench sees them.
 DIAGNOSE_ON = frozenset({"stalled", *FINAL_STATES})
+
+
+def _capture_said(manifest: dict[str, Any]) -> str:
+    """A capture's status line: its id, who answered and how fast, what py-spy did."""
+    ranks = manifest["ranks"]
+    answered = sum(1 for info in ranks.values() if info.get("via"))
+    spied = sum(1 for info in ranks.values() if info.get("pyspy") == "ok")
+    missing = manifest.get("missing") or []
+    text = (
+        f"capture {manifest['id']}: {answered} of {len(ranks)} ranks answered in "
+        f"{manifest['duration_s']:.2f} s (stacks and flight recorder; py-spy on {spied})"
+    )
+    return text + (f"; no answer from ranks {missing}" if missing else "")
+
+
+def _diagnosis_said(d: Diagnosis) -> str:
+    when = time.strftime("%H:%M:%S", time.localtime(d.diagnosed_at))
+    return f"diagnosed at {when}: {d.verdict}" + (f", {d.cause}" if d.cause else "")
 
 
 def _created(run: RunDir) -> float:
@@ -63,7 +82,9 @@ class Workbench(widgets.VBox):
         jobs: the list of jobs (newest last); selecting one shows it.
         live: the :class:`LivePanel` of the selected job.
         results: the :class:`ResultsPanel` of the selected job.
-        errors: every error of every panel and background action, shown, never swallowed.
+        errors: what went wrong in the background (the refresh, re-attaching runs); each control's
+            own errors are shown beside it (``form.errors``, ``live.errors``,
+            ``attach_errors``, ``results.errors``, ``results.table_errors``).
 
     Args:
         runs_root: where new run directories go, and where existing ones are re-attached from.
@@ -83,7 +104,7 @@ class Workbench(widgets.VBox):
         self.runs_root = Path(runs_root)
         self.refresh_s = refresh_s
         self.errors = widgets.Output()
-        self.form = LaunchForm(errors=self.errors)
+        self.form = LaunchForm()
         self.jobs = widgets.Select(options=[], rows=4, description="jobs", layout={"width": "70%"})
         self.attach_to = widgets.Text(
             placeholder="a run directory, or http://HOST:PORT of torch's debug server",
@@ -91,8 +112,9 @@ class Workbench(widgets.VBox):
             layout={"width": "60%"},
         )
         self.attach_button = widgets.Button(description="Attach", icon="link")
+        self.attach_errors = widgets.Output()
         self.live = LivePanel()
-        self.results = ResultsPanel(errors=self.errors)
+        self.results = ResultsPanel()
         self._entries: list[_Entry] = []
         self._lock = threading.RLock()
         self._relabelling = False
@@ -101,19 +123,19 @@ class Workbench(widgets.VBox):
         # One worker: actions run in the order they were asked for (launches list in click order).
         self._actions = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rankscope-action")
         self._closing = threading.Event()
-        self.form.launch.on_click(lambda _: guarded(self.errors, self.launch)())
-        self.live.stop.on_click(lambda _: guarded(self.errors, self.stop)())
-        self.live.capture.on_click(lambda _: guarded(self.errors, self.capture)())
-        self.live.diagnose.on_click(lambda _: guarded(self.errors, self.diagnose)())
+        self.form.launch.on_click(lambda _: guarded(self.form.errors, self.launch)())
+        self.live.stop.on_click(lambda _: guarded(self.live.errors, self.stop)())
+        self.live.capture.on_click(lambda _: guarded(self.live.errors, self.capture)())
+        self.live.diagnose.on_click(lambda _: guarded(self.live.errors, self.diagnose)())
         self.jobs.observe(lambda change: guarded(self.errors, self._select)(change), names="value")
         self.attach_button.on_click(
-            lambda _: guarded(self.errors, self.attach_any)(self.attach_to.value.strip())
+            lambda _: guarded(self.attach_errors, self.attach_any)(self.attach_to.value.strip())
         )
         super().__init__(
             [
                 widgets.HTML("<h3 style='margin:0'>rankscope workbench</h3>"),
                 self.form,
-                widgets.HBox([self.attach_to, self.attach_button]),
+                widgets.HBox([self.attach_to, self.attach_button, self.attach_errors]),
                 self.jobs,
                 self.live,
                 self.results,
@@ -159,8 +181,8 @@ class Workbench(widgets.VBox):
         if not where:
             raise ValueError("enter a run directory or the URL of a torch debug server")
         if where.startswith(("http://", "https://")):
-            return self._submit(self._attach_url, where)
-        return self._submit(self.attach, where)
+            return self._submit(self._attach_url, where, errors=self.attach_errors)
+        return self._submit(self.attach, where, errors=self.attach_errors)
 
     def _attach_url(self, url: str) -> Diagnosis:
         folder = new_run_dir(self.runs_root, name="attach").path
@@ -193,19 +215,30 @@ class Workbench(widgets.VBox):
 
     def stop(self) -> Future[int]:
         """Stop the selected job in the background; the future holds its exit code."""
-        return self._submit(self._require_selected().stop)
+        job = self._require_selected()
+        self.live.status.value = (
+            "<i>stopping: SIGTERM to every rank, SIGKILL after the grace period</i>"
+        )
+        return self._submit(
+            job.stop,
+            errors=self.live.errors,
+            done=lambda code: f"stopped {job.run.path.name}: exit code {code}",
+        )
 
     def capture(self) -> Future[dict[str, Any]]:
         """Capture evidence from every rank of the selected job now; the future holds the
         capture's manifest."""
-        return self._submit(self._require_selected().capture)
+        job = self._require_selected()
+        self.live.status.value = "<i>capturing evidence from every rank</i>"
+        return self._submit(job.capture, errors=self.live.errors, done=_capture_said)
 
     def diagnose(self) -> Future[Diagnosis]:
         """Diagnose the selected job in the background and show the result."""
         entry = self._selected_entry()
         if entry is None:
             raise ValueError("no job selected: launch one or pick one in the list")
-        return self._submit(self._diagnose, entry)
+        self.live.status.value = "<i>diagnosing</i>"
+        return self._submit(self._diagnose, entry, errors=self.live.errors, done=_diagnosis_said)
 
     # --- for scripts and notebooks ---------------------------------------------------------
     def wait_for_diagnosis(self, *, timeout_s: float = 120.0) -> Diagnosis:
@@ -242,9 +275,27 @@ class Workbench(widgets.VBox):
         super().close()
 
     # --- internals -------------------------------------------------------------------------
-    def _submit(self, action: Callable[..., Any], *args: Any) -> Future[Any]:
+    def _submit(
+        self,
+        action: Callable[..., Any],
+        *args: Any,
+        errors: widgets.Output | None = None,
+        done: Callable[[Any], str] | None = None,
+    ) -> Future[Any]:
+        """Run ``action`` on the action thread; its failure is shown in ``errors`` (beside the
+        control that asked for it; the workbench's own by default), and ``done`` says in the
+        live panel's status line what it did."""
         future = self._actions.submit(action, *args)
-        future.add_done_callback(lambda f: report_failure(self.errors, f))
+        future.add_done_callback(lambda f: report_failure(errors or self.errors, f))
+        if done is not None:
+
+            def said(f: Future[Any]) -> None:
+                if f.exception() is None:
+                    self.live.status.value = html.escape(done(f.result()))
+                else:
+                    self.live.status.value = ""
+
+            future.add_done_callback(said)
         return future
 
     def _add(self, job: Job, *, select: bool) -> Job:
