@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import html
 import os
 import shutil
@@ -260,19 +261,28 @@ class Workbench(widgets.VBox):
             if entry.job.poll() is None:
                 entry.job.stop(grace_s=grace_s)
 
-    def close(self) -> None:
+    def close(self, *, keep: bool = True) -> None:
         """Stop refreshing and finish pending actions; jobs keep running (see ``stop_all``).
 
-        What the results area showed stays in the output of the cell that closes it, as plain
-        outputs (the card with when and from what it was diagnosed, the timeline, the ranks):
-        a saved notebook shows the answer without any widget behind it.
+        With ``keep``, what the results area showed stays in the output of the cell that
+        closes it, as plain outputs (the card with when and from what it was diagnosed, the
+        timeline, the ranks): a saved notebook shows the answer without any widget behind it.
+        Closing again does nothing.
         """
+        if self._closing.is_set():
+            return
         self._closing.set()
         self._refresher.join(timeout=10)
         self._actions.shutdown(wait=True)
-        for output in self.results.static():
-            ipy_display(output["data"], raw=True)
+        if keep:
+            for output in self.results.static():
+                ipy_display(output["data"], raw=True)
         super().close()
+
+    def __del__(self) -> None:
+        # Garbage collection (or the interpreter's end) is no cell to leave a snapshot in.
+        with contextlib.suppress(Exception):
+            self.close(keep=False)
 
     # --- internals -------------------------------------------------------------------------
     def _submit(
