@@ -16,6 +16,7 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -26,7 +27,9 @@ from .conftest import leftover_processes
 
 pytestmark = pytest.mark.timeout(300)
 HERE = Path(__file__).parent
-NOTEBOOK = HERE.parent / "notebooks" / "01-workbench.ipynb"
+NOTEBOOKS = HERE.parent / "notebooks"
+NOTEBOOK = NOTEBOOKS / "01-workbench.ipynb"
+QUICKSTART = NOTEBOOKS / "00-quickstart.ipynb"
 ARTIFACTS = HERE / "artifacts"
 CHROMIUM_ARGS = [
     "--headless",
@@ -72,7 +75,8 @@ def jupyter_lab(tmp_path: Path) -> Iterator[tuple[str, Path]]:
     the notebook; yields (url of the notebook, root). Everything it started is gone after."""
     root = tmp_path / "lab"
     root.mkdir()
-    shutil.copy(NOTEBOOK, root / NOTEBOOK.name)
+    for notebook in (NOTEBOOK, QUICKSTART):
+        shutil.copy(notebook, root / notebook.name)
     settings = tmp_path / "settings" / "@jupyterlab" / "apputils-extension"
     settings.mkdir(parents=True)
     # No news or update toasts over the screenshot (and no network attempts).
@@ -211,3 +215,122 @@ def test_workbench_notebook_in_jupyterlab(
             browser.close()
     assert json.loads(diagnosis.read_text())["culprit_ranks"] == [1]
     assert "1" in culprit
+
+
+def _open(page: Any, url: str) -> None:
+    """Open a notebook and wait for its kernel, answering JupyterLab's kernel question."""
+    from playwright.sync_api import expect
+
+    page.goto(url)
+    expect(page.locator(".jp-Notebook .jp-Cell").first).to_be_visible(timeout=60_000)
+    expect(page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']")).to_have_count(
+        1, timeout=60_000
+    )
+    page.wait_for_timeout(1000)
+    kernel_dialog = page.locator(".jp-Dialog", has_text="Select Kernel")
+    if kernel_dialog.count():
+        kernel_dialog.locator(".jp-mod-accept").click()
+
+
+def _run_all(page: Any) -> None:
+    page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
+    page.locator(".lm-Menu-itemLabel", has_text="Run All Cells").first.click()
+
+
+def _browser(pw: Any, chromium: str, tmp_path: Path) -> Any:
+    return pw.chromium.launch_persistent_context(
+        str(tmp_path / "chromium-profile"),
+        executable_path=chromium,
+        args=CHROMIUM_ARGS,
+        headless=True,
+        viewport={"width": 1400, "height": 1600},
+    )
+
+
+@pytest.mark.slow
+def test_the_quickstart_s_results_stay_after_run_all(
+    chromium: str, jupyter_lab: tuple[str, Path], tmp_path: Path
+) -> None:
+    from playwright.sync_api import expect, sync_playwright
+
+    url, _ = jupyter_lab
+    ARTIFACTS.mkdir(exist_ok=True)
+    with sync_playwright() as pw:
+        browser = _browser(pw, chromium, tmp_path)
+        page = browser.new_page()
+        try:
+            _open(page, url.replace(NOTEBOOK.name, QUICKSTART.name))
+            _run_all(page)
+            last = page.locator(".jp-Cell").last.locator(".jp-OutputArea")
+            expect(last).to_contain_text("stopped", timeout=200_000)
+            # The workbench was closed by the last cell: its answer stays there, as plain output.
+            expect(last.locator(".rankscope-card")).to_contain_text("Culprit rank")
+            expect(last.locator(".rankscope-card")).to_contain_text("diagnosed ")
+            expect(last.locator(".js-plotly-plot", has_text="Rank timeline").first).to_be_visible(
+                timeout=30_000
+            )
+            expect(last.locator("table.rankscope-ranks")).to_be_visible()
+            last.scroll_into_view_if_needed()
+            page.screenshot(path=str(ARTIFACTS / "quickstart-after-run-all.png"))
+        except Exception:
+            page.screenshot(path=str(ARTIFACTS / "quickstart-failure.png"))
+            raise
+        finally:
+            browser.close()
+
+
+LIVE = """\
+from rankscope import Workbench
+wb = Workbench(runs_root="live-runs", refresh_s=0.5)
+wb.form.script.value = {script!r}
+wb.form.stall_timeout_s.value = 600  # it stays a running job, waiting, for the whole test
+wb.launch()
+wb
+"""
+
+
+@pytest.mark.slow
+def test_the_live_panel_and_the_controls_answer_in_the_browser(
+    chromium: str, jupyter_lab: tuple[str, Path], tmp_path: Path
+) -> None:
+    import nbformat
+    from playwright.sync_api import expect, sync_playwright
+
+    url, root = jupyter_lab
+    script = HERE / "scripts" / "widgets" / "hang.py"
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(LIVE.format(script=str(script)))]
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3"}
+    nbformat.write(nb, root / "live.ipynb")
+    ARTIFACTS.mkdir(exist_ok=True)
+    with sync_playwright() as pw:
+        browser = _browser(pw, chromium, tmp_path)
+        page = browser.new_page()
+        try:
+            _open(page, url.replace(NOTEBOOK.name, "live.ipynb"))
+            _run_all(page)
+            ranks = page.locator("table.rankscope-ranks")
+            # rank 0 waits in the barrier; rank 1 sleeps at a line of its own
+            expect(ranks).to_contain_text("waiting in barrier", timeout=90_000)
+            expect(ranks).to_contain_text("at hang.py:")
+            page.screenshot(path=str(ARTIFACTS / "live-waiting.png"))
+            page.locator("button", has_text="Capture evidence").click()
+            expect(page.locator(".rankscope-status")).to_contain_text(
+                "2 of 2 ranks answered", timeout=30_000
+            )
+            page.screenshot(path=str(ARTIFACTS / "live-captured.png"))
+            # a bad script path: the error shows beside the Launch button
+            field = page.locator(".widget-text", has_text="script").locator("input")
+            field.fill(str(root / "no_such_script.py"))
+            field.press("Enter")
+            page.locator("button", has_text="Launch").click()
+            launch_row = page.locator(".widget-hbox", has=page.locator("button", has_text="Launch"))
+            expect(launch_row.last).to_contain_text("does not exist", timeout=30_000)
+            page.screenshot(path=str(ARTIFACTS / "live-bad-path.png"))
+            page.locator("button", has_text="Stop").first.click()
+            expect(page.locator(".rankscope-status")).to_contain_text("exit code", timeout=60_000)
+        except Exception:
+            page.screenshot(path=str(ARTIFACTS / "live-failure.png"))
+            raise
+        finally:
+            browser.close()

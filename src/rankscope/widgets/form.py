@@ -94,7 +94,13 @@ class LaunchForm(widgets.VBox):
                     [self.nproc_per_node, self.nnodes, self.backend, self.stall_timeout_s]
                 ),
                 widgets.HBox(
-                    [widgets.Label("debug presets"), *self.presets.values(), self.detached]
+                    [
+                        widgets.Label(
+                            "debug presets", layout={"flex": "0 0 auto", "width": "auto"}
+                        ),
+                        *self.presets.values(),
+                        self.detached,
+                    ]
                 ),
                 self.launcher,
                 self.slurm_box,

@@ -91,13 +91,18 @@ class LivePanel(widgets.VBox):
     def __init__(self) -> None:
         self.header = widgets.HTML("<i>no job selected</i>")
         self.ranks = widgets.HTML()
-        self.stop = widgets.Button(description="Stop", button_style="danger", icon="stop")
-        self.capture = widgets.Button(
-            description="Capture evidence", icon="camera", layout={"width": "auto"}
+        # Buttons keep their width when the status line beside them grows.
+        fixed = {"flex": "0 0 auto", "width": "auto"}
+        self.stop = widgets.Button(
+            description="Stop", button_style="danger", icon="stop", layout=fixed
         )
-        self.diagnose = widgets.Button(description="Diagnose", button_style="info", icon="search")
+        self.capture = widgets.Button(description="Capture evidence", icon="camera", layout=fixed)
+        self.diagnose = widgets.Button(
+            description="Diagnose", button_style="info", icon="search", layout=fixed
+        )
         self.logs = widgets.Tab()
         self.status = widgets.HTML("")
+        self.status.add_class("rankscope-status")
         self.errors = widgets.Output()
         self.rows: list[dict[str, Any]] = []
         self.culprits: set[int] = set()

@@ -62,7 +62,7 @@ class ResultsPanel(widgets.VBox):
         self.timeline_figure: go.Figure | None = None
         self.timeline = widgets.Output()
         self._plot_outputs = {name: widgets.Output() for name in PLOTS}
-        self.plots = widgets.Tab()
+        self.plots = widgets.Tab(layout={"display": "none"})  # no empty box before a result
         self.table_name = widgets.Dropdown(
             options=Run.TABLES, value="collectives", description="table"
         )
@@ -120,6 +120,7 @@ class ResultsPanel(widgets.VBox):
         self.replay.disabled, self.replay_info.value = True, ""
         self.timeline.outputs = ()
         self.plots.children = []
+        self.plots.layout.display = "none"
 
     def load(self, path: str | os.PathLike[str], *, now: float | None = None) -> Diagnosis:
         """Load a run directory or a folder of foreign artifacts, diagnose it and show it."""
@@ -164,6 +165,7 @@ class ResultsPanel(widgets.VBox):
         for name, fig in figures.items():
             set_figure(self._plot_outputs[name], fig)
         self.plots.children = [*(self._plot_outputs[n] for n in figures), self._drill]
+        self.plots.layout.display = "flex"
         self.plots.titles = [*figures, "tables"]
         self.show_rows()
 
