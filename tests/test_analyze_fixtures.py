@@ -53,3 +53,12 @@ def test_detail_text_is_kept_as_a_note():
     d = diagnose(load_run(DATA / "gloo_detail_mismatch" / "run"))
     assert any("Detected mismatch between collectives" in note for note in d.notes)
     assert any(ref.table == "errors" for ref in d.evidence)
+
+
+def test_a_tie_between_two_ranks_says_why_one_side_is_named():
+    # One rank against one: the other side's call is the one the ranks made before.
+    d = diagnose(load_run(DATA / "gloo_detail_mismatch" / "run"))
+    (note,) = [n for n in d.notes if "sides are as many" in n]
+    assert "rank 0 is named because the others' call (all_reduce)" in note
+    assert "2 time(s) before" in note
+    assert "sides are as many" in d.to_html()

@@ -334,7 +334,7 @@ def _mismatch(ctx: Context, d: align.Divergence) -> Finding:
         "other_dtypes": n["dtypes"],
         "collective": ctx.label(d),
     }
-    notes = []
+    notes = _tie_note(ctx, d, groups, tied, norm_key)
     if o["op"] != n["op"]:
         # Out of data: the odd ranks left a loop the others are still in, for the barrier that
         # follows it (a data collective elsewhere is a different call, not the loop's end).
@@ -376,6 +376,34 @@ def _mismatch(ctx: Context, d: align.Divergence) -> Finding:
         refs=ctx.call_refs(d) + error_refs(detail, "DETAIL mismatch"),
         notes=notes,
     )
+
+
+def _tie_note(
+    ctx: Context,
+    d: align.Divergence,
+    groups: dict[int, list[int]],
+    tied: list[int],
+    norm_key: int,
+) -> list[str]:
+    """Why one side is named when the sides are as many (two ranks, one each): the other
+    side's call is the one the ranks made before on this group, or, where neither was, that
+    the evidence cannot tell and the choice went by rank order."""
+    if len(tied) < 2:
+        return []
+    norm_rows = d.rows[d.rows["key"] == norm_key]
+    usual = _familiarity(ctx, d, norm_key)
+    others = [_familiarity(ctx, d, k) for k in tied if k != norm_key]
+    named = who_of(sorted(r for k, g in groups.items() if k != norm_key for r in g))
+    if usual > max(others):
+        return [
+            f"the sides are as many; {named} is named because the others' call "
+            f"({norm_rows['op'].iloc[0]}) is the one the ranks made {usual} time(s) before on "
+            "this group, and its own is not"
+        ]
+    return [
+        f"the sides are as many and neither call was made before on this group: the evidence "
+        f"does not tell which side left the common path; {named} is named by rank order only"
+    ]
 
 
 def _familiarity(ctx: Context, d: align.Divergence, key: int) -> int:
