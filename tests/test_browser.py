@@ -5,6 +5,7 @@ saved under tests/artifacts/. Skips only where chromium cannot be installed."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -148,75 +149,6 @@ def _wait_for_server(url: str, server: subprocess.Popen[bytes], tmp_path: Path) 
     raise AssertionError(f"jupyter lab did not answer:\n{(tmp_path / 'jupyter.log').read_text()}")
 
 
-@pytest.mark.slow
-def test_workbench_notebook_in_jupyterlab(
-    chromium: str, jupyter_lab: tuple[str, Path], tmp_path: Path
-) -> None:
-    try:
-        from playwright.sync_api import expect, sync_playwright
-    except ImportError:
-        pytest.fail("the browser test needs playwright: pip install 'playwright>=1.45'")
-
-    url, root = jupyter_lab
-    ARTIFACTS.mkdir(exist_ok=True)
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch_persistent_context(
-            str(tmp_path / "chromium-profile"),
-            executable_path=chromium,
-            args=CHROMIUM_ARGS,
-            headless=True,
-            viewport={"width": 1400, "height": 1600},
-        )
-        page = browser.new_page()
-        try:
-            page.goto(url)
-            expect(page.locator(".jp-Notebook .jp-Cell").first).to_be_visible(timeout=60_000)
-            expect(
-                page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']")
-            ).to_have_count(1, timeout=60_000)
-            # JupyterLab sometimes asks which kernel to use even though the notebook names one.
-            page.wait_for_timeout(1000)
-            kernel_dialog = page.locator(".jp-Dialog", has_text="Select Kernel")
-            if kernel_dialog.count():
-                kernel_dialog.locator(".jp-mod-accept").click()
-            page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
-            page.locator(".lm-Menu-itemLabel", has_text="Run All Cells").first.click()
-
-            card = page.locator(".rankscope-card")
-            expect(card).to_contain_text("Culprit rank", timeout=150_000)
-            expect(card).to_contain_text("barrier")
-            culprit = card.locator(".rankscope-culprits").inner_text()
-            # The figure as JupyterLab's plotly renderer shows it in the output (plotly may
-            # hold a detached copy elsewhere in the page while it draws).
-            timeline = page.locator(
-                ".jp-OutputArea-output.js-plotly-plot", has_text="Rank timeline"
-            )
-            timeline = timeline.first
-            expect(timeline).to_be_visible(timeout=30_000)
-            # The last cell stopped the job.
-            expect(page.locator(".jp-Cell").last.locator(".jp-OutputArea")).to_contain_text(
-                "stopped", timeout=60_000
-            )
-            # A real click travels to the kernel: Diagnose writes diagnosis.json again.
-            (diagnosis,) = root.glob("runs/workbench/runs/*/diagnosis.json")
-            before = diagnosis.stat().st_mtime_ns
-            page.locator("button", has_text="Diagnose").first.click()
-            deadline = time.monotonic() + 30
-            while diagnosis.stat().st_mtime_ns == before and time.monotonic() < deadline:
-                time.sleep(0.2)
-            assert diagnosis.stat().st_mtime_ns != before, "the Diagnose click did not arrive"
-            card.scroll_into_view_if_needed()
-            page.screenshot(path=str(ARTIFACTS / "workbench.png"))
-            timeline.screenshot(path=str(ARTIFACTS / "workbench-timeline.png"))
-        except Exception:
-            page.screenshot(path=str(ARTIFACTS / "workbench-failure.png"))
-            raise
-        finally:
-            browser.close()
-    assert json.loads(diagnosis.read_text())["culprit_ranks"] == [1]
-    assert "1" in culprit
-
-
 def _open(page: Any, url: str) -> None:
     """Open a notebook and wait for its kernel, answering JupyterLab's kernel question."""
     from playwright.sync_api import expect
@@ -226,6 +158,7 @@ def _open(page: Any, url: str) -> None:
     expect(page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']")).to_have_count(
         1, timeout=60_000
     )
+    # JupyterLab sometimes asks which kernel to use even though the notebook names one.
     page.wait_for_timeout(1000)
     kernel_dialog = page.locator(".jp-Dialog", has_text="Select Kernel")
     if kernel_dialog.count():
@@ -237,46 +170,91 @@ def _run_all(page: Any) -> None:
     page.locator(".lm-Menu-itemLabel", has_text="Run All Cells").first.click()
 
 
-def _browser(pw: Any, chromium: str, tmp_path: Path) -> Any:
-    return pw.chromium.launch_persistent_context(
-        str(tmp_path / "chromium-profile"),
-        executable_path=chromium,
-        args=CHROMIUM_ARGS,
-        headless=True,
-        viewport={"width": 1400, "height": 1600},
-    )
+@contextlib.contextmanager
+def _page(chromium: str, tmp_path: Path, name: str) -> Iterator[Any]:
+    """A page of headless Chromium; ``<name>-failure.png`` in the artifacts if the test fails."""
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        pytest.fail("the browser test needs playwright: pip install 'playwright>=1.45'")
+    ARTIFACTS.mkdir(exist_ok=True)
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch_persistent_context(
+            str(tmp_path / "chromium-profile"),
+            executable_path=chromium,
+            args=CHROMIUM_ARGS,
+            headless=True,
+            viewport={"width": 1400, "height": 1600},
+        )
+        page = browser.new_page()
+        try:
+            yield page
+        except Exception:
+            page.screenshot(path=str(ARTIFACTS / f"{name}-failure.png"))
+            raise
+        finally:
+            browser.close()
+
+
+@pytest.mark.slow
+def test_workbench_notebook_in_jupyterlab(
+    chromium: str, jupyter_lab: tuple[str, Path], tmp_path: Path
+) -> None:
+    from playwright.sync_api import expect
+
+    url, root = jupyter_lab
+    with _page(chromium, tmp_path, "workbench") as page:
+        _open(page, url)
+        _run_all(page)
+        card = page.locator(".rankscope-card")
+        expect(card).to_contain_text("Culprit rank", timeout=150_000)
+        expect(card).to_contain_text("barrier")
+        culprit = card.locator(".rankscope-culprits").first.inner_text()
+        # The figure as JupyterLab's plotly renderer shows it in the output (plotly may hold a
+        # detached copy elsewhere in the page while it draws).
+        timeline = page.locator(".jp-OutputArea-output.js-plotly-plot", has_text="Rank timeline")
+        timeline = timeline.first
+        expect(timeline).to_be_visible(timeout=30_000)
+        # The last cell stopped the job.
+        expect(page.locator(".jp-Cell").last.locator(".jp-OutputArea")).to_contain_text(
+            "stopped", timeout=60_000
+        )
+        # A real click travels to the kernel: Diagnose writes diagnosis.json again.
+        (diagnosis,) = root.glob("runs/workbench/runs/*/diagnosis.json")
+        before = diagnosis.stat().st_mtime_ns
+        page.locator("button", has_text="Diagnose").first.click()
+        deadline = time.monotonic() + 30
+        while diagnosis.stat().st_mtime_ns == before and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert diagnosis.stat().st_mtime_ns != before, "the Diagnose click did not arrive"
+        card.first.scroll_into_view_if_needed()
+        page.screenshot(path=str(ARTIFACTS / "workbench.png"))
+        timeline.screenshot(path=str(ARTIFACTS / "workbench-timeline.png"))
+    assert json.loads(diagnosis.read_text())["culprit_ranks"] == [1]
+    assert "1" in culprit
 
 
 @pytest.mark.slow
 def test_the_quickstart_s_results_stay_after_run_all(
     chromium: str, jupyter_lab: tuple[str, Path], tmp_path: Path
 ) -> None:
-    from playwright.sync_api import expect, sync_playwright
+    from playwright.sync_api import expect
 
     url, _ = jupyter_lab
-    ARTIFACTS.mkdir(exist_ok=True)
-    with sync_playwright() as pw:
-        browser = _browser(pw, chromium, tmp_path)
-        page = browser.new_page()
-        try:
-            _open(page, url.replace(NOTEBOOK.name, QUICKSTART.name))
-            _run_all(page)
-            last = page.locator(".jp-Cell").last.locator(".jp-OutputArea")
-            expect(last).to_contain_text("stopped", timeout=200_000)
-            # The workbench was closed by the last cell: its answer stays there, as plain output.
-            expect(last.locator(".rankscope-card")).to_contain_text("Culprit rank")
-            expect(last.locator(".rankscope-card")).to_contain_text("diagnosed ")
-            expect(last.locator(".js-plotly-plot", has_text="Rank timeline").first).to_be_visible(
-                timeout=30_000
-            )
-            expect(last.locator("table.rankscope-ranks")).to_be_visible()
-            last.scroll_into_view_if_needed()
-            page.screenshot(path=str(ARTIFACTS / "quickstart-after-run-all.png"))
-        except Exception:
-            page.screenshot(path=str(ARTIFACTS / "quickstart-failure.png"))
-            raise
-        finally:
-            browser.close()
+    with _page(chromium, tmp_path, "quickstart") as page:
+        _open(page, url.replace(NOTEBOOK.name, QUICKSTART.name))
+        _run_all(page)
+        last = page.locator(".jp-Cell").last.locator(".jp-OutputArea")
+        expect(last).to_contain_text("stopped", timeout=200_000)
+        # The workbench was closed by the last cell: its answer stays there, as plain output.
+        expect(last.locator(".rankscope-card")).to_contain_text("Culprit rank")
+        expect(last.locator(".rankscope-card")).to_contain_text("diagnosed ")
+        expect(last.locator(".js-plotly-plot", has_text="Rank timeline").first).to_be_visible(
+            timeout=30_000
+        )
+        expect(last.locator("table.rankscope-ranks")).to_be_visible()
+        last.scroll_into_view_if_needed()
+        page.screenshot(path=str(ARTIFACTS / "quickstart-after-run-all.png"))
 
 
 LIVE = """\
@@ -294,7 +272,7 @@ def test_the_live_panel_and_the_controls_answer_in_the_browser(
     chromium: str, jupyter_lab: tuple[str, Path], tmp_path: Path
 ) -> None:
     import nbformat
-    from playwright.sync_api import expect, sync_playwright
+    from playwright.sync_api import expect
 
     url, root = jupyter_lab
     script = HERE / "scripts" / "widgets" / "hang.py"
@@ -302,35 +280,25 @@ def test_the_live_panel_and_the_controls_answer_in_the_browser(
     nb.cells = [nbformat.v4.new_code_cell(LIVE.format(script=str(script)))]
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3"}
     nbformat.write(nb, root / "live.ipynb")
-    ARTIFACTS.mkdir(exist_ok=True)
-    with sync_playwright() as pw:
-        browser = _browser(pw, chromium, tmp_path)
-        page = browser.new_page()
-        try:
-            _open(page, url.replace(NOTEBOOK.name, "live.ipynb"))
-            _run_all(page)
-            ranks = page.locator("table.rankscope-ranks")
-            # rank 0 waits in the barrier; rank 1 sleeps at a line of its own
-            expect(ranks).to_contain_text("waiting in barrier", timeout=90_000)
-            expect(ranks).to_contain_text("at hang.py:")
-            page.screenshot(path=str(ARTIFACTS / "live-waiting.png"))
-            page.locator("button", has_text="Capture evidence").click()
-            expect(page.locator(".rankscope-status")).to_contain_text(
-                "2 of 2 ranks answered", timeout=30_000
-            )
-            page.screenshot(path=str(ARTIFACTS / "live-captured.png"))
-            # a bad script path: the error shows beside the Launch button
-            field = page.locator(".widget-text", has_text="script").locator("input")
-            field.fill(str(root / "no_such_script.py"))
-            field.press("Enter")
-            page.locator("button", has_text="Launch").click()
-            launch_row = page.locator(".widget-hbox", has=page.locator("button", has_text="Launch"))
-            expect(launch_row.last).to_contain_text("does not exist", timeout=30_000)
-            page.screenshot(path=str(ARTIFACTS / "live-bad-path.png"))
-            page.locator("button", has_text="Stop").first.click()
-            expect(page.locator(".rankscope-status")).to_contain_text("exit code", timeout=60_000)
-        except Exception:
-            page.screenshot(path=str(ARTIFACTS / "live-failure.png"))
-            raise
-        finally:
-            browser.close()
+    with _page(chromium, tmp_path, "live") as page:
+        _open(page, url.replace(NOTEBOOK.name, "live.ipynb"))
+        _run_all(page)
+        ranks = page.locator("table.rankscope-ranks")
+        # rank 0 waits in the barrier; rank 1 sleeps at a line of its own
+        expect(ranks).to_contain_text("waiting in barrier", timeout=90_000)
+        expect(ranks).to_contain_text("at hang.py:")
+        page.screenshot(path=str(ARTIFACTS / "live-waiting.png"))
+        page.locator("button", has_text="Capture evidence").click()
+        status = page.locator(".rankscope-status")
+        expect(status).to_contain_text("2 of 2 ranks answered", timeout=30_000)
+        page.screenshot(path=str(ARTIFACTS / "live-captured.png"))
+        # a bad script path: the error shows beside the Launch button
+        field = page.locator(".widget-text", has_text="script").locator("input")
+        field.fill(str(root / "no_such_script.py"))
+        field.press("Enter")
+        page.locator("button", has_text="Launch").click()
+        launch_row = page.locator(".widget-hbox", has=page.locator("button", has_text="Launch"))
+        expect(launch_row.last).to_contain_text("does not exist", timeout=30_000)
+        page.screenshot(path=str(ARTIFACTS / "live-bad-path.png"))
+        page.locator("button", has_text="Stop").first.click()
+        expect(status).to_contain_text("exit code", timeout=60_000)
