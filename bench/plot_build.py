@@ -222,7 +222,6 @@ def figures(n_ranks: int, n_calls: int) -> dict[str, Callable[[], go.Figure]]:
         "merged_stacks": lambda: plot.merged_stacks(frames, summary, culprit_ranks=culprits),
         "progress": lambda: plot.progress(evs, highlight=culprits),
         "nccl_view": lambda: plot.nccl_view(comms, log),
-        "table_view": lambda: plot.table_view(calls, ranks=culprits),
     }
 
 
