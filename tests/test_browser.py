@@ -206,10 +206,11 @@ def test_workbench_notebook_in_jupyterlab(
     with _page(chromium, tmp_path, "workbench") as page:
         _open(page, url)
         _run_all(page)
-        card = page.locator(".rankscope-card")
+        # the workbench's card (the cell that stops the job leaves a copy below it)
+        card = page.locator(".rankscope-card").first
         expect(card).to_contain_text("Culprit rank", timeout=150_000)
         expect(card).to_contain_text("barrier")
-        culprit = card.locator(".rankscope-culprits").first.inner_text()
+        culprit = card.locator(".rankscope-culprits").inner_text()
         # The figure as JupyterLab's plotly renderer shows it in the output (plotly may hold a
         # detached copy elsewhere in the page while it draws).
         timeline = page.locator(".jp-OutputArea-output.js-plotly-plot", has_text="Rank timeline")
@@ -227,7 +228,7 @@ def test_workbench_notebook_in_jupyterlab(
         while diagnosis.stat().st_mtime_ns == before and time.monotonic() < deadline:
             time.sleep(0.2)
         assert diagnosis.stat().st_mtime_ns != before, "the Diagnose click did not arrive"
-        card.first.scroll_into_view_if_needed()
+        card.scroll_into_view_if_needed()
         page.screenshot(path=str(ARTIFACTS / "workbench.png"))
         timeline.screenshot(path=str(ARTIFACTS / "workbench-timeline.png"))
     assert json.loads(diagnosis.read_text())["culprit_ranks"] == [1]

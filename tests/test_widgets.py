@@ -297,3 +297,24 @@ def test_the_rank_table_marks_culprits_and_names_signals() -> None:
     assert "SIGTERM (-15)" in text and "1 ⚑ culprit" in text and "at t.py:14" in text
     assert "<th>now</th>" in text and "<th>last completed</th>" in text
     assert "<th>node</th>" not in text  # no SLURM node to show
+
+
+def test_stopping_or_closing_leaves_the_answer_once(tmp_path: Path, monkeypatch) -> None:
+    from rankscope.widgets import workbench as wb_module
+
+    shown: list[dict] = []
+    monkeypatch.setattr(wb_module, "ipy_display", lambda data, raw: shown.append(data))
+    wb = Workbench(runs_root=tmp_path / "runs", attach=False)
+    wb.stop_all()  # nothing diagnosed yet: nothing to leave
+    assert shown == []
+    wb.results.load(DATA / "gloo_barrier_hang" / "run")
+    wb.stop_all()  # a cell that stops the jobs keeps the answer ...
+    assert [sorted(d) for d in shown] == [
+        ["text/html"],
+        ["application/vnd.plotly.v1+json", "text/plain"],
+        ["text/html"],
+    ]
+    wb.close()  # ... and closing after it does not repeat it
+    assert len(shown) == 3
+    wb.close()
+    assert len(shown) == 3

@@ -121,6 +121,7 @@ class Workbench(widgets.VBox):
         self._relabelling = False
         self._last_error: str | None = None
         self._live_job: Job | None = None
+        self._kept: Diagnosis | None = None  # the diagnosis last left as plain output
         # One worker: actions run in the order they were asked for (launches list in click order).
         self._actions = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rankscope-action")
         self._closing = threading.Event()
@@ -255,19 +256,32 @@ class Workbench(widgets.VBox):
             time.sleep(0.1)
         raise TimeoutError(f"no diagnosis within {timeout_s} s (is the job still running fine?)")
 
-    def stop_all(self, *, grace_s: float = 2.0) -> None:
-        """Stop every job of the list that still runs; return when they have stopped."""
+    def stop_all(self, *, grace_s: float = 2.0, keep: bool = True) -> None:
+        """Stop every job of the list that still runs; return when they have stopped. With
+        ``keep``, what the results area shows stays in this cell's output (see :meth:`keep`)."""
         for entry in list(self._entries):
             if entry.job.poll() is None:
                 entry.job.stop(grace_s=grace_s)
+        if keep:
+            self.keep()
+
+    def keep(self) -> None:
+        """Leave what the results area shows in the output of the cell that calls this, as plain
+        outputs (the card, with when and from what it was diagnosed, the timeline, the ranks):
+        a saved notebook shows the answer without any widget behind it. A diagnosis already
+        left is not left twice (``stop_all`` then ``close``)."""
+        diagnosis = self.results.diagnosis
+        if diagnosis is None or diagnosis is self._kept:
+            return
+        for output in self.results.static():
+            ipy_display(output["data"], raw=True)
+        self._kept = diagnosis
 
     def close(self, *, keep: bool = True) -> None:
         """Stop refreshing and finish pending actions; jobs keep running (see ``stop_all``).
 
         With ``keep``, what the results area showed stays in the output of the cell that
-        closes it, as plain outputs (the card with when and from what it was diagnosed, the
-        timeline, the ranks): a saved notebook shows the answer without any widget behind it.
-        Closing again does nothing.
+        closes it (:meth:`keep`). Closing again does nothing.
         """
         if self._closing.is_set():
             return
@@ -275,8 +289,7 @@ class Workbench(widgets.VBox):
         self._refresher.join(timeout=10)
         self._actions.shutdown(wait=True)
         if keep:
-            for output in self.results.static():
-                ipy_display(output["data"], raw=True)
+            self.keep()
         super().close()
 
     def __del__(self) -> None:
