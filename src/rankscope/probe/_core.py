@@ -466,6 +466,7 @@ class Probe:
         done = -1  # calls completed at the previous look
         fr_on = _fr_enabled()
         warm = not fr_on
+        main_clock = _main_clock()  # looked up once: every heartbeat reads it
         while not self._stop.is_set():
             if not warm and c10d.is_initialized():
                 # torch's first dump with stack traces imports torch._inductor (about a second
@@ -493,7 +494,7 @@ class Probe:
                     coll=cur.cid if cur else None,
                     op=cur.op if cur else None,
                     fr=_fr_progress() if fr_on and c10d.is_initialized() else None,
-                    cpu=_main_cpu(),
+                    cpu=_main_cpu(main_clock),
                     at=self._main_at(),
                 )
                 next_beat = now + HEARTBEAT_S
@@ -1025,13 +1026,22 @@ def _one_buffer_size_name() -> None:
         del os.environ["TORCH_NCCL_TRACE_BUFFER_SIZE"]
 
 
-def _main_cpu() -> float | None:
+def _main_clock() -> int | None:
+    """The main thread's CPU-time clock (Linux, macOS); None where there is none."""
+    try:
+        return time.pthread_getcpuclockid(threading.main_thread().ident or 0)
+    except (AttributeError, OSError, OverflowError):
+        return None
+
+
+def _main_cpu(clock: int | None) -> float | None:
     """CPU seconds of the main thread: whether it works, as the watchdog reads it from another
     node (on this host it reads /proc too)."""
+    if clock is None:
+        return None
     try:
-        clock = time.pthread_getcpuclockid(threading.main_thread().ident or 0)
         return round(time.clock_gettime(clock), 4)
-    except (AttributeError, OSError, OverflowError):
+    except OSError:
         return None
 
 

@@ -13,6 +13,7 @@ from rankscope.collect import load_run
 from rankscope.launch import Job
 from rankscope.launch.job import state_text
 from rankscope.launch.tracker import doing_now, exit_text
+from rankscope.rundir import FINAL_STATES
 
 #: Row colours by rank status (rankscope.launch.tracker.rank_status).
 STATUS_COLOURS = {"waiting": "#fdd9a0", "dead": "#f4b6b6", "failed": "#f4b6b6", "exited": "#e6e6e6"}
@@ -119,12 +120,13 @@ class LivePanel(widgets.VBox):
     def update(self, job: Job) -> None:
         """Show what ``job`` is doing now (called from the workbench's refresh thread)."""
         job.status()  # reconciles a job whose supervisor vanished
-        state = state_text(job.info())
+        info = job.info()  # run.json, read once for the whole refresh
+        state = state_text(info)
         self.rows = job.ranks()
         waiting = sum(r["status"] == "waiting" for r in self.rows)
         countdown = ""
         idle = job.idle_s()
-        if waiting and idle is not None and job.info()["state"] == "running":
+        if waiting and idle is not None and info["state"] == "running":
             countdown = (
                 f" · <b>no progress for {idle:.1f} s</b> (a stall at "
                 f"{job.spec.stall_timeout_s:g} s)"
@@ -136,7 +138,7 @@ class LivePanel(widgets.VBox):
         )
         self.ranks.value = ranks_html(self.rows, culprits=self.culprits)
         # Stop and Capture act on live processes only; Diagnose reads the run at any time.
-        ended = job.poll() is not None
+        ended = info["state"] in FINAL_STATES
         self.stop.disabled = self.capture.disabled = ended
         self._update_logs(job)
 
