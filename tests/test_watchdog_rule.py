@@ -16,6 +16,7 @@ def look(**kw) -> Look:
         ranks_up=4,
         world_size=4,
         waiting=True,
+        waiting_since=0.0,
         progressed_at=100.0,
         busy_at=0.0,
     )
@@ -38,6 +39,15 @@ def test_progress_within_the_stall_timeout_is_no_stall():
 def test_no_rank_in_a_collective_is_no_stall_however_long():
     # every rank computes, loads or sleeps outside the collectives: nothing waits for anyone
     assert decide(look(waiting=False, progressed_at=0.0)) is None
+
+
+def test_the_timeout_counts_only_while_a_rank_waits():
+    # Both ranks waited on a compiler one of them started (no progress, no CPU on their main
+    # threads) for far longer than the timeout; then one entered a collective.
+    quiet = dict(progressed_at=0.0, busy_at=0.0)
+    assert decide(look(waiting_since=100.0 - 0.2, **quiet)) is None
+    assert decide(look(waiting_since=100.0 - STALL + 0.1, **quiet)) is None
+    assert decide(look(waiting_since=100.0 - STALL - 0.1, **quiet)) == "no_progress"
 
 
 @pytest.mark.parametrize("idle", [STALL + 1, 5 * STALL, BUSY_LIMIT * STALL])

@@ -44,6 +44,9 @@ class Look:
     world_size: int
     waiting: bool
     """A live rank is inside a collective."""
+    waiting_since: float
+    """Since when some live rank has been inside a collective, without a look in between that
+    saw none (``now`` when none is)."""
     progressed_at: float
     """The last progress: a collective returned from, a step, a rank coming up."""
     busy_at: float
@@ -56,10 +59,12 @@ def stall_decision(look: Look, *, stall_timeout_s: float, startup_timeout_s: flo
         return "startup" if look.now - look.launched_at > startup_timeout_s else None
     if not look.waiting:
         return None  # every rank computes, or sleeps outside any collective: not our call
-    idle = look.now - look.progressed_at
+    # The clocks run only while a rank waits: ranks that all work (or all wait on something
+    # else, a compiler they started) before one enters a collective have kept no one waiting.
+    idle = look.now - max(look.progressed_at, look.waiting_since)
     if idle <= stall_timeout_s:
         return None
-    quiet = look.now - look.busy_at > stall_timeout_s
+    quiet = look.now - max(look.busy_at, look.waiting_since) > stall_timeout_s
     return "no_progress" if quiet or idle > BUSY_LIMIT * stall_timeout_s else None
 
 
@@ -95,7 +100,7 @@ class Watchdog:
 
     def _watch(self) -> None:
         run, tracker = self.run, self.tracker
-        launched = busy_at = time.monotonic()
+        launched = busy_at = waiting_since = time.monotonic()
         next_cpu_look = 0.0
         stalled_at: float | None = None
         known: set[int] = set()
@@ -125,6 +130,8 @@ class Watchdog:
                 stalled_at = None
                 self.set_state("running", only_from="stalled")
             waiting = tracker.waiting_in_collective()
+            if not waiting:
+                waiting_since = now
             if waiting and stalled_at is None and now >= next_cpu_look:
                 next_cpu_look = now + CPU_LOOK_S
                 if tracker.busy_outside_collectives():
@@ -135,6 +142,7 @@ class Watchdog:
                 ranks_up=len(tracker.records),
                 world_size=self.world_size,
                 waiting=waiting,
+                waiting_since=waiting_since,
                 progressed_at=tracker.progressed_at,
                 busy_at=busy_at,
             )
