@@ -29,9 +29,8 @@ from rankscope.launch import Job, JobSpec
 from rankscope.scenarios import Scenario
 from rankscope.widgets import ResultsPanel, show
 
-#: The verdicts a broken run may get unless a lesson or a call says otherwise.
-HANG_OR_CRASH = ("hang", "crash")
-#: ``verdict="catalogue"``: the verdict (and cause) the catalogue expects of the scenario.
+#: ``verdict="catalogue"`` (the default): the diagnosis the catalogue expects of the scenario,
+#: its verdict, and its cause and culprit ranks where the catalogue names them.
 CATALOGUE = "catalogue"
 _DEFAULT = object()
 
@@ -56,7 +55,7 @@ class Lesson:
         hang_after_s: float | None = 6.0,
         runs: str | os.PathLike[str] = "runs",
         presets: Sequence[str] | None = None,
-        verdict: str | tuple[str, ...] | None = HANG_OR_CRASH,
+        verdict: str | tuple[str, ...] | None = CATALOGUE,
         wait_s: float = 120.0,
     ):
         self.hang_after_s = hang_after_s
@@ -134,6 +133,8 @@ class Lesson:
             assert d.verdict == expected["verdict"], d.summary
             if expected.get("cause") is not None:
                 assert d.cause == expected["cause"], d.summary
+            if expected.get("culprit_ranks") is not None:
+                assert d.culprit_ranks == expected["culprit_ranks"], d.summary
         elif isinstance(want, str):
             assert d.verdict == want, d.summary
         elif want is not None:
