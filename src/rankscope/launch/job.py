@@ -481,8 +481,10 @@ def _observe(run: RunDir) -> None:
 
 
 def state_text(info: dict[str, Any]) -> str:
-    """The job's state in words, with SLURM's view where SLURM runs it: ``queued (SLURM job
-    12: BeginTime)``, ``running (SLURM job 12 on node[1-2])``."""
+    """The job's state in words, with SLURM's view where SLURM runs it.
+
+    For instance ``queued (SLURM job 12: BeginTime)``, ``running (SLURM job 12 on node[1-2])``.
+    """
     state = str(info.get("state"))
     sl = info.get("slurm") or {}
     if not sl.get("job_id"):

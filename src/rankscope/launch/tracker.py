@@ -72,9 +72,11 @@ def exit_text(code: int | None) -> str:
 
 
 def doing_now(snap: dict[str, Any]) -> str:
-    """What a rank's snapshot says it does now: ``waiting in all_reduce (group 0 #3) at
-    train.py:8 for 4.2 s``, or ``at train.py:14`` (its main thread's line, when its probe
-    reported it), or nothing for a rank that ended."""
+    """What a rank's snapshot says it does now, in words.
+
+    ``waiting in all_reduce (group 0 #3) at train.py:8 for 4.2 s``, or ``at train.py:14`` (its
+    main thread's line, when its probe reported it), or nothing for a rank that ended.
+    """
     if snap.get("in_collective_s") is not None:
         return (
             f"waiting in {snap['op']} (group {snap['pg']} #{snap['seq']}) at {snap['site']} "

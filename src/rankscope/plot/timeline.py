@@ -123,7 +123,7 @@ def rank_timeline(
             showlegend=False,
         )
     )
-    first = _mark_divergence(fig, table, divergence, t0=t0)
+    first = _mark_divergence(fig, table, divergence, t0=t0, end=now - t0)
     _draw_chain(fig, chain, x=now - t0)
     highlight_ranks(fig, culprits, axis="y")
     fig.add_vline(
@@ -202,9 +202,15 @@ def _hover(table: pd.DataFrame, op: pd.Series, dur: np.ndarray, inflight: np.nda
 
 
 def _mark_divergence(
-    fig: go.Figure, table: pd.DataFrame, divergence: Mapping[str, Any] | None, *, t0: float
+    fig: go.Figure,
+    table: pd.DataFrame,
+    divergence: Mapping[str, Any] | None,
+    *,
+    t0: float,
+    end: float,
 ) -> float | None:
-    """Mark the calls of the collective where the ranks part; return when the first began."""
+    """Mark the calls of the collective where the ranks part; return when the first began
+    (seconds after ``t0``; ``end``: where the time axis ends)."""
     if not divergence or divergence.get("seq") is None:
         return None
     pg, seq = str(divergence.get("pg")), int(divergence["seq"])
@@ -241,8 +247,9 @@ def _mark_divergence(
         line={"color": ALERT, "width": 2, "dash": "dash"},
         annotation_text=label,
         annotation_font_color=ALERT,
-        # on the line's left: the divergence is often near "now", at the right edge
-        annotation_position="top left",
+        # on the side with room: the divergence is often near "now", at the right edge, but in
+        # a short run it may be near the start, at the left one
+        annotation_position="top left" if first > 0.5 * end else "top right",
     )
     return first
 
