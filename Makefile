@@ -1,5 +1,6 @@
 # Two entry points: `make lab` (install, then JupyterLab on the notebooks) and `make test`;
-# `make check` is the fast lane of the edit-test loop (lint, and the tests that start no job).
+# `make check` is the fast lane of the edit-test loop (lint, and the tests that start no job);
+# `make docs` builds the static site into docs/_build/html (docs/make_site.py).
 # TORCH is the torch requirement installed into the local environment. The pin keeps the install on
 # the CPU wheel; elsewhere pass your own, e.g.
 #   make test TORCH="torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu"
@@ -9,7 +10,7 @@ TORCH ?= torch==2.13.0
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.rankscope-installed
 
-.PHONY: install lab test check lint format bench clean
+.PHONY: install lab test check lint format bench docs clean
 
 PROBE_C := $(wildcard src/rankscope/probe/*.c src/rankscope/probe/*.cpp src/rankscope/probe/*.h)
 
@@ -18,7 +19,7 @@ $(STAMP): pyproject.toml setup.py $(PROBE_C) Makefile
 	$(PY) -m pip install -q $(TORCH) "setuptools>=70.1"
 	# Without build isolation the build sees this torch: the probe's tensor reader (_meta.cpp)
 	# is compiled against its headers (setup.py).
-	$(PY) -m pip install -q --no-build-isolation -e ".[dev,lab,deepspeed]"
+	$(PY) -m pip install -q --no-build-isolation -e ".[dev,lab,deepspeed,docs]"
 	# DeepSpeed compiles its CPU communication op on first use (a minute or more on 2 cores):
 	# once here, cached in ~/.cache/torch_extensions, rather than inside a job's time limit.
 	DS_ACCELERATOR=cpu $(PY) -c "from deepspeed.ops.op_builder.cpu import ShareMemCommBuilder as B; B().load()" >/dev/null
@@ -30,26 +31,30 @@ lab: install
 	$(VENV)/bin/jupyter lab notebooks/
 
 test: install
-	$(PY) -m ruff check src tests bench
-	$(PY) -m ruff format --check src tests bench
+	$(PY) -m ruff check src tests bench docs
+	$(PY) -m ruff format --check src tests bench docs
 	# Debian's chromium for the browser test, slurm-wlm and munge for the SLURM tests (they skip,
 	# saying why, without)
 	-sh tests/debian_setup.sh browser
 	-sh tests/debian_setup.sh slurm
-	$(PY) -m pytest
+	# the slowest tests' times, for keeping the suite under 30 minutes
+	$(PY) -m pytest --durations=40
 
 check: install
-	$(PY) -m ruff check src tests bench
-	$(PY) -m ruff format --check src tests bench
+	$(PY) -m ruff check src tests bench docs
+	$(PY) -m ruff format --check src tests bench docs
 	$(PY) -m pytest -q -m "not slow"
 
 lint: install
-	$(PY) -m ruff check --fix src tests bench
-	$(PY) -m ruff format src tests bench
+	$(PY) -m ruff check --fix src tests bench docs
+	$(PY) -m ruff format src tests bench docs
+
+docs: install
+	$(PY) docs/make_site.py
 
 bench: install
 	$(PY) bench/probe_overhead.py
 	$(PY) bench/stall_capture.py
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) runs .pytest_cache docs/_build docs/guide docs/notebooks docs/recipes docs/api

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import multiprocessing.process
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -119,6 +120,24 @@ def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalSlu
             os.environ.pop("SLURM_CONF", None)
         else:
             os.environ["SLURM_CONF"] = saved
+
+
+@pytest.fixture
+def chromium() -> str:
+    """Debian's chromium, installed by tests/debian_setup.sh if missing; skip if it cannot be."""
+    found = shutil.which("chromium")
+    if found is None:
+        setup = subprocess.run(
+            ["sh", str(Path(__file__).parent / "debian_setup.sh"), "browser"],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        found = shutil.which("chromium")
+        if found is None:
+            why = (setup.stderr or setup.stdout).strip()[-400:]
+            pytest.skip(f"chromium is not installed and could not be installed: {why}")
+    return found
 
 
 @pytest.fixture

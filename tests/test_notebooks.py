@@ -1,4 +1,7 @@
-"""Every notebook under notebooks/ runs top to bottom with real jobs, in the memory Binder gives."""
+"""Every notebook under notebooks/ runs top to bottom with real jobs, in the memory Binder gives.
+
+A notebook that passes is written, with its outputs, where the documentation site takes it from
+(docs/make_site.py): the site's figures are those of this run."""
 
 from __future__ import annotations
 
@@ -9,6 +12,7 @@ from pathlib import Path
 import nbformat
 import psutil
 import pytest
+from docs.make_site import EXECUTED, META_KEY, digest
 from nbclient import NotebookClient
 
 from .conftest import leftover_processes
@@ -76,3 +80,6 @@ def test_notebook_runs(path: Path, tmp_path: Path, request: pytest.FixtureReques
     top = "\n".join(f"  {size / 2**20:7.0f} MiB  {cmd}" for cmd, size in memory.peak_procs[:8])
     print(f"{path.stem}: peak {memory.peak / 2**20:.0f} MiB (kernel and jobs)\n{top}")
     assert memory.peak < BINDER_MEMORY, f"more than Binder's 2 GB at the peak:\n{top}"
+    nb.metadata[META_KEY] = {"source": digest(path), "workdir": str(tmp_path)}
+    EXECUTED.mkdir(parents=True, exist_ok=True)
+    nbformat.write(nb, EXECUTED / path.name)

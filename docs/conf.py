@@ -1,0 +1,54 @@
+"""Sphinx settings of the site (``make docs``; see make_site.py and site_pages.py)."""
+
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))  # make_site.py and site_pages.py
+
+project = "rankscope"
+author = "the rankscope authors"
+copyright = "the rankscope authors"
+
+# napoleon reads the Google-style sections (Args:, Attributes:) of the docstrings
+extensions = ["myst_nb", "autoapi.extension", "sphinxarg.ext", "sphinx.ext.napoleon", "site_pages"]
+exclude_patterns = ["_build"]
+root_doc = "index"
+
+# myst-nb: the notebooks come executed (make_site.py), never run here; their outputs are made
+# static by site_pages.py, so no widget manager or plotly renderer is loaded from elsewhere.
+nb_execution_mode = "off"
+nb_output_stderr = "show"
+myst_enable_extensions = ["colon_fence", "deflist"]
+myst_heading_anchors = 3
+
+# The API reference, from the docstrings of the public modules (read, not imported).
+autoapi_dirs = [str(HERE.parent / "src" / "rankscope")]
+autoapi_root = "api"
+autoapi_add_toctree_entry = False
+autoapi_keep_files = False
+autoapi_ignore = ["*/scenarios/scripts/*", "*/__pycache__/*"]
+autoapi_options = ["members", "undoc-members", "show-module-summary"]
+autoapi_member_order = "bysource"
+# A class's "Attributes:" section as fields of the class, not a second entry of each attribute.
+napoleon_use_ivar = True
+
+html_theme = "sphinx_book_theme"
+html_title = "rankscope"
+# the pages are the docs; their sources (notebooks with every output) would double the site
+html_copy_source = False
+html_show_sourcelink = False
+# plotly.js, copied in by site_pages.py (the folder exists for any build of these settings)
+html_static_path = ["_build/static"]
+(HERE / "_build" / "static").mkdir(parents=True, exist_ok=True)
+html_theme_options = {
+    "show_toc_level": 2,
+    "use_download_button": False,
+    "use_fullscreen_button": False,
+}
+# No request to another host while the site is built or read, beyond what a reader follows.
+html_theme_options["navigation_with_keys"] = False
+
+# Names a package re-exports from its private modules: the reference documents them where they
+# are defined, so an import autoapi cannot follow to a page is not a broken link.
+suppress_warnings = ["autoapi.python_import_resolution"]

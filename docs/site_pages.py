@@ -1,0 +1,334 @@
+"""The pages of the site that are made from other sources, written before Sphinx reads any:
+
+- ``guide/``: the README, one page per ``##`` section (the README stays the one source);
+- ``notebooks/``: the executed notebooks (``make_site.EXECUTED``), made static: a plotly figure
+  becomes a ``<div>`` drawn by the plotly.js the site serves once (``_static/plotly.min.js``); a
+  widget becomes the HTML of what it showed, from the widget state the run saved (cards, tables
+  and figures; its controls, which need a kernel, are left out); the run's folder is not shown;
+- ``recipes/``: a page per recipe D1-D23, the notebook section that teaches it (``## Dn: ...``)
+  after what the scenario catalogue says of it, and an index of them.
+
+Every generated folder is listed in ``docs/.gitignore``.
+"""
+
+from __future__ import annotations
+
+import copy
+import html
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import make_site as build
+import nbformat
+from sphinx.application import Sphinx
+from sphinx.errors import ExtensionError
+from sphinx.ext import napoleon
+
+from rankscope.widgets._common import PLOTLY_MIME
+
+WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
+WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
+RECIPES = [f"D{n}" for n in range(1, 24)]
+#: A section of a notebook that teaches one recipe starts with this heading.
+RECIPE_HEADING = re.compile(r"^## (D\d+): (.+)$", re.MULTILINE)
+GENERATED = ("guide", "notebooks", "recipes")
+TAB_STYLE = "font-weight:600;border-bottom:1px solid #ccc;margin-top:0.8em"
+SITE_LINK = re.compile(r"\]\(docs/_build/html/([\w/-]+)\.html\)")
+
+
+# --- the README ------------------------------------------------------------------------------
+
+
+def readme_pages(text: str) -> dict[str, str]:
+    """The README's ``##`` sections as pages: ``{"01-set-up": "# Set-up\\n..."}``; headings
+    inside code blocks are code, and what comes before the first section is the landing page's
+    (``docs/index.md`` includes it)."""
+    pages: dict[str, list[str]] = {}
+    current: list[str] | None = None
+    fence = False
+    for line in text.splitlines():
+        if line.startswith("```"):
+            fence = not fence
+        if not fence and line.startswith("## "):
+            title = line[3:].strip()
+            slug = re.sub(r"[^a-z0-9]+", "-", title.lower()).strip("-")
+            current = pages.setdefault(f"{len(pages) + 1:02d}-{slug}", [f"# {title}"])
+            continue
+        if current is not None:
+            current.append(line[1:] if not fence and line.startswith("###") else line)
+    # a link to a page of the built site (the README's to the entry page) points at its source
+    return {
+        name: SITE_LINK.sub(r"](../\1.md)", "\n".join(lines).rstrip() + "\n")
+        for name, lines in pages.items()
+    }
+
+
+# --- static outputs ---------------------------------------------------------------------------
+
+
+def plotly_html(figure: dict[str, Any]) -> str:
+    """A figure as a ``<div>`` and the call that draws it (plotly.js is loaded by the page)."""
+    import plotly.io as pio
+
+    return pio.to_html(figure, include_plotlyjs=False, full_html=False, config={"responsive": True})
+
+
+def output_html(output: dict[str, Any], state: dict[str, Any]) -> str:
+    """One notebook output as HTML (what a widget's Output holds)."""
+    kind = output.get("output_type")
+    if kind == "stream":
+        return f"<pre>{html.escape(output.get('text', ''))}</pre>"
+    if kind == "error":
+        return f"<pre>{html.escape(output.get('ename', ''))}: {html.escape(output.get('evalue', ''))}</pre>"
+    data = output.get("data", {})
+    if WIDGET_MIME in data:
+        return widget_html(data[WIDGET_MIME]["model_id"], state)
+    if PLOTLY_MIME in data:
+        return plotly_html(data[PLOTLY_MIME])
+    if "text/html" in data:
+        return _text(data["text/html"])
+    if "image/png" in data:
+        return f"<img src='data:image/png;base64,{_text(data['image/png']).strip()}'>"
+    if "text/plain" in data:
+        return f"<pre>{html.escape(_text(data['text/plain']))}</pre>"
+    return ""
+
+
+def widget_html(model_id: str, state: dict[str, Any]) -> str:
+    """What a widget showed, from the saved widget state: HTML and labels, the outputs of an
+    Output, boxes of those, a tab's pages under their titles. Controls (buttons, fields) and
+    widgets the state does not hold show nothing."""
+    model = state.get(model_id)
+    if model is None:
+        return ""
+    name, values = model.get("model_name", ""), model.get("state", {})
+    layout = state.get(_ref(values.get("layout")) or "", {}).get("state", {})
+    if layout.get("display") == "none" or layout.get("visibility") == "hidden":
+        return ""
+    children = [widget_html(_ref(c) or "", state) for c in values.get("children", [])]
+    if name in ("HTMLModel", "HTMLMathModel"):
+        return values.get("value", "")
+    if name == "LabelModel":
+        return f"<span>{html.escape(values.get('value', ''))}</span>"
+    if name == "OutputModel":
+        return "".join(output_html(o, state) for o in values.get("outputs", []))
+    if name in ("VBoxModel", "BoxModel", "GridBoxModel"):
+        return _box(children, "column")
+    if name == "HBoxModel":
+        return _box(children, "row")
+    if name in ("TabModel", "AccordionModel", "StackModel"):
+        titles = values.get("titles") or []
+        pages = []
+        for i, child in enumerate(children):
+            title = titles[i] if i < len(titles) and titles[i] else f"page {i + 1}"
+            if child.strip():
+                # a caption, not a heading: the page's outline is the notebook's own
+                caption = (
+                    f"<div class='rankscope-tab' style='{TAB_STYLE}'>{html.escape(title)}</div>"
+                )
+                pages.append(caption + child)
+        return _box(pages, "column")
+    return ""
+
+
+def _box(children: list[str], direction: str) -> str:
+    shown = [c for c in children if c.strip()]
+    if not shown:
+        return ""
+    style = f"display:flex;flex-direction:{direction};gap:0.5em;flex-wrap:wrap"
+    return f"<div style='{style}'>{''.join(f'<div>{c}</div>' for c in shown)}</div>"
+
+
+def _ref(value: Any) -> str | None:
+    if isinstance(value, str) and value.startswith("IPY_MODEL_"):
+        return value[len("IPY_MODEL_") :]
+    return None
+
+
+def _text(value: str | list[str]) -> str:
+    return "".join(value) if isinstance(value, list) else value
+
+
+def make_static(nb: nbformat.NotebookNode, hide: list[str]) -> nbformat.NotebookNode:
+    """A copy of an executed notebook whose outputs need no kernel and no widget manager, with
+    the paths in ``hide`` (the run's folder) taken out of every output."""
+    nb = copy.deepcopy(nb)
+    state = nb.metadata.pop("widgets", {}).get(WIDGET_STATE, {}).get("state", {})
+    for cell in nb.cells:
+        if cell.cell_type != "code":
+            continue
+        for output in cell.get("outputs", []):
+            data = output.get("data")
+            if data and (WIDGET_MIME in data or PLOTLY_MIME in data):
+                output["data"] = {"text/html": output_html(output, state)}
+        for output in cell.get("outputs", []):
+            for path in hide:
+                _replace_in(output, path.rstrip("/") + "/", "")
+                _replace_in(output, path.rstrip("/"), ".")
+    return nb
+
+
+def _replace_in(output: dict[str, Any], old: str, new: str) -> None:
+    if "text" in output:
+        output["text"] = _text(output["text"]).replace(old, new)
+    for mime, value in output.get("data", {}).items():
+        if mime.startswith("text/"):
+            output["data"][mime] = _text(value).replace(old, new)
+
+
+# --- recipes ----------------------------------------------------------------------------------
+
+
+def recipe_sections(nb: nbformat.NotebookNode) -> dict[str, tuple[str, list[Any]]]:
+    """``{"D21": (title, cells)}``: each ``## Dn: title`` section of a notebook, up to the next
+    ``##`` heading, the heading line itself left out and the section's own headings one level
+    up (the page's title is the section's)."""
+    sections: dict[str, tuple[str, list[Any]]] = {}
+    current: list[Any] | None = None
+    for cell in nb.cells:
+        source = cell.source
+        if cell.cell_type == "markdown" and re.search(r"^## ", source, re.MULTILINE):
+            found = RECIPE_HEADING.search(source)
+            current = None
+            if found:
+                current = []
+                sections[found.group(1)] = (found.group(2).strip(), current)
+                cell = copy.deepcopy(cell)
+                cell.source = source.replace(found.group(0), "").strip()
+                if not cell.source:
+                    continue
+        if current is not None:
+            if cell.cell_type == "markdown":  # the page's title is the section's: one level up
+                cell = copy.deepcopy(cell)
+                cell.source = re.sub(r"^#(#{2,}) ", r"\1 ", cell.source, flags=re.MULTILINE)
+            current.append(cell)
+    return sections
+
+
+def recipe_intro(recipe: str, title: str, notebook: str, notebook_of: dict[str, str]) -> str:
+    """What the catalogue says of a recipe: its scenarios, and the reported deadlocks like it
+    (``notebook_of``: the notebook that runs each scenario)."""
+    from rankscope.scenarios import catalogue
+
+    lines = [f"# {recipe}: {title}", ""]
+    mine = [s for s in catalogue() if s.recipe == recipe]
+    for s in (s for s in mine if s.kind == "recipe"):
+        want = s.expected
+        culprits = want.get("culprit_ranks")
+        lines += [
+            f"**Scenario `{s.id}`** ({s.script}, {s.nnodes * s.nproc_per_node} ranks): "
+            f"{s.what_goes_wrong}",
+            "",
+            f"**The fix:** {s.fix}",
+            "",
+            f"**What rankscope says of the broken run:** verdict `{want['verdict']}`"
+            + (f", cause `{want['cause']}`" if want.get("cause") else "")
+            + (f", culprit ranks {culprits}" if culprits else "")
+            + ".",
+            "",
+        ]
+    reported = [s for s in mine if s.kind == "reported"]
+    if reported:
+        links = ", ".join(f"[{s.title}](../notebooks/{notebook_of[s.id]})" for s in reported)
+        lines += [f"Reported deadlocks of this kind: {links}.", ""]
+    lines += [
+        f"This page is the section of [{notebook}](../notebooks/{notebook}) that teaches "
+        f"{recipe}, run on CPU with gloo; the notebook's first cells set it up.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+# --- the build --------------------------------------------------------------------------------
+
+
+def generate(app: Sphinx) -> None:
+    src = Path(app.srcdir)
+    for name in GENERATED:
+        shutil.rmtree(src / name, ignore_errors=True)
+        (src / name).mkdir()
+    for name, text in readme_pages((build.ROOT / "README.md").read_text()).items():
+        (src / "guide" / f"{name}.md").write_text(text)
+
+    static: dict[str, nbformat.NotebookNode] = {}
+    notebook_of: dict[str, str] = {}  # scenario id -> the first notebook that runs it
+    for path in sorted(build.NOTEBOOKS.glob("*.ipynb")):
+        executed = build.EXECUTED / path.name
+        if not executed.is_file():
+            raise ExtensionError(
+                f"no executed copy of {path.name} in {build.EXECUTED.relative_to(build.ROOT)}: "
+                "build the site with make docs, which runs it"
+            )
+        nb = nbformat.read(executed, as_version=4)
+        meta = nb.metadata.pop(build.META_KEY, {})
+        hide = [p for p in (meta.get("workdir"), str(build.ROOT)) if p]
+        static[path.name] = make_static(nb, hide)
+        nbformat.write(static[path.name], src / "notebooks" / path.name)
+        source = path.read_text()
+        for scenario_id in re.findall(r'\bget\(\\?"([\w-]+)\\?"\)', source):
+            notebook_of.setdefault(scenario_id, path.name)
+
+    found: dict[str, tuple[str, str, list[Any]]] = {}
+    for name, nb in static.items():
+        for recipe, (title, cells) in recipe_sections(nb).items():
+            found.setdefault(recipe, (name, title, cells))
+    missing = [r for r in RECIPES if r not in found]
+    if missing:
+        raise ExtensionError(f"no notebook section '## Dn: ...' teaches {', '.join(missing)}")
+    rows = [
+        "# The recipes D1-D23",
+        "",
+        "| recipe | what goes wrong | taught in |",
+        "| --- | --- | --- |",
+    ]
+    for recipe in RECIPES:
+        notebook, title, cells = found[recipe]
+        page = nbformat.v4.new_notebook(metadata=static[notebook].metadata)
+        page.cells = [
+            nbformat.v4.new_markdown_cell(recipe_intro(recipe, title, notebook, notebook_of)),
+            *cells,
+        ]
+        nbformat.write(page, src / "recipes" / f"{recipe.lower()}.ipynb")
+        rows.append(
+            f"| [{recipe}]({recipe.lower()}.ipynb) | {title} | [{notebook}](../notebooks/{notebook}) |"
+        )
+    rows += [
+        "",
+        "```{toctree}",
+        ":hidden:",
+        "",
+        *(f"{r.lower()}" for r in RECIPES),
+        "```",
+        "",
+    ]
+    (src / "recipes" / "index.md").write_text("\n".join(rows))
+
+    import plotly
+
+    static_dir = build.STATIC
+    static_dir.mkdir(parents=True, exist_ok=True)
+    plotly_js = Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
+    shutil.copyfile(plotly_js, static_dir / "plotly.min.js")
+
+
+def napoleon_except_attributes(
+    app: Sphinx, what: str, name: str, obj: Any, options: Any, lines: list[str]
+) -> None:
+    """napoleon for the docstrings of modules, classes and functions (their ``Args:`` and
+    ``Attributes:`` sections), not for those of attributes: ours are prose
+    (``Diagnosis of the broken run: verdict, ...``), and napoleon would take the text before
+    their first colon for a type."""
+    if what not in ("attribute", "data", "property"):
+        napoleon._process_docstring(app, what, name, obj, options, lines)
+
+
+def setup(app: Sphinx) -> dict[str, Any]:
+    app.connect("builder-inited", generate)
+    for listener in list(app.events.listeners.get("autodoc-process-docstring", [])):
+        if listener.handler is napoleon._process_docstring:
+            app.disconnect(listener.id)
+    app.connect("autodoc-process-docstring", napoleon_except_attributes)
+    app.add_js_file("plotly.min.js", priority=100)
+    return {"parallel_read_safe": True}

@@ -1,0 +1,102 @@
+"""The documentation site (make docs): it builds from the notebooks the suite executed
+(tests/test_notebooks.py runs before this file), and a reader's browser shows real figures and
+cards with no kernel behind them; a broken internal link fails the build."""
+
+from __future__ import annotations
+
+import functools
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+from docs.make_site import DOCS, HTML, ROOT
+
+from .test_browser import ARTIFACTS, _page
+
+
+@pytest.fixture(scope="module")
+def site() -> Path:
+    """``make docs``' build (it executes any notebook the suite has not, first)."""
+    done = subprocess.run(
+        [sys.executable, str(DOCS / "make_site.py")], cwd=ROOT, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return HTML
+
+
+class Quiet(SimpleHTTPRequestHandler):
+    def log_message(self, *args: object) -> None:  # no line per request in the test's output
+        pass
+
+
+@pytest.fixture
+def served(site: Path) -> Iterator[str]:
+    """The site over HTTP on a free localhost port, as a host would serve it."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=str(site)))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)  # alone, it runs every notebook first
+def test_the_site_shows_the_quickstart_and_a_recipe_with_their_figures(
+    chromium: str, served: str, tmp_path: Path
+) -> None:
+    from playwright.sync_api import expect
+
+    with _page(chromium, tmp_path, "site") as page:
+        page.goto(f"{served}/notebooks/00-quickstart.html")
+        card = page.locator(".rankscope-card").first
+        expect(card).to_contain_text("Culprit rank", timeout=30_000)
+        timeline = page.locator(".js-plotly-plot", has_text="Rank timeline").first
+        expect(timeline).to_be_visible(timeout=30_000)
+        assert timeline.locator(".main-svg").count() > 0, "plotly.js did not draw the timeline"
+        timeline.scroll_into_view_if_needed()
+        page.screenshot(path=str(ARTIFACTS / "site-quickstart.png"))
+        # from the recipe index to a recipe's page, by its link
+        page.goto(f"{served}/recipes/index.html")
+        page.locator("a", has_text="D21").first.click()
+        expect(page).to_have_url(f"{served}/recipes/d21.html")
+        expect(page.locator("article h1").first).to_contain_text("D21")
+        figure = page.locator(".js-plotly-plot").first
+        expect(figure).to_be_visible(timeout=30_000)
+        expect(page.locator(".rankscope-card").first).to_contain_text("Culprit rank")
+        figure.scroll_into_view_if_needed()
+        page.screenshot(path=str(ARTIFACTS / "site-recipe-d21.png"))
+    # no folder of the machine that ran the notebooks on the pages
+    local = [
+        p
+        for p in HTML.rglob("*.html")
+        if str(ROOT) in p.read_text() or "pytest-of-" in p.read_text()
+    ]
+    assert not local, f"pages that show a local folder: {local}"
+
+
+@pytest.mark.slow
+def test_a_broken_internal_link_fails_the_build(tmp_path: Path) -> None:
+    """The site's own build command and settings, on two small pages (only myst's extension:
+    links are myst's to check): it builds with a good link and fails, naming the target,
+    with a broken one."""
+    from docs.make_site import sphinx
+
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "other.md").write_text("# Other\n")
+    index = "# Index\n\nSee [the other page]({}).\n\n```{{toctree}}\n:hidden:\n\nother\n```\n"
+    (src / "index.md").write_text(index.format("other.md"))
+    only_myst = ["-D", "extensions=myst_nb"]
+    assert sphinx(src, tmp_path / "good", conf=DOCS, extra=only_myst).returncode == 0
+    (src / "index.md").write_text(index.format("no-such-page.md"))
+    done = sphinx(src, tmp_path / "broken", conf=DOCS, extra=only_myst)
+    assert done.returncode != 0
+    assert "no-such-page" in done.stderr, done.stderr[-2000:]
