@@ -4,6 +4,7 @@ cannot (alive or dead, working or idle)."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import signal
 import time
@@ -15,7 +16,8 @@ from rankscope.launch.procs import RankProc
 from rankscope.rundir import EventTail, RankRecord, RunDir
 
 #: A live rank outside every collective that used at least this share of a core since the last
-#: look is busy (computing, loading, saving), not stuck: the others wait for a straggler.
+#: look (its main thread and the processes it started) is busy (computing, loading, saving,
+#: compiling), not stuck: the others wait for a straggler.
 BUSY_CPU_SHARE = 0.2
 
 
@@ -139,9 +141,9 @@ class RankTracker:
         return out
 
     def busy_outside_collectives(self) -> bool:
-        """Some live rank outside every collective used CPU on its main thread since the last
-        call (see :data:`BUSY_CPU_SHARE`): it is working, and the ranks waiting for it are not
-        stuck."""
+        """Some live rank outside every collective used CPU since the last call, on its main
+        thread or in a process it started (a compiler, torch.compile's workers; see
+        :data:`BUSY_CPU_SHARE`): it is working, and the ranks waiting for it are not stuck."""
         busy = False
         now = time.monotonic()
         for rank, record in self.records.items():
@@ -166,13 +168,9 @@ class RankTracker:
             if _main_thread_runs(record.pid):  # running or runnable, or in disk I/O, right now
                 busy = True
                 continue
-            try:
-                main = [t for t in psutil.Process(record.pid).threads() if t.id == record.pid]
-            except psutil.Error:
+            cpu = _work_cpu(record.pid)
+            if cpu is None:
                 continue
-            if not main:
-                continue
-            cpu = main[0].user_time + main[0].system_time
             last = self._cpu.get(rank)
             self._cpu[rank] = (now, cpu)
             if last is not None and now > last[0]:
@@ -182,6 +180,28 @@ class RankTracker:
     def waiting_in_collective(self) -> bool:
         """A live rank is inside a collective."""
         return any(not s.ended and in_collective(s) for s in self.records.values())
+
+
+def _work_cpu(pid: int) -> float | None:
+    """CPU seconds of a local rank's main thread and of the processes it started, running or
+    ended; None when the rank cannot be read."""
+    try:
+        proc = psutil.Process(pid)
+        main = [t for t in proc.threads() if t.id == pid]
+        if not main:
+            return None
+        times = proc.cpu_times()  # its children's, once it has waited for them
+        total = (
+            main[0].user_time + main[0].system_time + times.children_user + times.children_system
+        )
+        children = proc.children(recursive=True)
+    except psutil.Error:
+        return None
+    for child in children:
+        with contextlib.suppress(psutil.Error):
+            child_times = child.cpu_times()
+            total += child_times.user + child_times.system
+    return total
 
 
 def _main_thread_runs(pid: int) -> bool:

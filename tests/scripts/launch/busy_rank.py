@@ -1,7 +1,9 @@
 """Rank 1 computes for a while (CPU-bound, outside any collective) before the second all_reduce,
-while rank 0 already waits in it: a straggler, not a hang. ``sleep`` pauses instead, idle."""
+while rank 0 already waits in it: a straggler, not a hang. ``sleep`` pauses instead, idle;
+``child`` waits for a process it started that computes (a compiler, say): busy."""
 
 import os
+import subprocess
 import sys
 import time
 
@@ -9,14 +11,17 @@ import torch
 import torch.distributed as dist
 
 seconds = float(sys.argv[1])
-idle = len(sys.argv) > 2 and sys.argv[2] == "sleep"
+how = sys.argv[2] if len(sys.argv) > 2 else "compute"
 dist.init_process_group(os.environ.get("RANKSCOPE_BACKEND", "gloo"))
 rank = dist.get_rank()
 x = torch.ones(4)
 dist.all_reduce(x)
 if rank == 1:
-    if idle:
+    if how == "sleep":
         time.sleep(seconds)
+    elif how == "child":
+        spin = f"import time\nt = time.monotonic() + {seconds}\nwhile time.monotonic() < t: pass"
+        subprocess.run([sys.executable, "-c", spin], check=True)
     else:
         deadline = time.monotonic() + seconds
         a = torch.randn(64, 64)
