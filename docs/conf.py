@@ -52,3 +52,4 @@ html_theme_options["navigation_with_keys"] = False
 # Names a package re-exports from its private modules: the reference documents them where they
 # are defined, so an import autoapi cannot follow to a page is not a broken link.
 suppress_warnings = ["autoapi.python_import_resolution"]
+smartquotes = False  # option names keep their two hyphens (--on-stall)

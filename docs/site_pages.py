@@ -20,7 +20,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-import make_site as build
+import make_site
 import nbformat
 from sphinx.application import Sphinx
 from sphinx.errors import ExtensionError
@@ -249,21 +249,21 @@ def generate(app: Sphinx) -> None:
     for name in GENERATED:
         shutil.rmtree(src / name, ignore_errors=True)
         (src / name).mkdir()
-    for name, text in readme_pages((build.ROOT / "README.md").read_text()).items():
+    for name, text in readme_pages((make_site.ROOT / "README.md").read_text()).items():
         (src / "guide" / f"{name}.md").write_text(text)
 
     static: dict[str, nbformat.NotebookNode] = {}
     notebook_of: dict[str, str] = {}  # scenario id -> the first notebook that runs it
-    for path in sorted(build.NOTEBOOKS.glob("*.ipynb")):
-        executed = build.EXECUTED / path.name
+    for path in sorted(make_site.NOTEBOOKS.glob("*.ipynb")):
+        executed = make_site.EXECUTED / path.name
         if not executed.is_file():
             raise ExtensionError(
-                f"no executed copy of {path.name} in {build.EXECUTED.relative_to(build.ROOT)}: "
+                f"no executed copy of {path.name} in {make_site.EXECUTED.relative_to(make_site.ROOT)}: "
                 "build the site with make docs, which runs it"
             )
         nb = nbformat.read(executed, as_version=4)
-        meta = nb.metadata.pop(build.META_KEY, {})
-        hide = [p for p in (meta.get("workdir"), str(build.ROOT)) if p]
+        meta = nb.metadata.pop(make_site.META_KEY, {})
+        hide = [p for p in (meta.get("workdir"), str(make_site.ROOT)) if p]
         static[path.name] = make_static(nb, hide)
         nbformat.write(static[path.name], src / "notebooks" / path.name)
         source = path.read_text()
@@ -307,7 +307,7 @@ def generate(app: Sphinx) -> None:
 
     import plotly
 
-    static_dir = build.STATIC
+    static_dir = make_site.STATIC
     static_dir.mkdir(parents=True, exist_ok=True)
     plotly_js = Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
     shutil.copyfile(plotly_js, static_dir / "plotly.min.js")

@@ -83,3 +83,12 @@ def test_notebook_runs(path: Path, tmp_path: Path, request: pytest.FixtureReques
     nb.metadata[META_KEY] = {"source": digest(path), "workdir": str(tmp_path)}
     EXECUTED.mkdir(parents=True, exist_ok=True)
     nbformat.write(nb, EXECUTED / path.name)
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_committed_notebooks_hold_no_outputs(path: Path) -> None:
+    # Outputs are made by runs (the suite's, for the site), never committed.
+    nb = nbformat.read(path, as_version=4)
+    ran = [i for i, c in enumerate(nb.cells) if c.get("outputs") or c.get("execution_count")]
+    assert not ran, f"cells {ran} hold outputs: clear them before committing"
+    assert "widgets" not in nb.metadata and "rankscope" not in nb.metadata
