@@ -72,7 +72,10 @@ def plotly_html(figure: dict[str, Any]) -> str:
     """A figure as a ``<div>`` and the call that draws it (plotly.js is loaded by the page)."""
     import plotly.io as pio
 
-    return pio.to_html(figure, include_plotlyjs=False, full_html=False, config={"responsive": True})
+    # validate=False: the figure is JSON that plotly itself wrote in the run
+    return pio.to_html(
+        figure, include_plotlyjs=False, full_html=False, validate=False, config={"responsive": True}
+    )
 
 
 def output_html(output: dict[str, Any], state: dict[str, Any]) -> str:
