@@ -35,6 +35,7 @@ RECIPES = [f"D{n}" for n in range(1, 24)]
 RECIPE_HEADING = re.compile(r"^## (D\d+): (.+)$", re.MULTILINE)
 GENERATED = ("guide", "notebooks", "recipes")
 TAB_STYLE = "font-weight:600;border-bottom:1px solid #ccc;margin-top:0.8em"
+SCENARIO_GET = re.compile(r'\bget\("([\w-]+)"\)')
 SITE_LINK = re.compile(r"\]\(docs/_build/html/([\w/-]+)\.html\)")
 
 
@@ -269,8 +270,8 @@ def generate(app: Sphinx) -> None:
         hide = [p for p in (meta.get("workdir"), str(make_site.ROOT)) if p]
         static[path.name] = make_static(nb, hide)
         nbformat.write(static[path.name], src / "notebooks" / path.name)
-        source = path.read_text()
-        for scenario_id in re.findall(r'\bget\(\\?"([\w-]+)\\?"\)', source):
+        code = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
+        for scenario_id in SCENARIO_GET.findall(code):  # s = get("d21")
             notebook_of.setdefault(scenario_id, path.name)
 
     found: dict[str, tuple[str, str, list[Any]]] = {}

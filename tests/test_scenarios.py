@@ -9,7 +9,6 @@ replay, so that the suite does not run the same broken job twice."""
 from __future__ import annotations
 
 import ast
-import re
 from dataclasses import replace
 from pathlib import Path
 
@@ -25,21 +24,12 @@ SCENARIOS = catalogue()
 NOTEBOOKS = sorted((Path(__file__).parent.parent / "notebooks").glob("*.ipynb"))
 
 
-def _fixed_by_a_notebook() -> set[str]:
-    """Scenarios a notebook runs with ``Lesson.verify`` (fixed run, every rank exits 0)."""
-    found: set[str] = set()
-    for path in NOTEBOOKS:
-        nb = nbformat.read(path, as_version=4)
-        code = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
-        if re.search(r"\blesson\.verify\(", code):
-            found |= set(re.findall(r'\bget\("([\w-]+)"\)', code))
-    return found
-
-
-def _broken_as_catalogued_by_a_notebook() -> set[str]:
-    """Scenarios a notebook runs with ``lesson.break_it(s)`` where the lesson checks the
-    catalogue's diagnosis: neither the call nor ``Lesson(...)`` names another ``verdict``."""
-    found: set[str] = set()
+def _lesson_calls() -> list[tuple[str, str, bool]]:
+    """``(method, scenario id, checks the catalogue)`` for every ``lesson.verify(s)`` and
+    ``lesson.break_it(s)`` of the notebooks, ``s`` resolved from ``s = get("d21")`` in the
+    order of the source (a variable may name one scenario after another). A ``break_it`` checks
+    the catalogue's diagnosis unless it, or ``Lesson(...)``, names another ``verdict``."""
+    calls: list[tuple[str, str, bool]] = []
     for path in NOTEBOOKS:
         nb = nbformat.read(path, as_version=4)
         code = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
@@ -47,20 +37,25 @@ def _broken_as_catalogued_by_a_notebook() -> set[str]:
             tree = ast.parse(code)
         except SyntaxError:  # IPython syntax: not a lesson notebook
             continue
-        ids: dict[str, str] = {}  # variable -> scenario id, from `s = get("d21")`
+        ids: dict[str, str] = {}
         lesson_checks = True
-        # in the order of the source: a variable may name one scenario after another
         for node in sorted(ast.walk(tree), key=lambda n: getattr(n, "lineno", 0)):
             if isinstance(node, ast.Assign) and _call_name(node.value) == "get":
                 (target,) = node.targets
                 ids[ast.unparse(target)] = ast.literal_eval(node.value.args[0])  # type: ignore[attr-defined]
             elif isinstance(node, ast.Call) and _call_name(node) == "Lesson":
                 lesson_checks = _checks_catalogue(node, default=True)
-            elif isinstance(node, ast.Call) and _call_name(node) == "lesson.break_it":
+            elif isinstance(node, ast.Call) and _call_name(node) in (
+                "lesson.verify",
+                "lesson.break_it",
+            ):
                 name = ast.unparse(node.args[0])
-                if name in ids and _checks_catalogue(node, default=lesson_checks):
-                    found.add(ids[name])
-    return found
+                if name in ids:
+                    method = _call_name(node).partition(".")[2]  # type: ignore[union-attr]
+                    calls.append(
+                        (method, ids[name], _checks_catalogue(node, default=lesson_checks))
+                    )
+    return calls
 
 
 def _call_name(node: ast.AST) -> str | None:
@@ -72,7 +67,13 @@ def _checks_catalogue(call: ast.Call, *, default: bool) -> bool:
     return default if verdict is None else ast.unparse(verdict) == "CATALOGUE"
 
 
-BROKEN_BY_A_NOTEBOOK = _broken_as_catalogued_by_a_notebook()
+LESSON_CALLS = _lesson_calls()
+#: Scenarios a notebook runs fixed with ``Lesson.verify`` (every rank exits 0).
+FIXED_BY_A_NOTEBOOK = {sid for method, sid, _ in LESSON_CALLS if method == "verify"}
+#: Scenarios a notebook breaks with ``Lesson.break_it``, checking the catalogue's diagnosis.
+BROKEN_BY_A_NOTEBOOK = {
+    sid for method, sid, checks in LESSON_CALLS if method == "break_it" and checks
+}
 #: The broken runs this file makes: every hang (its replay), and what no notebook checks.
 BROKEN_HERE = [
     s for s in SCENARIOS if s.expected["verdict"] == "hang" or s.id not in BROKEN_BY_A_NOTEBOOK
@@ -97,7 +98,7 @@ def test_catalogue_is_complete_and_consistent():
         broken, fixed = s.spec(), s.spec(fix=True)
         if not s.fix_flag:  # the fix is all in the launch: the two runs must launch differently
             assert replace(broken, name=None) != replace(fixed, name=None), s.id
-    unverified = set(ids) - _fixed_by_a_notebook()
+    unverified = set(ids) - FIXED_BY_A_NOTEBOOK
     assert not unverified, f"no notebook runs the fix of {sorted(unverified)}"
     with pytest.raises(ValueError, match="known: d08"):
         get("nope")
