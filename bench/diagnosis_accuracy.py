@@ -104,7 +104,9 @@ def corpus_cases(only: set[str]) -> list[tuple[str, JobSpec, dict[str, Any], Any
     for c in corpus.cases():
         if only and c.name not in only:
             continue
-        spec = JobSpec(script=str(c.path), nproc_per_node=c.ranks, name=c.name, **corpus.RUN)
+        spec = JobSpec(
+            script=str(c.path), nproc_per_node=c.ranks, nnodes=c.nodes, name=c.name, **corpus.RUN
+        )
         want = {"verdict": c.verdict, "cause": c.cause, "recipe": c.recipe, "culprits": c.culprits}
         out.append((c.name, spec, want, lambda d, c=c: corpus.check(c, d)))
     return out

@@ -429,11 +429,13 @@ def test_every_rank_in_the_same_collective_is_stuck_below_python():
 
 
 def test_a_rank_alive_outside_collectives_while_others_wait():
+    """Its stacks show it outside every collective, waiting on nothing: it computes (never a
+    rank-conditional call on that alone)."""
     rows = [*steps(range(3), 2), call(0, 3, done=False), call(1, 3, done=False)]
     stacks = [{"rank": 2, "capture_id": 1, "site": "train.py:77", "func": "evaluate"}]
     d = diagnose(run_of(rows, exits=dict.fromkeys(range(3)), stacks=stacks))
     assert (d.cause, d.culprit_ranks, d.waiting_ranks) == (
-        "rank_conditional_collective",
+        "busy_outside",
         [2],
         [0, 1],
     )

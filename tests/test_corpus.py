@@ -29,7 +29,9 @@ def test_the_corpus_is_broad():
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 def test_corpus_case_is_diagnosed(case, start_job):
-    job = start_job.spec(JobSpec(script=str(case.path), nproc_per_node=case.ranks, **RUN))
+    job = start_job.spec(
+        JobSpec(script=str(case.path), nproc_per_node=case.ranks, nnodes=case.nodes, **RUN)
+    )
     assert job.wait(timeout=120) is not None, "the job did not end"
     d = diagnose(job.run.path)
     assert not check(case, d), "\n".join(check(case, d)) + "\n\n" + d.render()

@@ -18,6 +18,8 @@ only place it is spelled out::
         calls-<pid>.ring       the last RING_SLOTS calls of process <pid>, written at entry and
                                exit through a shared memory map (see RING_HEADER, RING_SLOT)
         stacks.txt             faulthandler dumps of every thread, each after a "# rankscope" marker
+        values.jsonl           with each capture, the simple values its threads' conditions read
+                               (rankscope.probe._values: numbers, strings, booleans, None only)
         fr.pkl                 the latest dump of torch's flight recorder (pickle, as torch writes it)
         fr_nccl.pkl            the latest dump of the NCCL flight recorder, when the backend is nccl
         nccl.log               NCCL_DEBUG output, when the nccl_debug preset is on
@@ -173,6 +175,9 @@ class RunDir:
 
     def stacks(self, rank: int) -> Path:
         return self.rank_dir(rank) / "stacks.txt"
+
+    def values(self, rank: int) -> Path:
+        return self.rank_dir(rank) / "values.jsonl"
 
     def ring(self, rank: int, pid: int) -> Path:
         return self.rank_dir(rank) / f"calls-{pid}.ring"

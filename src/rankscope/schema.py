@@ -197,6 +197,24 @@ STACKS: Columns = {
     "source": "string",
 }
 
+#: One row per (capture, thread, frame, name): the simple values (numbers, strings, booleans,
+#: None) that a frame's conditions read, captured with the stacks (ranks/<r>/values.jsonl).
+VALUES: Columns = {
+    "rank": "Int64",
+    "capture_id": "Int64",
+    "capture": "Int64",  # 0-based index of the capture within its file
+    "t_s": "Float64",
+    "reason": "string",
+    "thread": "string",  # thread id as faulthandler prints it
+    "depth": "Int64",  # 0 is the outermost frame kept
+    "file": "string",
+    "func": "string",
+    "line": "Int64",
+    "name": "string",
+    "value": "object",  # the value itself: bool, int, float, str or None
+    "source": "string",
+}
+
 #: One row per (rank, capture): the innermost user frame of the thread that matters.
 STACK_SUMMARY: Columns = {
     "rank": "Int64",
@@ -274,6 +292,7 @@ TABLES: dict[str, Columns] = {
     "pg_status": PG_STATUS,
     "stacks": STACKS,
     "stack_summary": STACK_SUMMARY,
+    "values": VALUES,
     "errors": ERRORS,
     "problems": PROBLEMS,
 }

@@ -35,6 +35,12 @@ class Case:
     """The culprit's call came from a thread other than its main one: a note says so."""
     activity: str | None = None
     """What the culprit was blocked on, as the stacks say (lock, sleep, queue, ...)."""
+    parting: str | None = None
+    """Tag of the line of the decision that sent the culprits another way (``parting.site``)."""
+    values: list[str] = field(default_factory=list)
+    """Names the parting line must give values of (on some rank)."""
+    nodes: int = 1
+    """Simulated nodes (``ranks`` per node)."""
 
     def line(self, tag: str) -> str:
         for no, text in enumerate(self.path.read_text().splitlines(), 1):
@@ -77,6 +83,14 @@ def check(case: Case, d: Any) -> list[str]:
         w in d.reason for w in _ACTIVITY_WORDS.get(case.activity, (case.activity,))
     ):
         wrong.append(f"the reason does not say the culprit was {case.activity}: {d.reason}")
+    if case.parting is not None:
+        got = (d.parting or {}).get("site")
+        if got != case.line(case.parting):
+            why = next((n for n in d.notes if "parted is not known" in n), "")
+            wrong.append(f"parting line {got} (expected {case.line(case.parting)}) {why}")
+    missing_values = [v for v in case.values if v not in (d.parting or {}).get("values", {})]
+    if missing_values:
+        wrong.append(f"the parting line has no value of {missing_values}")
     if "?" in text.replace("could not read", ""):
         wrong.append("a '?' in the diagnosis")
     return wrong

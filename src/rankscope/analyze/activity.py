@@ -162,17 +162,25 @@ def user_path(
     """The user's frames ``(file, func, line)`` of one of ``rank``'s threads in its latest
     capture of stacks, outermost first: ``thread`` when the capture has it, else the main
     thread. None when the rank has no stacks."""
-    threads = _threads(stacks, rank)
-    tid = _main_thread(threads, thread)
-    if tid is None:
+    frames = thread_frames(stacks, rank, thread)
+    if frames is None:
         return None
-    frames = threads[tid]
     user = frames[frames["is_user"].fillna(False).astype(bool)].iloc[::-1]
     return [
         (str(f), str(fn), int(ln))
         for f, fn, ln in zip(user["file"], user["func"], user["line"], strict=True)
         if _text(f) is not None and _text(ln) is not None
     ]
+
+
+def thread_frames(
+    stacks: pd.DataFrame, rank: int, thread: str | None = None
+) -> pd.DataFrame | None:
+    """The frames of one of ``rank``'s threads in its latest capture of stacks, innermost first:
+    ``thread`` when the capture has it, else the main thread. None when the rank has none."""
+    threads = _threads(stacks, rank)
+    tid = _main_thread(threads, thread)
+    return None if tid is None else threads[tid]
 
 
 def passed(

@@ -116,6 +116,18 @@ _CAUSES = (
         fix="{wait_fix}",
     ),
     Cause(
+        name="busy_outside",
+        verdict="hang",
+        recipe=None,
+        title="a rank computes without end outside the collectives",
+        reason="{others} wait in {other_op}{other_at} ({collective}) for {culprits}, which is "
+        "{culprit_doing}",
+        fix="The rank keeps computing and never reaches the collective: a loop whose exit it "
+        "never meets (a tolerance, a convergence test, a counter that differs on this rank). "
+        "Bound the loop (a maximum number of iterations), decide its exit on every rank alike "
+        "(all-reduce the condition), or raise the stall timeout if the rank is only slow.",
+    ),
+    Cause(
         name="lagging_rank",
         verdict="hang",
         recipe="D19",

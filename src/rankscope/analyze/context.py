@@ -28,8 +28,17 @@ from rankscope.analyze.calls import (
     fr_sites,
     merge_calls,
 )
-from rankscope.analyze.diagnosis import CollectiveInfo, EvidenceRef, compact_ranks
+from rankscope.analyze.diagnosis import CollectiveInfo, EvidenceRef, compact_ranks, who_of
 from rankscope.analyze.evidence import SIGNAL_TEXT, Evidence, RankFacts
+from rankscope.analyze.parting import (
+    Frame,
+    Parting,
+    find_parting,
+    left_loop_by_sites,
+    loop_parting,
+    rank_path,
+    without_machinery,
+)
 from rankscope.analyze.waits import WaitGraph, wait_graph
 from rankscope.collect import SIGNATURES, VICTIM_ROLES
 
@@ -63,6 +72,9 @@ class Context:
         self.straggler_s = straggler_s
         self.facts = ev.ranks
         self.notes_of_sites: list[str] = []
+        self._partings: dict[
+            tuple[tuple[int, ...], tuple[int, ...]], tuple[Parting | None, str]
+        ] = {}
 
     # --- the calls ------------------------------------------------------------------------
     @cached_property
@@ -147,6 +159,75 @@ class Context:
                 if opt(site):
                     g.waits[w.rank] = replace(w, site=str(site))
         return g
+
+    def parting(self, culprits: Iterable[int], others: Iterable[int]) -> tuple[Parting | None, str]:
+        """The decision in the source that separates ``culprits`` from ``others`` (their
+        stacks: each rank's thread that waits in a call, else its main thread), and why there
+        is none when there is none (:func:`~rankscope.analyze.parting.find_parting`)."""
+        key = (tuple(sorted(culprits)), tuple(sorted(others)))
+        if key not in self._partings:
+            stacks = self.ev.table("stacks")
+            sides: dict[str, dict[int, list[Frame]]] = {"culprits": {}, "others": {}}
+            for side, ranks in zip(sides, key, strict=True):
+                for r in ranks:
+                    w = self.graph.waits.get(r)
+                    f = self.facts.get(r)
+                    thread = w.thread if w is not None and w.thread else None
+                    thread = thread or (f.main_thread if f is not None else None)
+                    path = rank_path(stacks, r, thread=thread)
+                    if not path and f is not None and f.exception:
+                        # it raised: where it was is its traceback, not its exit's stacks
+                        path = without_machinery(self.ev.traceback_path(r, f.exception))
+                    if path:
+                        sides[side][r] = path
+            found = find_parting(sides, self.ev.table("values"))
+            if found[0] is None and key[0] and key[1]:
+                # no stacks that part: the calls' own lines may show a loop left
+                own, theirs = self.call_frame(key[0][0]), self.call_frame(key[1][0])
+                loop = loop_parting(theirs, own, *key, self.ev.table("values"))
+                found = (loop, "") if loop is not None else found
+            self._partings[key] = found
+        return self._partings[key]
+
+    def loop_left(
+        self, culprits: Iterable[int], others: Iterable[int], theirs: pd.Series, own: pd.Series
+    ) -> bool | None:
+        """Whether the culprits' call ``own`` is past the end of the loop that holds the others'
+        call ``theirs`` (rows of the calls table), by the source; None when it cannot tell. A
+        loop left becomes the parting line of these two sides, where their stacks gave none."""
+        their_frame, own_frame = self.frame_of(theirs), self.frame_of(own)
+        key = (tuple(sorted(culprits)), tuple(sorted(others)))
+        if self.parting(*key)[0] is None:
+            loop = loop_parting(their_frame, own_frame, *key, self.ev.table("values"))
+            if loop is not None:
+                self._partings[key] = (loop, "")
+        return left_loop_by_sites(their_frame, own_frame)
+
+    def call_frame(self, rank: int) -> Frame:
+        """(file, function, line) of ``rank``'s latest call as the probe recorded it; blanks
+        where it did not."""
+        if rank not in self.last.index:
+            return ("", "", 0)
+        return self.frame_of(self.last.loc[rank])
+
+    def frame_of(self, call: pd.Series) -> Frame:
+        """(file, function, line) of a call of the calls table, where the probe recorded it."""
+        if call["source"] != "collectives":
+            return ("", "", 0)
+        row = self.ev.table("collectives").iloc[int(call["row"])]
+        file, func, line = opt(row["file"]), opt(row["func"]), opt_int(row["line"])
+        return (file or "", func or "", line or 0)
+
+    def waited_s(self, ranks: Iterable[int]) -> float | None:
+        """How long the longest of these ranks' calls in flight had waited at the last record
+        of the run (None without one)."""
+        calls = self.calls
+        flying = calls[calls["rank"].isin(list(ranks)) & ~done(calls)]
+        start = flying["t_start_s"].min()
+        end = self.ev.table("events")["t_s"].max()
+        if pd.isna(start) or pd.isna(end):
+            return None
+        return max(0.0, float(end) - float(start))
 
     def activity(self, rank: int) -> Activity | None:
         f = self.facts.get(rank)
@@ -546,13 +627,6 @@ def done(rows: pd.DataFrame) -> pd.Series:
 def failed(rows: pd.DataFrame) -> pd.Series:
     """Calls that raised."""
     return rows["ok"].eq(False).fillna(False).astype(bool)
-
-
-def who_of(ranks: Iterable[int], empty: str = "no rank") -> str:
-    ranks = sorted(ranks)
-    if not ranks:
-        return empty
-    return ("rank " if len(ranks) == 1 else "ranks ") + compact_ranks(ranks)
 
 
 def site_of(sites: pd.Series, rows: pd.DataFrame) -> str | None:

@@ -19,6 +19,7 @@ from rankscope.analyze.catalogue import CAUSES, Verdict, explain, fix_for
 from rankscope.analyze.context import Context, at, who_of
 from rankscope.analyze.diagnosis import Diagnosis
 from rankscope.analyze.evidence import Evidence
+from rankscope.analyze.parting import RANK_ENV, Parting
 from rankscope.analyze.rules import RULES, Finding, Rule, straggler
 from rankscope.collect import load_run
 from rankscope.rundir import RunDir
@@ -71,6 +72,17 @@ def _diagnosis(ctx: Context, f: Finding) -> Diagnosis:
     facts["other_at"] = at(facts.get("other_site"))
     reason = explain(f.cause, facts)
     summary = f"{cause.title[0].upper()}{cause.title[1:]}: {reason}."
+    parting, notes = None, list(f.notes)
+    others = f.waiting or (
+        sorted(set(f.collective.pg_ranks) - set(f.culprits)) if f.collective else []
+    )
+    if cause.verdict == "hang" and f.culprits and others:
+        found, why = ctx.parting(f.culprits, others)
+        if found is not None:
+            parting = found.to_dict()
+            notes += _parting_notes(found)
+        else:
+            notes.append(f"the line where the ranks parted is not known: {why}")
     return Diagnosis(
         verdict=cause.verdict,
         cause=f.cause,
@@ -82,12 +94,28 @@ def _diagnosis(ctx: Context, f: Finding) -> Diagnosis:
         fix=fix_for(f.cause, facts),
         collective=f.collective,
         chain=ctx.chain(sorted(f.culprits)) if f.culprits else [],
+        parting=parting,
         evidence=f.refs,
         missing=ctx.missing(),
-        notes=f.notes + ctx.aftermath(f.culprits) + ctx.launcher_notes(f.culprits),
+        notes=notes + ctx.aftermath(f.culprits) + ctx.launcher_notes(f.culprits),
         run=ctx.ev.path,
         calls=ctx.calls,
     )
+
+
+def _parting_notes(p: Parting) -> list[str]:
+    """What a decision on a per-node or per-rank environment variable means."""
+    notes = []
+    for name, var in p.env.items():
+        if RANK_ENV.get(var) == "D3":
+            notes.append(
+                f"{name} comes from {var}, which counts ranks within a node: it is true or false "
+                f"on one rank of every node, not of the job (recipe D3: rank vs local rank); "
+                "decide once for the job on the global rank, or make the call on every rank"
+            )
+        elif var in RANK_ENV:
+            notes.append(f"{name} comes from {var}: it differs by rank by design")
+    return notes
 
 
 def _healthy(ctx: Context) -> Diagnosis:

@@ -93,6 +93,11 @@ class Diagnosis:
     """The waits that lead to the culprits, nearest first: each ``{rank, ranks, waits_in,
     waits_for, text}``, ``waits_in`` the call (``pg``, ``pg_desc``, ``seq``, ``op``, ``site``,
     ``thread``, ``peer``) or None for a culprit that waits in nothing."""
+    parting: dict[str, Any] | None = None
+    """The line of the user's code that sent the culprits another way
+    (:class:`rankscope.analyze.parting.Parting` as a dict: ``site``, ``source``, ``kind``,
+    ``ranks_in``, ``ranks_out``, ``into``, ``left_loop``, ``values``, ``env``, ``text``); None
+    where the evidence cannot tell (a note says why)."""
     evidence: list[EvidenceRef] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)
     """Evidence that was not there (ranks without dumps, unreadable files, ...)."""
@@ -119,6 +124,7 @@ class Diagnosis:
             "fix": self.fix,
             "collective": self.collective.to_dict() if self.collective else None,
             "chain": [dict(link) for link in self.chain],
+            "parting": dict(self.parting) if self.parting else None,
             "evidence": [asdict(ref) for ref in self.evidence],
             "missing": list(self.missing),
             "notes": list(self.notes),
@@ -145,6 +151,11 @@ class Diagnosis:
                 f"<b style='color:#d62728'>{compact_ranks(self.culprit_ranks)}</b>"
                 + (f" · waiting: {waiting}" if waiting else "")
                 + "</div>"
+            )
+        if self.parting:
+            parts.append(
+                "<div class='rankscope-parting' style='font-size:1.1em;margin:6px 0'>"
+                f"<b>Where they parted:</b> {html.escape(self.parting['text'])}</div>"
             )
         parts.append(f"<p>{html.escape(self.summary)}</p>")
         if self.collective is not None:
@@ -215,7 +226,10 @@ class Diagnosis:
             head += f": {self.cause}"
         if self.recipe:
             head += f" (recipe {self.recipe})"
-        lines = [head, self.summary]
+        lines = [head]
+        if self.parting:
+            lines.append(f"parted: {self.parting['text']}")
+        lines.append(self.summary)
         if self.culprit_ranks or self.waiting_ranks:
             lines.append(
                 f"culprit ranks: {_ranks(self.culprit_ranks)}; "
@@ -252,6 +266,14 @@ class Diagnosis:
 
 def _ranks(ranks: list[int]) -> str:
     return compact_ranks(ranks) or "none"
+
+
+def who_of(ranks: Iterable[int], empty: str = "no rank") -> str:
+    """``rank 3``, ``ranks 0-2, 5``, or ``empty`` for none."""
+    ranks = sorted(ranks)
+    if not ranks:
+        return empty
+    return ("rank " if len(ranks) == 1 else "ranks ") + compact_ranks(ranks)
 
 
 def compact_ranks(ranks: Iterable[int]) -> str:

@@ -35,7 +35,7 @@ SIGNAL_TEXT = {
 
 _OOM = re.compile(r"out of memory|OutOfMemoryError|can't allocate memory", re.IGNORECASE)
 _NAN = re.compile(r"\bnan\b|non-finite|not finite", re.IGNORECASE)
-_TRACE_FILE = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+)')
+_TRACE_FILE = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+)(?:, in (?P<func>\S+))?')
 #: The probe's exit handler (``Probe.end``): on a rank's stack, its script has returned.
 _PROBE_FILE = re.compile(r"rankscope[/\\]probe[/\\]_core\.py$")
 
@@ -196,6 +196,26 @@ class Evidence:
         if code is None or code >= 0:
             return False
         return -code in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP) or self.stopped
+
+    def traceback_path(self, rank: int, message: str | None) -> list[tuple[str, str, int]]:
+        """The frames ``(file, function, line)``, outermost first, of the traceback a rank
+        printed for ``message`` (from its stderr in the ``logs`` table); empty without one."""
+        logs = self.table("logs")
+        if logs.empty or not message:
+            return []
+        texts = logs.loc[(logs["rank"] == rank) & logs["text"].notna(), "text"].tolist()
+        needle = message.split("\n", 1)[0][:80]
+        hit = next((i for i, text in enumerate(texts) if needle in text), None)
+        if hit is None:
+            return []
+        frames = []
+        for text in reversed(texts[:hit]):
+            if text.startswith("Traceback (most recent call last)"):
+                break
+            m = _TRACE_FILE.match(text)
+            if m:
+                frames.append((m["file"], m["func"] or "<module>", int(m["line"])))
+        return frames[::-1]
 
     def traceback_site(self, rank: int, message: str | None) -> str | None:
         """``file:line`` of the innermost user frame of the traceback a rank printed for

@@ -315,13 +315,18 @@ def _mismatch(ctx: Context, d: align.Divergence) -> Finding:
     groups = {k: sorted(g["rank"].tolist()) for k, g in rows.groupby("key")}
     most = max(len(g) for g in groups.values())
     tied = [k for k, g in groups.items() if len(g) == most]
-    # The usual call is the reference; between equal camps, the one the ranks made before.
+    # The usual call is the reference; between equal camps, the one the ranks made before;
+    # and whatever the counts, not the side that the parting line sends another way.
     norm_key = max(tied, key=lambda k: (_familiarity(ctx, d, k), -groups[k][0]))
+    parted = _parted_side(ctx, groups)
+    if parted is not None:
+        norm_key, tied = next(k for k in groups if k != parted), []
     norm = rows[rows["key"] == norm_key]
     odd = rows[rows["key"] != norm_key]
     culprits = sorted(odd["rank"].tolist())
     waiting = sorted(norm["rank"][~done(norm)].tolist())
     o, n = odd.iloc[0], norm.iloc[0]
+    norm_ranks = sorted(norm["rank"].tolist())
     sites = ctx.sites(rows)
     facts = {
         "culprit_op": o["op"],
@@ -338,20 +343,18 @@ def _mismatch(ctx: Context, d: align.Divergence) -> Finding:
     if o["op"] != n["op"]:
         # Out of data: the odd ranks left a loop the others are still in, for the barrier that
         # follows it (a data collective elsewhere is a different call, not the loop's end).
-        ended = set(odd["op"].astype(str)) <= BARRIER_OPS
-        norm_ranks = sorted(norm["rank"].tolist())
-        fewer = _fewer(ctx, culprits, norm.index[0], norm_ranks, current=True) if ended else None
-        if fewer is not None:
+        if _ran_out(ctx, culprits, norm, o, facts, notes):
             cause = "uneven_inputs"
-            facts["culprit_done"] = fewer
-            facts["culprit_went"] = f"went on to {o['op']}{at(facts['culprit_site'])}"
-        elif _extra_or_skipped(ctx, d, odd, norm):
+        elif _extra_or_skipped(ctx, d, odd, norm) or _extra_call(ctx, culprits, norm_ranks):
             cause = "rank_conditional_collective"
-            facts["culprit_doing"] = f"called {o['op']}{at(facts['culprit_site'])}"
-            facts["other_doing"] = f"called {n['op']}{at(facts['other_site'])}"
         else:
             cause = "op_mismatch"
         notes += _thread_notes(ctx, odd)
+    elif _ran_out(ctx, culprits, norm, o, facts, notes, only_evidence=True):
+        cause = "uneven_inputs"
+    elif _extra_call(ctx, culprits, norm_ranks):
+        # the same op with other tensors, but made from a branch the others passed by
+        cause = "rank_conditional_collective"
     elif o["shapes"] != n["shapes"] and str(o["op"]) not in UNEVEN_OPS:
         cause = "shape_mismatch"
     elif o["dtypes"] != n["dtypes"] and str(o["op"]) not in UNEVEN_OPS:
@@ -360,6 +363,9 @@ def _mismatch(ctx: Context, d: align.Divergence) -> Finding:
         cause = "root_mismatch"
         facts["culprit_root"] = opt(o["root"]) or "unknown"
         facts["other_root"] = opt(n["root"]) or "unknown"
+    if cause == "rank_conditional_collective":
+        facts["culprit_doing"] = f"called {o['op']}{at(facts['culprit_site'])}"
+        facts["other_doing"] = f"called {n['op']}{at(facts['other_site'])}"
     facts["others"] = who_of(sorted(norm["rank"].tolist()))
     if d.missing:
         notes.append(f"{who_of(d.missing)} never made this call")
@@ -456,6 +462,72 @@ def _fewer(
         else (f"are making their {_nth(theirs)}" if current else f"made {theirs}")
     )
     return f"{'/'.join(map(str, ours))} calls of {ref['op']} at {site} where {who} {made}"
+
+
+def _parted_side(ctx: Context, groups: dict[int, list[int]]) -> int | None:
+    """Of two camps, the key of the one the parting line sends another way (the ranks that
+    left a loop the others are in, or took a branch the others passed by), or None."""
+    if len(groups) != 2:
+        return None
+    first, second = groups
+    p, _ = ctx.parting(groups[first], groups[second])
+    if p is None or p.arms:
+        return None
+    gone = set(p.ranks_out if p.kind in ("for", "while") else p.ranks_in)
+    return first if gone == set(groups[first]) else second if gone == set(groups[second]) else None
+
+
+def _ran_out(
+    ctx: Context,
+    culprits: list[int],
+    norm: pd.DataFrame,
+    own: pd.Series,
+    facts: dict[str, Any],
+    notes: list[str],
+    *,
+    only_evidence: bool = False,
+) -> bool:
+    """Whether the culprits ran out of iterations of the loop the others are still in: they
+    made its call fewer times, and left it (for a barrier after it, the counts may say so when
+    nothing else can; for any other call, the stacks or the source must). Sets the facts."""
+    peers = sorted(norm["rank"].tolist())
+    fewer = _fewer(ctx, culprits, norm.index[0], peers, current=True)
+    if fewer is None:
+        return False
+    left = _left_loop(ctx, culprits, peers, norm.iloc[0], own)
+    ended = set(str(own["op"]).split()) <= BARRIER_OPS
+    if left is None:
+        if only_evidence or not ended:
+            return False
+        notes.append(
+            "whether the culprits left the loop is inferred from their counts of calls alone: "
+            "no stacks or source show where they were"
+        )
+    elif not left:
+        return False
+    facts["culprit_done"] = fewer
+    facts["culprit_went"] = f"went on to {own['op']}{at(facts['culprit_site'])}"
+    return True
+
+
+def _extra_call(ctx: Context, culprits: list[int], others: list[int]) -> bool:
+    """Whether the culprits' call was made from a branch the others passed by (the parting
+    line: a branch one side took, not two arms of one ``if``, nor a loop): an extra call."""
+    p, _ = ctx.parting(culprits, others)
+    return p is not None and not p.arms and not p.left_loop and set(culprits) <= set(p.ranks_in)
+
+
+def _left_loop(
+    ctx: Context, culprits: list[int], others: list[int], theirs: pd.Series, own: pd.Series
+) -> bool | None:
+    """Whether the culprits left the loop the others are still in, rather than called something
+    else from inside it: their stacks past the loop (the parting line), else their call past
+    the end of the loop that holds the others' call; None when neither can tell."""
+    p, _ = ctx.parting(culprits, others)
+    if p is not None and (p.left_loop or p.arms or set(culprits) <= set(p.ranks_in)):
+        gone = p.ranks_out if p.kind in ("for", "while") else p.ranks_in
+        return p.left_loop and set(culprits) <= set(gone)
+    return ctx.loop_left(culprits, others, theirs, own)
 
 
 def _nth(n: int) -> str:
@@ -583,10 +655,18 @@ def _explain_roots(ctx: Context, found: Finding, where: dict[int, Where], w: Wai
         if a.reason:
             found.notes.append(f"rank {r}'s stacks that show it were taken {a.when}")
         return
-    if any(x.state == "busy" for x in where.values()):
-        found.cause = "rank_conditional_collective"
-        facts["culprit_doing"] = f"never called it ({_some(where)})"
-        facts["other_doing"] = f"waited in {facts['other_op']}{at(facts['other_site'])}"
+    busy = [r for r, x in where.items() if x.state == "busy"]
+    if busy:
+        # Outside every collective, waiting on nothing its stacks show: it computes.
+        found.culprits = busy
+        found.cause = "busy_outside"
+        p, _ = ctx.parting(busy, found.waiting)
+        loop = f" in the loop at {p.site} (`{p.source}`)" if p is not None and p.left_loop else ""
+        x = where[busy[0]]
+        since = ctx.waited_s(found.waiting)
+        how_long = f" while they have waited {since:.1f} s" if since is not None else ""
+        facts["culprit_doing"] = f"running code outside any collective{loop}{at(x.site)}{how_long}"
+        facts["culprit_site"] = x.site
     else:
         facts["culprit_doing"] = _some(where)
 
@@ -633,7 +713,9 @@ def _cycle(ctx: Context, cycle: list[int]) -> Finding:
     }
     cause = "rank_conditional_collective"
     fewer = _ran_short(ctx, c, own)
-    if fewer is not None:
+    if fewer is not None and _left_loop(
+        ctx, culprits, [skipped.rank], ctx.calls.iloc[skipped.row], ctx.calls.iloc[own.row]
+    ) in (True, None):
         cause = "uneven_inputs"
         facts.update(
             culprit_done=fewer,

@@ -39,6 +39,7 @@ if TYPE_CHECKING:
         short_site,
         summarize_stacks,
     )
+    from rankscope.collect.values import read_values
 
 _LAZY = {
     "Problems": "rankscope.collect._common",
@@ -64,6 +65,7 @@ _LAZY = {
     "read_stacks": "rankscope.collect.stacks",
     "short_site": "rankscope.collect.stacks",
     "summarize_stacks": "rankscope.collect.stacks",
+    "read_values": "rankscope.collect.values",
 }
 
 __all__ = [
@@ -88,6 +90,7 @@ __all__ = [
     "read_nccl_comms",
     "read_pg_status",
     "read_stacks",
+    "read_values",
     "short_site",
     "summarize_stacks",
 ]

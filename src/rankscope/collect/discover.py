@@ -49,6 +49,7 @@ class Inventory:
     nccl: list[Source] = field(default_factory=list)
     flight_recorder: list[Source] = field(default_factory=list)
     stacks: list[Source] = field(default_factory=list)
+    values: list[Source] = field(default_factory=list)
     local_ranks: dict[tuple[int, int], int] = field(default_factory=dict)
     pid_ranks: dict[tuple[str, int], int] = field(default_factory=dict)
     starts: dict[int, dict[str, Any]] = field(default_factory=dict)
@@ -133,6 +134,8 @@ def _rank_file(inv: Inventory, path: Path, name: str, rank: int) -> None:
         inv.rings.append(source)
     elif path.name == "stacks.txt":
         inv.stacks.append(source)
+    elif path.name == "values.jsonl":
+        inv.values.append(source)
     elif path.name == "nccl.log" or path.name.startswith("nccl"):
         inv.nccl.append(source)
     elif _is_dump_name(path.name):

@@ -28,6 +28,7 @@ from rankscope.collect.flight_recorder import load_flight_recorder, read_fr_fram
 from rankscope.collect.logs import read_logs
 from rankscope.collect.nccl import load_nccl
 from rankscope.collect.stacks import read_stacks, summarize_stacks
+from rankscope.collect.values import read_values
 from rankscope.rundir import RankRecord, RunDir, signal_name, torchrun_failures
 
 
@@ -36,7 +37,7 @@ class Run:
 
     Attributes (all ``pandas.DataFrame``, schemas in :mod:`rankscope.schema`): ``events``,
     ``collectives``, ``logs``, ``nccl``, ``nccl_comms``, ``flight_recorder``, ``fr_frames``,
-    ``pg_status``, ``stacks``, ``stack_summary``, ``errors``, ``ranks`` and ``problems`` (which
+    ``pg_status``, ``stacks``, ``stack_summary``, ``values``, ``errors``, ``ranks`` and ``problems`` (which
     loads every other table first, so that it lists every file that could not be read).
     ``info`` is ``run.json`` (empty for a plain folder) and ``inventory`` the files found.
     """
@@ -160,6 +161,9 @@ class Run:
         def stacks() -> dict[str, pd.DataFrame]:
             return {"stacks": read_stacks(inv.stacks, problems=problems)}
 
+        def values() -> dict[str, pd.DataFrame]:
+            return {"values": read_values(inv.values, problems=problems)}
+
         def summary() -> dict[str, pd.DataFrame]:
             return {"stack_summary": summarize_stacks(self.table("stacks"))}
 
@@ -182,6 +186,7 @@ class Run:
             "fr_frames": (frames, ("fr_frames",)),
             "stacks": (stacks, ("stacks",)),
             "stack_summary": (summary, ("stack_summary",)),
+            "values": (values, ("values",)),
             "errors": (errors, ("errors",)),
             "ranks": (ranks, ("ranks",)),
         }
@@ -217,6 +222,7 @@ class Run:
     pg_status = property(lambda self: self.table("pg_status"), doc="FR per-group status.")
     stacks = property(lambda self: self.table("stacks"), doc="Stack frames of every dump.")
     stack_summary = property(lambda self: self.table("stack_summary"), doc="Where each rank is.")
+    values = property(lambda self: self.table("values"), doc="Values the conditions read.")
     errors = property(lambda self: self.table("errors"), doc="Known error signatures.")
     ranks = property(lambda self: self.table("ranks"), doc="One row per rank.")
     problems = property(lambda self: self.table("problems"), doc="Files that could not be read.")

@@ -76,6 +76,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
+from rankscope.probe import _values
 from rankscope.rundir import (
     DIST_ENV,
     ENV_RUN_DIR,
@@ -548,6 +549,11 @@ class Probe:
                 files.append(self.run.stacks(self.rank).name)
             except (OSError, ValueError):
                 pass
+            with contextlib.suppress(Exception):  # never let the values cost the stacks
+                line = _values.capture_line(capture_id, reason, _values.own_threads())
+                with open(self.run.values(self.rank), "a") as f:
+                    f.write(line)
+                files.append(self.run.values(self.rank).name)
             # Stack traces in the dump need torch._inductor imported; until the warm-up thread
             # has done that, dump without them rather than wait on the import (the probe's
             # events carry every call site anyway).

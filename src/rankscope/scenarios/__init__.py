@@ -39,7 +39,9 @@ class Scenario:
     what_goes_wrong: str
     fix: str
     expected: dict[str, Any]
-    """Diagnosis of the broken run: verdict, cause, culprit_ranks (null: not asserted)."""
+    """Diagnosis of the broken run: verdict, cause, culprit_ranks (null: not asserted), and
+    where the script has one, parting: the text of the line that sent the culprits another
+    way (``elif rank == 0:``)."""
     source: str | None = None
     nnodes: int = 1
     args: tuple[str, ...] = ()
@@ -65,6 +67,23 @@ class Scenario:
                     f"scenario {self.id}: {name} has settings that JobSpec does not take: "
                     f"{unknown}; known: {sorted(known)}"
                 )
+
+    def wrong(self, diagnosis: Any) -> list[str]:
+        """What ``diagnosis`` (a :class:`~rankscope.analyze.Diagnosis` of the broken run) gets
+        wrong against :attr:`expected`; empty when it is as catalogued."""
+        want, got = self.expected, diagnosis.to_dict()
+        parting = (got.get("parting") or {}).get("source")
+        checks = [
+            ("verdict", got["verdict"]),
+            ("cause", got["cause"]),
+            ("culprit_ranks", got["culprit_ranks"]),
+            ("parting", parting),
+        ]
+        return [
+            f"{key} {value!r}, expected {want[key]!r}: {got['summary']}"
+            for key, value in checks
+            if want.get(key) is not None and value != want[key]
+        ]
 
     @property
     def path(self) -> Path:

@@ -1,0 +1,621 @@
+"""The line that made the ranks part: the control-flow decision in the source that sent one side
+another way, and the values that decided it.
+
+Two ranks' stacks (outermost frame first) share their outer frames down to one function, where
+they stand at different lines. That function's syntax tree (read with :mod:`ast` from the
+source the frames name) says what separates the two lines:
+
+- **two arms of one statement**: one side in an ``if``'s body, the other in its ``else`` (or
+  an ``elif``, an ``except``, a ``case``): the statement is the decision;
+- **two statements of one block**: one side is at the earlier statement, one at the later.
+  Either the earlier side is still inside something the later one went through (a loop it has
+  not left: the later side *left the loop*; its ``break`` or ``return``, where the loop has
+  one, is the decision), or the earlier side is already in the next pass of an enclosing loop
+  and the later side took a branch the earlier one did not (the innermost ``if`` on the later
+  side's path, through the functions it called, is the decision).
+
+Library frames count like the user's (a helper of the user's or a library's that decides);
+frames of the machinery (the interpreter's start-up, rankscope's bootstrap, the body of
+``torch.distributed``'s collectives) are left out. The values that decided it are the simple
+names the decision reads (its condition, the loop's iterable), as the probe captured them with
+the stacks (``values`` table: numbers, strings, booleans and None only); a name assigned from an
+environment variable (``is_main = int(os.environ["LOCAL_RANK"]) == 0``) is traced to it.
+
+Everything here is a pure function of the stacks and values tables and the source files; where
+the source cannot be read or the paths do not part, the answer is None with the reason why.
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import functools
+import linecache
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+
+from rankscope.analyze.activity import thread_frames
+from rankscope.analyze.diagnosis import compact_ranks, who_of
+from rankscope.collect import short_site
+
+#: A frame: (file, function, line).
+Frame = tuple[str, str, int]
+
+#: Frames that belong to no decision of the user's: the interpreter's start-up, rankscope's own
+#: code and the body of torch.distributed's calls (the decision is above them).
+_MACHINERY = (
+    "<frozen ",
+    "/runpy.py",
+    "/rankscope/probe/",
+    "/rankscope/launch/",
+    "/torch/distributed/distributed_c10d.py",
+    "/torch/distributed/c10d_logger.py",
+    "/torch/utils/_contextlib.py",
+)
+#: Environment variables whose value differs by rank, and the recipe a decision on them is.
+RANK_ENV = {"LOCAL_RANK": "D3", "RANK": None, "GROUP_RANK": "D3", "NODE_RANK": "D3"}
+_LOOPS = (ast.For, ast.AsyncFor, ast.While)
+_BRANCHES = (ast.If, ast.Try, ast.Match) + ((ast.TryStar,) if hasattr(ast, "TryStar") else ())
+
+
+@dataclass(frozen=True, kw_only=True)
+class Parting:
+    """Where one side of the ranks went another way than the other."""
+
+    site: str
+    """``train.py:9``: the decision's line."""
+    source: str
+    """Its text, as written: ``if is_main:``, ``for x in shard:``, ``if loss < tol: break``."""
+    kind: str
+    """``if``, ``elif``, ``else``, ``except``, ``case``, ``for``, ``while``, ``break`` or
+    ``return``."""
+    ranks_in: list[int]
+    """The side that took it: entered the branch, or is still in the loop."""
+    ranks_out: list[int]
+    """The side that did not: skipped the branch, or left the loop."""
+    into: str
+    """Where the side that took it went: ``save_checkpoint → barrier (train.py:11)``."""
+    left_loop: bool = False
+    """``ranks_out`` left a loop that ``ranks_in`` are still in."""
+    arms: bool = False
+    """Both sides are in arms of the one statement (``if``/``else``, ``try``/``except``): they
+    took alternatives, rather than one side a branch the other passed by."""
+    values: dict[str, dict[int, Any]] = field(default_factory=dict)
+    """Each name the decision reads -> its value on each rank whose capture has it."""
+    env: dict[str, str] = field(default_factory=dict)
+    """Names whose value comes from an environment variable -> the variable."""
+
+    @property
+    def recipe(self) -> str | None:
+        """The recipe a decision on a per-node environment variable belongs to (D3)."""
+        return next((RANK_ENV[v] for v in self.env.values() if RANK_ENV.get(v)), None)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "site": self.site,
+            "source": self.source,
+            "kind": self.kind,
+            "ranks_in": list(self.ranks_in),
+            "ranks_out": list(self.ranks_out),
+            "into": self.into,
+            "left_loop": self.left_loop,
+            "arms": self.arms,
+            "values": {
+                n: {str(r): v for r, v in sorted(by.items())} for n, by in self.values.items()
+            },
+            "env": dict(self.env),
+            "text": self.text(),
+        }
+
+    def text(self) -> str:
+        """``ranks 0, 2 took the branch at train.py:9 "if is_main:" into save_checkpoint →
+        barrier (train.py:11); ranks 1, 3 did not``, then the values."""
+        inn, out = who_of(self.ranks_in), who_of(self.ranks_out)
+        here = f'at {self.site} "{self.source}"'
+        if self.kind in _LOOP_KINDS:
+            text = f"{inn} stayed in the loop {here} ({self.into}); {out} left it"
+        elif self.kind in ("break", "return"):
+            text = f"{inn} left the loop {here}, then {self.into}; {out} stayed in it"
+        elif self.kind in ("else", "except"):
+            text = f"{inn} took the {self.kind} branch {here} into {self.into}; {out} did not"
+        else:
+            text = f"{inn} took the branch {here} into {self.into}; {out} did not"
+        said = self.said_values()
+        return text + (f" ({said})" if said else "")
+
+    def said_values(self) -> str:
+        """``is_main = True on ranks 0, 2 (from LOCAL_RANK), False on 1, 3``."""
+        parts = []
+        for name, by in self.values.items():
+            alike: dict[str, list[int]] = {}
+            for rank, value in sorted(by.items()):
+                alike.setdefault(repr(value), []).append(rank)
+            sides = [
+                f"{value} on {'rank' if len(r) == 1 else 'ranks'} {compact_ranks(r)}"
+                for value, r in alike.items()
+            ]
+            origin = f" (from {self.env[name]})" if name in self.env else ""
+            parts.append(f"{name} = " + ", ".join(sides) + origin)
+        for name, var in self.env.items():
+            if name not in self.values:
+                parts.append(f"{name} comes from {var}")
+        return "; ".join(parts)
+
+
+_LOOP_KINDS = ("for", "while")
+
+
+def rank_path(stacks: pd.DataFrame, rank: int, *, thread: str | None = None) -> list[Frame] | None:
+    """The frames of ``rank``'s thread (``thread``, else its main thread) in its latest capture,
+    outermost first, without the machinery; None without stacks."""
+    frames = thread_frames(stacks, rank, thread)
+    if frames is None:
+        return None
+    path = [
+        (str(file), str(func), int(line))
+        for file, func, line in zip(frames["file"], frames["func"], frames["line"], strict=True)
+        if not pd.isna(file) and not pd.isna(line)
+    ]
+    return without_machinery(path[::-1])
+
+
+def without_machinery(path: list[Frame]) -> list[Frame]:
+    """A path without the frames that decide nothing of the user's (see ``_MACHINERY``)."""
+    return [f for f in path if not any(m in f[0] for m in _MACHINERY)]
+
+
+def find_parting(
+    sides: dict[str, dict[int, list[Frame]]],
+    values: pd.DataFrame | None = None,
+) -> tuple[Parting | None, str]:
+    """The decision that separates ``sides["culprits"]`` from ``sides["others"]`` (each: rank ->
+    path), and why there is none when there is none (``(None, reason)``)."""
+    if not sides["culprits"] or not sides["others"]:
+        which = "culprits" if not sides["culprits"] else "other ranks"
+        return None, f"no stacks of the {which} were captured"
+    c_path = sides["culprits"][min(sides["culprits"])]
+    o_path = sides["others"][min(sides["others"])]
+    found = _decide(c_path, o_path)
+    if isinstance(found, str):
+        return None, found
+    decision, culprit_in, arms = found
+    ranks = {r: "c" for r in sides["culprits"]} | {r: "o" for r in sides["others"]}
+    inn = sorted(r for r, s in ranks.items() if (s == "c") == culprit_in)
+    out = sorted(r for r, s in ranks.items() if (s == "c") != culprit_in)
+    names = decision.names
+    return (
+        Parting(
+            site=short_site(decision.file, decision.line),
+            source=decision.source,
+            kind=decision.kind,
+            ranks_in=inn,
+            ranks_out=out,
+            into=decision.into,
+            left_loop=decision.kind in (*_LOOP_KINDS, "break", "return"),
+            arms=arms,
+            values=_values_of(values, decision, names, sorted(ranks)) if values is not None else {},
+            env={n: v for n in names if (v := env_origin(decision.file, n)) is not None},
+        ),
+        "",
+    )
+
+
+@dataclass(frozen=True)
+class _Decision:
+    file: str
+    func: str
+    line: int
+    source: str
+    kind: str
+    into: str
+    names: list[str]
+
+
+def _decide(c: list[Frame], o: list[Frame]) -> tuple[_Decision, bool, bool] | str:
+    """(the decision, whether the culprits' side took it, whether both sides are in arms of
+    it), or why none is found."""
+    i = 0
+    while i < min(len(c), len(o)) and c[i] == o[i]:
+        i += 1
+    if i == len(c) or i == len(o):
+        return "the two sides' stacks stand at the same line"
+    if c[i][:2] != o[i][:2]:
+        return "the two sides are in different functions called from the same line"
+    file, func = c[i][:2]
+    tree = _tree(file)
+    if tree is None:
+        return f"the source of {os.path.basename(file)} could not be read"
+    body = _body_of(tree, func, c[i][2])
+    cc, oc = _chain(body, c[i][2]), _chain(body, o[i][2])
+    k = 0
+    while k < min(len(cc), len(oc)) and cc[k] == oc[k]:
+        k += 1
+    if k < len(cc) and k < len(oc) and cc[k][0] is oc[k][0]:
+        # two arms of one statement
+        node, arm = cc[k]
+        return _arm_decision(file, node, arm, c, i), True, True
+    c_first = k < len(cc) and (k >= len(oc) or cc[k][0].lineno < oc[k][0].lineno)
+    early, late = (c, o) if c_first else (o, c)
+    early_chain, late_chain = (cc, oc) if c_first else (oc, cc)
+    # The earlier side still inside a loop the later one went through: the later side left it.
+    loop = _outermost_loop(file, early_chain[k:], early, i)
+    if loop is not None:  # a loop's side is the one still in it; a break's, the one that left
+        return loop, c_first == (loop.kind in _LOOP_KINDS), False
+    branch = _innermost_branch(file, late_chain[k:], late, i)
+    if branch is not None:
+        return branch, not c_first, False
+    loop = _outermost_loop(file, late_chain[k:], late, i)
+    if loop is not None:
+        return loop, (not c_first) == (loop.kind in _LOOP_KINDS), False
+    branch = _innermost_branch(file, early_chain[k:], early, i)
+    if branch is not None:
+        return branch, c_first, False
+    return "no branch or loop in the source separates the two sides' lines"
+
+
+Chain = list[tuple[ast.AST, str]]
+
+
+def _chain(body: list[ast.stmt], line: int) -> Chain:
+    """The compound statements that hold ``line``, outermost first, each with the arm it is in
+    (``body``, ``else``, ``except:0``, ``head`` for the statement's own first line), and last
+    the simple statement at ``line``."""
+    out: Chain = []
+    stmts = body
+    while True:
+        s = next((s for s in stmts if _first(s) <= line <= (s.end_lineno or s.lineno)), None)
+        if s is None:
+            return out
+        arms = _arms(s)
+        if not arms:
+            out.append((s, "stmt"))
+            return out
+        arm = next((a for a in arms if a[1] and _span(a[1], line)), None)
+        if arm is None:
+            out.append((s, "head"))
+            return out
+        out.append((s, arm[0]))
+        stmts = arm[1]
+
+
+def _first(s: ast.stmt) -> int:
+    decorators = getattr(s, "decorator_list", None) or []
+    return min([s.lineno] + [d.lineno for d in decorators])
+
+
+def _span(stmts: list[ast.stmt], line: int) -> bool:
+    return _first(stmts[0]) <= line <= (stmts[-1].end_lineno or stmts[-1].lineno)
+
+
+def _arms(s: ast.stmt) -> list[tuple[str, list[ast.stmt]]]:
+    if isinstance(s, (ast.If, *_LOOPS)):
+        return [("body", s.body), ("else", s.orelse)]
+    if isinstance(s, _BRANCHES[1:]) and not isinstance(s, ast.Match):
+        arms = [("body", s.body)]
+        arms += [(f"except:{n}", h.body) for n, h in enumerate(s.handlers)]
+        return [*arms, ("else", s.orelse), ("finally", s.finalbody)]
+    if isinstance(s, ast.Match):
+        return [(f"case:{n}", c.body) for n, c in enumerate(s.cases)]
+    if isinstance(s, (ast.With, ast.AsyncWith)):
+        return [("body", s.body)]
+    return []
+
+
+def _arm_decision(file: str, node: ast.AST, arm: str, path: list[Frame], i: int) -> _Decision:
+    """The culprits' side is in ``arm`` of ``node``, the others in another arm."""
+    line, kind, names = node.lineno, "if", _names(getattr(node, "test", None))
+    if isinstance(node, ast.If):
+        if arm == "else":
+            kind = "else"
+        elif _is_elif(file, node):
+            kind = "elif"
+    elif isinstance(node, _LOOPS):
+        kind = "for" if isinstance(node, (ast.For, ast.AsyncFor)) else "while"
+        names = _names(getattr(node, "iter", None) or getattr(node, "test", None))
+    elif isinstance(node, ast.Match):
+        kind, names = "case", _names(node.subject)
+    elif arm.startswith("except"):
+        handler = node.handlers[int(arm.split(":")[1])]  # type: ignore[attr-defined]
+        kind, line, names = "except", handler.lineno, []
+    else:
+        kind = "try"
+    return _Decision(file, path[i][1], line, _header(file, line), kind, _into(path, i), names)
+
+
+def _outermost_loop(file: str, chain: Chain, path: list[Frame], i: int) -> _Decision | None:
+    """The first loop on ``path`` from frame ``i``'s ``chain`` down, in the user's frames: the
+    side on ``path`` is still in it, and the other side, past it, left it (through its
+    ``break`` or ``return``, where the loop has one)."""
+    for depth, frame_chain in _frame_chains(file, chain, path, i, user_only=True):
+        for node, _arm in frame_chain:
+            if isinstance(node, _LOOPS):
+                f = path[depth]
+                exit_ = _exit_of(f[0], node)
+                if exit_ is not None:
+                    return exit_
+                kind = "while" if isinstance(node, ast.While) else "for"
+                names = _names(node.test if isinstance(node, ast.While) else node.iter)
+                return _Decision(
+                    f[0],
+                    f[1],
+                    node.lineno,
+                    _header(f[0], node.lineno),
+                    kind,
+                    _into(path, depth),
+                    names,
+                )
+    return None
+
+
+def _innermost_branch(file: str, chain: Chain, path: list[Frame], i: int) -> _Decision | None:
+    """The innermost ``if`` (or ``try``/``match`` arm) on ``path`` from frame ``i`` down: the
+    side on ``path`` took it."""
+    found = None
+    for depth, frame_chain in _frame_chains(file, chain, path, i, user_only=False):
+        for node, arm in frame_chain:
+            if (
+                (isinstance(node, ast.If) and arm in ("body", "else"))
+                or (isinstance(node, ast.Match) and arm.startswith("case"))
+                or (isinstance(node, _BRANCHES) and arm.startswith("except"))
+            ):
+                found = (depth, node, arm)
+    if found is None:
+        return None
+    depth, node, arm = found
+    return _arm_decision(path[depth][0], node, arm, path, depth)
+
+
+def _frame_chains(
+    file: str, chain: Chain, path: list[Frame], i: int, *, user_only: bool
+) -> list[tuple[int, Chain]]:
+    """``chain`` (frame ``i``'s, from the parting level) and the chains of the frames below."""
+    from rankscope.collect import is_user_file
+
+    out = [(i, chain)]
+    for depth in range(i + 1, len(path)):
+        f_file, f_func, f_line = path[depth]
+        if user_only and not is_user_file(f_file):
+            continue
+        tree = _tree(f_file)
+        if tree is None:
+            continue
+        out.append((depth, _chain(_body_of(tree, f_func, f_line), f_line)))
+    return out
+
+
+def _exit_of(file: str, loop: ast.AST) -> _Decision | None:
+    """The loop's own ``break`` (or a ``return`` from inside it), with the ``if`` that guards
+    it, when the loop has exactly one."""
+    exits: list[tuple[ast.AST, ast.If | None]] = []
+
+    def walk(stmts: list[ast.stmt], guard: ast.If | None, nested: bool) -> None:
+        for s in stmts:
+            if (isinstance(s, ast.Break) and not nested) or isinstance(s, ast.Return):
+                exits.append((s, guard))
+            elif isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+                continue
+            for _label, arm in _arms(s):
+                walk(arm, s if isinstance(s, ast.If) else guard, nested or isinstance(s, _LOOPS))
+
+    walk(loop.body, None, False)  # type: ignore[attr-defined]
+    if len(exits) != 1:
+        return None
+    stmt, guard = exits[0]
+    kind = "break" if isinstance(stmt, ast.Break) else "return"
+    if guard is None:
+        return None
+    head = _header(file, guard.lineno)
+    source = head if guard.body[0].lineno == guard.lineno else f"{head} {kind}"
+    func = _func_name(file, guard.lineno)
+    into = f"{kind} at {short_site(file, stmt.lineno)}"
+    return _Decision(file, func, guard.lineno, source, kind, into, _names(guard.test))
+
+
+def _into(path: list[Frame], depth: int) -> str:
+    """``save_checkpoint → barrier (train.py:11)``: the functions below the decision's frame,
+    down to the innermost frame's line."""
+    names = [f[1] for f in path[depth + 1 :]]
+    last = path[-1]
+    code = _code_call(last[0], last[2])
+    steps = [n for n in names if n != "<module>"] + ([code] if code else [])
+    where = f"({short_site(last[0], last[2])})"
+    return " → ".join(steps) + f" {where}" if steps else where
+
+
+def _code_call(file: str, line: int) -> str | None:
+    """``barrier`` for a line that calls ``dist.barrier()``: the outermost call's name."""
+    text = linecache.getline(file, line).strip()
+    try:
+        node = ast.parse(text.rstrip(":"), mode="exec")
+    except SyntaxError:
+        return None
+    for n in ast.walk(node):
+        if isinstance(n, ast.Call):
+            f = n.func
+            return f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", None)
+    return None
+
+
+def _names(expr: ast.AST | None) -> list[str]:
+    """The simple names an expression reads, in order, once each."""
+    if expr is None:
+        return []
+    seen: dict[str, None] = {}
+    for n in ast.walk(expr):
+        if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load) and n.id not in _BUILTINS:
+            seen.setdefault(n.id)
+    return list(seen)
+
+
+_BUILTINS = frozenset(dir(builtins))
+
+
+def _values_of(
+    values: pd.DataFrame, d: _Decision, names: list[str], ranks: list[int]
+) -> dict[str, dict[int, Any]]:
+    """Each name's value on each rank, from the frame of the decision's function in the rank's
+    latest capture of values."""
+    if values.empty or not names:
+        return {}
+    rows = values[
+        values["rank"].isin(ranks)
+        & (values["file"] == d.file)
+        & (values["func"] == d.func)
+        & values["name"].isin(names)
+    ]
+    out: dict[str, dict[int, Any]] = {}
+    if rows.empty:
+        return out
+    latest = rows.groupby("rank")["capture"].transform("max")
+    rows = rows[rows["capture"] == latest]
+    for name in names:
+        mine = rows[rows["name"] == name].drop_duplicates("rank", keep="first")
+        if not mine.empty:
+            out[name] = {int(r): v for r, v in zip(mine["rank"], mine["value"], strict=True)}
+    return out
+
+
+def env_origin(file: str, name: str, depth: int = 3) -> str | None:
+    """The environment variable ``name`` is computed from in ``file`` (an assignment that reads
+    ``os.environ[...]``, ``os.environ.get(...)`` or ``os.getenv(...)``, directly or through
+    other names), or None."""
+    tree = _tree(file)
+    if tree is None or depth == 0:
+        return None
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if not any(isinstance(t, ast.Name) and t.id == name for t in targets):
+                continue
+            var = _env_read(node.value)
+            if var is not None:
+                return var
+            for other in _names(node.value):
+                if other != name and (var := env_origin(file, other, depth - 1)) is not None:
+                    return var
+    return None
+
+
+def _env_read(expr: ast.AST) -> str | None:
+    for n in ast.walk(expr):
+        key = None
+        if isinstance(n, ast.Subscript) and _is_environ(n.value):
+            key = n.slice
+        elif isinstance(n, ast.Call) and n.args:
+            f = n.func
+            name = f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", "")
+            if (name == "get" and _is_environ(getattr(f, "value", None))) or name == "getenv":
+                key = n.args[0]
+        if isinstance(key, ast.Constant) and isinstance(key.value, str):
+            return key.value
+    return None
+
+
+def _is_environ(expr: ast.AST | None) -> bool:
+    return (isinstance(expr, ast.Attribute) and expr.attr == "environ") or (
+        isinstance(expr, ast.Name) and expr.id == "environ"
+    )
+
+
+def _is_elif(file: str, node: ast.If) -> bool:
+    return linecache.getline(file, node.lineno).lstrip().startswith("elif")
+
+
+def _header(file: str, line: int) -> str:
+    """A statement's first line as written, without its comment."""
+    text = linecache.getline(file, line).strip()
+    return text.split("  #", 1)[0].split(" # ", 1)[0].rstrip()
+
+
+def _func_name(file: str, line: int) -> str:
+    tree = _tree(file)
+    node = _def_at(tree, line) if tree is not None else None
+    return node.name if node is not None else "<module>"
+
+
+def _body_of(tree: ast.Module, func: str, line: int) -> list[ast.stmt]:
+    """The body of the function ``func`` whose span holds ``line`` (the module's, for
+    ``<module>`` or when none does)."""
+    node = _def_at(tree, line) if func != "<module>" else None
+    return node.body if node is not None else tree.body
+
+
+def _def_at(tree: ast.Module, line: int) -> ast.FunctionDef | ast.AsyncFunctionDef | None:
+    inside = [
+        n
+        for n in ast.walk(tree)
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+        and n.lineno <= line <= (n.end_lineno or n.lineno)
+    ]
+    return min(inside, key=lambda n: (n.end_lineno or n.lineno) - n.lineno, default=None)
+
+
+def _tree(file: str) -> ast.Module | None:
+    try:
+        stamp = os.stat(file).st_mtime_ns
+    except OSError:
+        return None
+    return _parse(file, stamp)
+
+
+@functools.lru_cache(maxsize=128)
+def _parse(file: str, stamp: int) -> ast.Module | None:
+    linecache.checkcache(file)
+    try:
+        return ast.parse("".join(linecache.getlines(file)))
+    except (SyntaxError, ValueError):
+        return None
+
+
+def loop_parting(
+    their: Frame,
+    own: Frame,
+    culprits: list[int],
+    others: list[int],
+    values: pd.DataFrame | None = None,
+) -> Parting | None:
+    """The parting line from two calls alone (no stacks that part): the culprits' call at
+    ``own`` is past the end of the innermost loop holding the others' call at ``their``, so
+    they left the loop the others are still in."""
+    if not left_loop_by_sites(their, own):
+        return None
+    tree = _tree(their[0])
+    assert tree is not None  # left_loop_by_sites read it
+    chain = _chain(_body_of(tree, their[1], their[2]), their[2])
+    loop = [node for node, _arm in chain if isinstance(node, _LOOPS)][-1]
+    kind = "while" if isinstance(loop, ast.While) else "for"
+    names = _names(loop.test if isinstance(loop, ast.While) else loop.iter)  # type: ignore[attr-defined]
+    head = _header(their[0], loop.lineno)
+    d = _Decision(their[0], their[1], loop.lineno, head, kind, _into([their], 0), names)
+    ranks = sorted({*culprits, *others})
+    return Parting(
+        site=short_site(d.file, d.line),
+        source=d.source,
+        kind=kind,
+        ranks_in=sorted(others),
+        ranks_out=sorted(culprits),
+        into=f"{_code_call(their[0], their[2]) or 'its call'} ({short_site(their[0], their[2])})",
+        left_loop=True,
+        values=_values_of(values, d, names, ranks) if values is not None else {},
+        env={n: v for n in names if (v := env_origin(d.file, n)) is not None},
+    )
+
+
+def left_loop_by_sites(their: Frame, own: Frame) -> bool | None:
+    """Whether the call at ``own`` is past the end of the innermost loop that holds the call at
+    ``their`` (both ``(file, func, line)``): True past its end, False inside it or before it,
+    None when the two are not in one function or its source cannot be read."""
+    if their[:2] != own[:2]:
+        return None
+    tree = _tree(their[0])
+    if tree is None:
+        return None
+    chain = _chain(_body_of(tree, their[1], their[2]), their[2])
+    loops = [node for node, _arm in chain if isinstance(node, _LOOPS)]
+    if not loops:
+        return None
+    loop = loops[-1]
+    return own[2] > (loop.end_lineno or loop.lineno)

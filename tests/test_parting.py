@@ -1,0 +1,270 @@
+"""The parting line, case by case: two sides' stacks over a real source file, and the
+decision that separates them (``rankscope.analyze.parting``)."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pandas as pd
+import pytest
+
+from rankscope.analyze.parting import env_origin, find_parting
+
+
+def _script(tmp_path, text: str):
+    path = tmp_path / "train.py"
+    path.write_text(textwrap.dedent(text).lstrip())
+    lines = path.read_text().splitlines()
+
+    def at(tag: str) -> int:
+        return next(n for n, line in enumerate(lines, 1) if f"# {tag}" in line)
+
+    return str(path), at
+
+
+def _sides(culprits: dict[int, list], others: dict[int, list]):
+    return {"culprits": culprits, "others": others}
+
+
+def test_a_barrier_under_an_if_in_the_loop_is_the_branch_not_running_out(tmp_path):
+    f, at = _script(
+        tmp_path,
+        """
+        import torch.distributed as dist
+        for step in range(6):
+            dist.all_reduce(grads)  # reduce
+            if step == 2 and rank == 0:  # decide
+                dist.barrier()  # barrier
+        dist.destroy_process_group()
+        """,
+    )
+    values = pd.DataFrame(
+        {
+            "rank": [0, 0, 1, 1, 2, 2],
+            "capture": [0] * 6,
+            "file": [f] * 6,
+            "func": ["<module>"] * 6,
+            "name": ["step", "rank"] * 3,
+            "value": [2, 0, 3, 1, 3, 2],
+        }
+    )
+    p, why = find_parting(
+        _sides(
+            {0: [(f, "<module>", at("barrier"))]},
+            {1: [(f, "<module>", at("reduce"))], 2: [(f, "<module>", at("reduce"))]},
+        ),
+        values,
+    )
+    assert p is not None, why
+    assert (p.kind, p.site, p.source) == (
+        "if",
+        f"train.py:{at('decide')}",
+        "if step == 2 and rank == 0:",
+    )
+    assert (p.ranks_in, p.ranks_out, p.left_loop) == ([0], [1, 2], False)
+    assert p.values == {"step": {0: 2, 1: 3, 2: 3}, "rank": {0: 0, 1: 1, 2: 2}}
+    assert p.text().startswith(
+        f'rank 0 took the branch at train.py:{at("decide")} "if step == 2 and rank == 0:" '
+        f"into barrier (train.py:{at('barrier')}); ranks 1-2 did not"
+    )
+    assert "step = 2 on rank 0, 3 on ranks 1-2" in p.text()
+
+
+def test_a_helper_s_barrier_under_a_local_rank_condition(tmp_path):
+    f, at = _script(
+        tmp_path,
+        """
+        import os
+        import torch.distributed as dist
+        local_rank = int(os.environ["LOCAL_RANK"])
+        is_main = local_rank == 0
+
+        def save_checkpoint(w):
+            if is_main:  # decide
+                torch.save(w, "ckpt.pt")
+                dist.barrier()  # barrier
+
+        for step in range(4):
+            dist.all_reduce(w)  # reduce
+            save_checkpoint(w)  # save
+        """,
+    )
+    culprit = [(f, "<module>", at("save")), (f, "save_checkpoint", at("barrier"))]
+    other = [(f, "<module>", at("reduce"))]
+    p, why = find_parting(_sides({0: culprit, 2: culprit}, {1: other, 3: other}))
+    assert p is not None, why
+    assert (p.kind, p.site, p.source) == ("if", f"train.py:{at('decide')}", "if is_main:")
+    assert (p.ranks_in, p.ranks_out) == ([0, 2], [1, 3])
+    assert p.into == f"barrier (train.py:{at('barrier')})"
+    assert p.env == {"is_main": "LOCAL_RANK"} and p.recipe == "D3"
+    assert env_origin(f, "step") is None
+
+
+def test_a_branch_in_the_loop_into_a_helper(tmp_path):
+    f, at = _script(
+        tmp_path,
+        """
+        import os
+        import torch.distributed as dist
+        is_main = os.environ.get("LOCAL_RANK") == "0"
+
+        def save_checkpoint(w):
+            torch.save(w, "ckpt.pt")
+            dist.barrier()  # barrier
+
+        for step in range(4):
+            dist.all_reduce(w)  # reduce
+            if is_main:  # decide
+                save_checkpoint(w)  # save
+        """,
+    )
+    culprit = [(f, "<module>", at("save")), (f, "save_checkpoint", at("barrier"))]
+    p, why = find_parting(_sides({0: culprit}, {1: [(f, "<module>", at("reduce"))]}))
+    assert p is not None, why
+    assert (p.site, p.source, p.ranks_in) == (f"train.py:{at('decide')}", "if is_main:", [0])
+    assert p.into == f"save_checkpoint → barrier (train.py:{at('barrier')})"
+    assert p.env == {"is_main": "LOCAL_RANK"}
+
+
+def test_a_rank_that_left_the_loop_of_a_function_the_others_are_still_in(tmp_path):
+    f, at = _script(
+        tmp_path,
+        """
+        import torch.distributed as dist
+        shard = load_shard(rank)
+
+        def train():
+            for x in shard:  # loop
+                model(x).sum().backward()  # backward
+                opt.step()
+
+        if args.fix:
+            with Join([model]):
+                train()
+        else:
+            train()  # call
+        dist.barrier()  # barrier
+        """,
+    )
+    p, why = find_parting(
+        _sides(
+            {1: [(f, "<module>", at("barrier"))]},
+            {0: [(f, "<module>", at("call")), (f, "train", at("backward"))]},
+        )
+    )
+    assert p is not None, why
+    assert (p.kind, p.source, p.ranks_in, p.ranks_out) == ("for", "for x in shard:", [0], [1])
+    assert p.left_loop
+    assert p.text().startswith(
+        f'rank 0 stayed in the loop at train.py:{at("loop")} "for x in shard:"'
+    )
+
+
+def test_a_loop_left_by_its_break_names_the_break(tmp_path):
+    f, at = _script(
+        tmp_path,
+        """
+        import torch.distributed as dist
+        for epoch in range(100):
+            local_val_loss = evaluate()
+            if local_val_loss < 0.1:  # decide
+                break
+            dist.all_reduce(w)  # reduce
+        dist.barrier()  # barrier
+        """,
+    )
+    p, why = find_parting(
+        _sides({3: [(f, "<module>", at("barrier"))]}, {0: [(f, "<module>", at("reduce"))]}),
+        pd.DataFrame(
+            {
+                "rank": [0],
+                "capture": [1],
+                "file": [f],
+                "func": ["<module>"],
+                "name": ["local_val_loss"],
+                "value": [0.12],
+            }
+        ),
+    )
+    assert p is not None, why
+    assert (p.kind, p.site, p.source) == (
+        "break",
+        f"train.py:{at('decide')}",
+        "if local_val_loss < 0.1: break",
+    )
+    assert (p.ranks_in, p.ranks_out, p.left_loop) == ([3], [0], True)
+    assert p.values == {"local_val_loss": {0: 0.12}}
+
+
+def test_a_rank_spinning_in_a_while_loop_the_others_left(tmp_path):
+    f, at = _script(
+        tmp_path,
+        """
+        import torch.distributed as dist
+        err = 1.0
+        while err > tol:  # loop
+            err = refine(err)  # spin
+        dist.all_reduce(w)  # reduce
+        """,
+    )
+    p, why = find_parting(
+        _sides({2: [(f, "<module>", at("spin"))]}, {0: [(f, "<module>", at("reduce"))]})
+    )
+    assert p is not None, why
+    assert (p.kind, p.source, p.ranks_in, p.ranks_out) == ("while", "while err > tol:", [2], [0])
+
+
+def test_two_arms_of_one_if(tmp_path):
+    f, at = _script(
+        tmp_path,
+        """
+        import torch.distributed as dist
+        if rank == 0:  # decide
+            dist.barrier()  # barrier
+        else:
+            while not os.path.exists(marker):
+                time.sleep(0.2)  # poll
+        """,
+    )
+    p, why = find_parting(
+        _sides({1: [(f, "<module>", at("poll"))]}, {0: [(f, "<module>", at("barrier"))]})
+    )
+    assert p is not None, why
+    assert (p.kind, p.site, p.ranks_in, p.ranks_out) == (
+        "else",
+        f"train.py:{at('decide')}",
+        [1],
+        [0],
+    )
+
+
+@pytest.mark.parametrize(
+    ("culprit", "other", "why"),
+    [
+        ("reduce", "reduce", "same line"),
+        ("a", "b", "no branch or loop"),
+    ],
+)
+def test_no_parting_is_said_with_its_reason(tmp_path, culprit, other, why):
+    f, at = _script(
+        tmp_path,
+        """
+        import torch.distributed as dist
+        dist.all_reduce(w)  # reduce
+        dist.all_reduce(w)  # a
+        dist.barrier()  # b
+        """,
+    )
+    p, reason = find_parting(
+        _sides({1: [(f, "<module>", at(culprit))]}, {0: [(f, "<module>", at(other))]})
+    )
+    assert p is None and why in reason
+
+
+def test_an_unreadable_source_gives_no_parting(tmp_path):
+    p, reason = find_parting(
+        _sides(
+            {1: [("/nowhere/train.py", "<module>", 3)]}, {0: [("/nowhere/train.py", "<module>", 5)]}
+        )
+    )
+    assert p is None and "could not be read" in reason
