@@ -2,7 +2,8 @@
 
 Each job runs under rankscope (torchrun, the probe, the stall watchdog, stopped after its
 capture) on gloo, then ``diagnose()`` answers from its run directory. Printed: one row per case
-with what was expected and what came out (verdict, cause, recipe, culprits) and how long the
+with what was expected and what came out (verdict, cause, recipe, culprits, the parting line
+and the values that decided it, where the case names them) and how long the
 answer took: from the start of the job to the verdict (``to verdict``, stall timeout included),
 and ``diagnose()`` alone. Then the accuracy of each field over all cases, and a confusion table
 of causes. Target: every case right.
@@ -65,7 +66,16 @@ def run_case(
     t0 = time.monotonic()
     d = diagnose(job.run.path)
     done = time.monotonic()
-    got = {"verdict": d.verdict, "cause": d.cause, "recipe": d.recipe, "culprits": d.culprit_ranks}
+    parting = d.parting or {}
+    got = {
+        "verdict": d.verdict,
+        "cause": d.cause,
+        "recipe": d.recipe,
+        "culprits": d.culprit_ranks,
+        # the catalogue names the parting line by its text, the corpus by its file:line
+        "parting": parting.get("source" if kind == "catalogue" else "site"),
+        "values": sorted(set(parting.get("values", {})) & set(want.get("values") or [])) or None,
+    }
     return Row(name, kind, want, got, check(d), done - start, done - t0)
 
 
@@ -82,19 +92,10 @@ def catalogue_cases(only: set[str]) -> list[tuple[str, JobSpec, dict[str, Any], 
             "cause": s.expected.get("cause"),
             "recipe": None,
             "culprits": s.expected.get("culprit_ranks"),
+            "parting": s.expected.get("parting"),
+            "values": None,
         }
-
-        def check(d: Any, want: dict[str, Any] = want) -> list[str]:
-            wrong = []
-            if d.verdict != want["verdict"]:
-                wrong.append(f"verdict {d.verdict}")
-            if want["cause"] is not None and d.cause != want["cause"]:
-                wrong.append(f"cause {d.cause}")
-            if want["culprits"] is not None and d.culprit_ranks != want["culprits"]:
-                wrong.append(f"culprits {d.culprit_ranks}")
-            return wrong
-
-        out.append((s.id, s.spec(on_stall="stop"), want, check))
+        out.append((s.id, s.spec(on_stall="stop"), want, s.wrong))
     return out
 
 
@@ -107,7 +108,14 @@ def corpus_cases(only: set[str]) -> list[tuple[str, JobSpec, dict[str, Any], Any
         spec = JobSpec(
             script=str(c.path), nproc_per_node=c.ranks, nnodes=c.nodes, name=c.name, **corpus.RUN
         )
-        want = {"verdict": c.verdict, "cause": c.cause, "recipe": c.recipe, "culprits": c.culprits}
+        want = {
+            "verdict": c.verdict,
+            "cause": c.cause,
+            "recipe": c.recipe,
+            "culprits": c.culprits,
+            "parting": c.line(c.parting) if c.parting else None,
+            "values": sorted(c.values) or None,
+        }
         out.append((c.name, spec, want, lambda d, c=c: corpus.check(c, d)))
     return out
 
@@ -139,6 +147,7 @@ def main() -> None:
             print(
                 f"{mark} {kind:9} {name:26} {row.got['verdict']:12} {row.got['cause'] or '-':28} "
                 f"{row.got['recipe'] or '-':4} culprits {row.got['culprits']!s:10} "
+                f"parted at {row.got['parting'] or '-':24} "
                 f"to verdict {row.to_verdict_s:5.1f} s  diagnose {row.diagnose_s:5.2f} s"
                 + (f"  <- {'; '.join(row.wrong)}" if row.wrong else ""),
                 flush=True,
@@ -146,7 +155,7 @@ def main() -> None:
     print()
     right = sum(not r.wrong for r in rows)
     print(f"cases right: {right}/{len(rows)}")
-    for field in ("verdict", "cause", "recipe", "culprits"):
+    for field in ("verdict", "cause", "recipe", "culprits", "parting", "values"):
         print(f"  {field:9} {score(rows, field)}")
     times = sorted(r.to_verdict_s for r in rows)
     diag = sorted(r.diagnose_s for r in rows)

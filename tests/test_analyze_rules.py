@@ -212,6 +212,7 @@ def test_the_rules_run_in_their_documented_order_and_can_be_replaced():
     names = [r.__name__ for r in rules.RULES]
     assert names == [
         "launch_error",
+        "model_mismatch",
         "reported_failure",
         "mismatch",
         "signal_death",

@@ -722,3 +722,39 @@ def test_nothing_readable_is_unknown():
     run.events = schema.empty("events")
     d = diagnose(run)
     assert d.verdict == "unknown" and d.missing == ["could not read rank0.pkl: truncated"]
+
+
+def test_ddp_s_texts_name_the_rank_whose_model_differs():
+    """Every rank raises in DDP's constructor; the counts in the texts make rank 2 the odd one."""
+    from rankscope.collect import find_errors
+
+    texts = {
+        0: "RuntimeError: DDP expects same model across all ranks, but Rank 0 has 4 params, "
+        "while rank 2 has inconsistent 6 params.",
+        1: "RuntimeError: DDP expects same model across all ranks, but Rank 1 has 4 params, "
+        "while rank 2 has inconsistent 6 params.",
+        2: "RuntimeError: DDP expects same model across all ranks, but Rank 2 has 6 params, "
+        "while rank 0 has inconsistent 4 params.",
+    }
+    logs = schema.conform(
+        "logs",
+        pd.DataFrame(
+            {
+                "rank": list(texts),
+                "text": list(texts.values()),
+                "source": "stderr.log",
+                "line_no": 1,
+            }
+        ),
+    )
+    errors = find_errors(logs).to_dict("records")
+    d = diagnose(run_of([], exits={0: 1, 1: 1, 2: 1}, errors=errors))
+    assert (d.verdict, d.cause, d.culprit_ranks) == ("crash", "ddp_model_mismatch", [2])
+    assert "6 parameters where ranks 0-1 have 4 parameters" in d.reason
+    # two ranks, one count each: the texts cannot tell which model is the odd one
+    pair = [
+        dict(errors[0], fields={"rank_a": 0, "count_a": 4, "rank_b": 2, "count_b": 6}),
+        dict(errors[2], fields={"rank_a": 2, "count_a": 6, "rank_b": 0, "count_b": 4}),
+    ]
+    tied = diagnose(run_of([], exits={0: 1, 2: 1}, errors=pair, world=3))
+    assert tied.cause != "ddp_model_mismatch"

@@ -10,6 +10,8 @@ each usable on plain tables:
 * :mod:`~rankscope.analyze.align`: where the ranks' sequences part on each group;
 * :mod:`~rankscope.analyze.waits`: the wait-for graph, its roots and cycles;
 * :mod:`~rankscope.analyze.activity`: what a rank outside the collectives was doing (stacks);
+* :mod:`~rankscope.analyze.parting`: the line of the source that sent the culprits another way,
+  and the values that decided it (stacks, source, the ``values`` table);
 * :mod:`~rankscope.analyze.rules`: the rules, in order; :mod:`~rankscope.analyze.context`, the
   facts they read; :mod:`~rankscope.analyze.diagnose`, the driver.
 """
@@ -30,6 +32,7 @@ from rankscope.analyze.calls import (
 from rankscope.analyze.catalogue import CAUSES, VERDICTS, Cause
 from rankscope.analyze.diagnose import diagnose
 from rankscope.analyze.diagnosis import CollectiveInfo, Diagnosis, EvidenceRef, write_diagnosis
+from rankscope.analyze.parting import Parting, find_parting
 from rankscope.analyze.rules import RULES
 from rankscope.analyze.waits import WaitGraph, wait_graph
 from rankscope.schema import CALLS
@@ -44,12 +47,14 @@ __all__ = [
     "Diagnosis",
     "Divergence",
     "EvidenceRef",
+    "Parting",
     "WaitGraph",
     "arrival_spread",
     "calls_from_flight_recorder",
     "calls_from_probe",
     "diagnose",
     "find_divergences",
+    "find_parting",
     "fr_sites",
     "group_members",
     "last_calls",

@@ -116,6 +116,18 @@ _CAUSES = (
         fix="{wait_fix}",
     ),
     Cause(
+        name="ddp_model_mismatch",
+        verdict="crash",
+        recipe=None,
+        title="DDP was given a different model on some rank",
+        reason="{culprits} built a model with {culprit_model} where {others} have "
+        "{other_model}{culprit_at}: {error}",
+        fix="Build the model the same way on every rank before wrapping it in DDP (the same "
+        "parameters, in the same order, of the same shapes): look for a layer, a config value "
+        "or a checkpoint that depends on the rank or on a file only some ranks read, and "
+        "broadcast such a decision from rank 0.",
+    ),
+    Cause(
         name="busy_outside",
         verdict="hang",
         recipe=None,

@@ -71,7 +71,7 @@ def _diagnosis(ctx: Context, f: Finding) -> Diagnosis:
     facts["culprit_at"] = at(facts.get("culprit_site"))
     facts["other_at"] = at(facts.get("other_site"))
     reason = explain(f.cause, facts)
-    summary = f"{cause.title[0].upper()}{cause.title[1:]}: {reason}."
+    summary = f"{cause.title[0].upper()}{cause.title[1:]}: {reason.rstrip('.')}."
     parting, notes = None, list(f.notes)
     others = f.waiting or (
         sorted(set(f.collective.pg_ranks) - set(f.culprits)) if f.collective else []

@@ -1,9 +1,10 @@
 """The :class:`Diagnosis` of one job: what it is, its JSON form, its terminal form, its file.
 
 The JSON keys ``verdict``, ``cause``, ``culprit_ranks``, ``waiting_ranks``, ``recipe``,
-``summary``, ``collective`` (``pg``, ``pg_ranks``, ``seq``, ``op_by_rank``, ``site_by_rank``)
-and ``chain`` are read by other tools: keep them stable. JSON objects have string keys, so the
-per-rank maps are keyed ``"0"``, ``"1"``, ...
+``summary``, ``collective`` (``pg``, ``pg_ranks``, ``seq``, ``op_by_rank``, ``site_by_rank``),
+``chain`` and ``parting`` (``site``, ``source``, ``kind``, ``ranks_in``, ``ranks_out``,
+``values``, ``text``) are read by other tools: keep them stable. JSON objects have string keys,
+so the per-rank maps are keyed ``"0"``, ``"1"``, ...
 """
 
 from __future__ import annotations

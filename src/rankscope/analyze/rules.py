@@ -4,22 +4,24 @@ that answers with a :class:`Finding` or passes (``None``).
 :data:`RULES` runs them in this order, and the first that answers decides:
 
 1. ``launch_error``: the ranks never formed a group (environment, port, rendezvous, hostfile).
-2. ``reported_failure``: a rank reported a failure of its own (an exception outside any
+2. ``model_mismatch``: DDP's constructor found models that differ across ranks; its texts name
+   each rank's parameters, and the odd ones out are the culprits (every rank raised).
+3. ``reported_failure``: a rank reported a failure of its own (an exception outside any
    collective, an OOM, a NaN, DDP's reduction error) and left the others waiting.
-3. ``mismatch``: ranks called different collectives (op, shapes, dtype) where their sequences
+4. ``mismatch``: ranks called different collectives (op, shapes, dtype) where their sequences
    first part. This comes before any death: a mismatch can kill a rank (gloo aborts one that
    receives more bytes than it expects), which is then its victim.
-4. ``signal_death``: a rank died of a signal (SIGKILL, SIGSEGV, SIGABRT, ...) that no text of
+5. ``signal_death``: a rank died of a signal (SIGKILL, SIGSEGV, SIGABRT, ...) that no text of
    its own blames on a peer.
-5. ``waits``: the wait-for graph across every group leads to the culprit: a rank waited on that
+6. ``waits``: the wait-for graph across every group leads to the culprit: a rank waited on that
    waits for nobody (what was it doing instead: exited, crashed, out of data, blocked on a lock
    or a sleep, busy elsewhere, silent), or, where every rank waits, the rank of a cycle that left
    the program order the others share (a skipped call, a point-to-point cycle), or every rank
    stuck in one collective.
-6. ``errors_only``: no record of calls says anything, the error texts may (DETAIL fingerprints,
+7. ``errors_only``: no record of calls says anything, the error texts may (DETAIL fingerprints,
    monitored_barrier, timeouts in foreign logs).
-7. ``bare_exit``: a rank exited non-zero and nothing else says why.
-8. ``straggler``: every collective completed, but one rank arrived far behind (``ok``).
+8. ``bare_exit``: a rank exited non-zero and nothing else says why.
+9. ``straggler``: every collective completed, but one rank arrived far behind (``ok``).
 
 A rule is a plain function: test it on a context built from tables (see the tests).
 """
@@ -127,6 +129,66 @@ def launch_error(ctx: Context) -> Finding | None:
         error = ctx.ev.info.get("error") or "torchrun failed before any rank started"
         return Finding(cause="launch_failed", culprits=[], waiting=[], facts={"error": error})
     return None
+
+
+# --- 2. texts that name the odd rank -----------------------------------------------------------
+def model_mismatch(ctx: Context) -> Finding | None:
+    """DDP's constructor compared the ranks' models and every rank raised: its texts name each
+    rank's count of parameters (or the shapes that differ from rank 0's); the ranks whose model
+    differs from most are the culprits, the others failed because of them."""
+    errors = ctx.ev.table("errors")
+    counts = errors[errors["kind"] == "ddp_model_mismatch"]
+    shapes = errors[errors["kind"] == "ddp_param_shape_mismatch"]
+    seen: dict[int, int] = {}
+    for fields in counts["fields"]:
+        if isinstance(fields, dict):
+            for side in "ab":
+                rank, count = fields.get(f"rank_{side}"), fields.get(f"count_{side}")
+                if isinstance(rank, int) and isinstance(count, int):
+                    seen[rank] = count
+    rows = counts
+    if len(set(seen.values())) > 1:
+        by_count: dict[int, list[int]] = {}
+        for rank, count in sorted(seen.items()):
+            by_count.setdefault(count, []).append(rank)
+        usual = max(by_count, key=lambda c: len(by_count[c]))
+        if sum(len(r) == len(by_count[usual]) for r in by_count.values()) > 1:
+            return None  # as many ranks on each side: the texts do not say which is odd
+        culprits = sorted(r for c, ranks in by_count.items() if c != usual for r in ranks)
+        mine = {seen[r] for r in culprits}
+        facts = {
+            "culprit_model": "/".join(map(str, sorted(mine))) + " parameters",
+            "other_model": f"{usual} parameters",
+        }
+    elif not shapes.empty:
+        reporters = sorted(set(shapes["rank"].dropna().astype(int).tolist()))
+        first = shapes["fields"].iloc[0] if isinstance(shapes["fields"].iloc[0], dict) else {}
+        ref = first.get("rank_b", 0)
+        others = sorted(set(ctx.facts) - set(reporters) - {ref})
+        # every rank but the reference found its shapes unlike the reference's: the reference
+        culprits = [ref] if len(reporters) > 1 and not others else reporters
+        rows = shapes
+        facts = {
+            "culprit_model": f"parameter {first.get('param')} of shape {first.get('sizes')}",
+            "other_model": f"rank {ref}'s",
+        }
+    else:
+        return None
+    if not culprits:
+        return None
+    others = sorted(set(ctx.facts) - set(culprits))
+    return Finding(
+        cause="ddp_model_mismatch",
+        culprits=culprits,
+        waiting=[],
+        facts={
+            **facts,
+            "error": short(rows["message"].iloc[0]),
+            "culprit_site": _log_site(ctx, rows),
+            "others": who_of(others),
+        },
+        refs=error_refs(rows, "DDP compared the models across ranks"),
+    )
 
 
 # --- 2. a failure a rank reported -------------------------------------------------------------
@@ -276,7 +338,7 @@ def crash(ctx: Context, found: list[Failure]) -> Finding | None:
     )
 
 
-# --- 3. different calls where the sequences part ----------------------------------------------
+# --- 4. different calls where the sequences part ----------------------------------------------
 def root_divergence(ctx: Context, divs: list[align.Divergence]) -> align.Divergence:
     """The divergence that explains the others. A group whose missing ranks are all busy in
     another divergent collective only waits for that one; of the rest, the earliest."""
@@ -549,7 +611,7 @@ def _thread_notes(ctx: Context, rows: pd.DataFrame) -> list[str]:
     return notes
 
 
-# --- 4-5. the waits -----------------------------------------------------------------------------
+# --- 5-6. the waits -----------------------------------------------------------------------------
 def waits(ctx: Context) -> Finding | None:
     """Follow the wait-for graph to its roots (or its cycle) and say what the culprit was
     doing."""
@@ -810,7 +872,7 @@ def _all_stuck(ctx: Context) -> Finding | None:
     )
 
 
-# --- 6. the error texts alone -----------------------------------------------------------------
+# --- 7. the error texts alone -----------------------------------------------------------------
 def errors_only(ctx: Context) -> Finding | None:
     """No record of calls says anything; the error messages may (foreign logs)."""
     errors = ctx.ev.table("errors")
@@ -933,7 +995,7 @@ def _log_site(ctx: Context, errors: pd.DataFrame) -> str | None:
     return None
 
 
-# --- 8. slow but not stuck --------------------------------------------------------------------
+# --- 9. slow but not stuck --------------------------------------------------------------------
 def straggler(ctx: Context) -> Finding | None:
     spread = align.arrival_spread(ctx.calls, members=ctx.members)
     if spread.empty or spread["late_s"].iloc[0] < ctx.straggler_s:
@@ -966,6 +1028,7 @@ def straggler(ctx: Context) -> Finding | None:
 #: The rules, in the order they are asked (see the module docstring).
 RULES: tuple[Rule, ...] = (
     launch_error,
+    model_mismatch,
     reported_failure,
     mismatch,
     signal_death,

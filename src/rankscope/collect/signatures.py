@@ -74,6 +74,11 @@ INT_FIELDS = frozenset(
         "comm_rank",
         "last_enqueued",
         "last_completed",
+        "rank_a",
+        "rank_b",
+        "count_a",
+        "count_b",
+        "param",
     }
 )
 
@@ -230,6 +235,33 @@ SIGNATURES: tuple[Signature, ...] = (
             r"failed to pass monitoredBarrier in (?P<timeout_ms>\d+) ms"
         ),
         doc="monitored_barrier names the ranks that did not arrive in time",
+    ),
+    # RuntimeError: DDP expects same model across all ranks, but Rank 2 has 6 params, while rank
+    # 0 has inconsistent 4 params.
+    Signature(
+        kind="ddp_model_mismatch",
+        recipe=None,
+        literal="DDP expects same model across all ranks",
+        role="report",
+        regex=_re(
+            r"DDP expects same model across all ranks, but Rank (?P<rank_a>\d+) has "
+            r"(?P<count_a>\d+) params, while rank (?P<rank_b>\d+) has inconsistent "
+            r"(?P<count_b>\d+) params"
+        ),
+        doc="DDP's constructor found ranks whose models have different numbers of parameters",
+    ),
+    # RuntimeError: [1]: params[0] in this process with sizes [4, 4] appears not to match sizes
+    # of the same param in process 0.
+    Signature(
+        kind="ddp_param_shape_mismatch",
+        recipe=None,
+        literal="appears not to match",
+        role="report",
+        regex=_re(
+            r"params\[(?P<param>\d+)\] in this process with (?:sizes|strides) (?P<sizes>\[[^\]]*\]) "
+            r"appears not to match (?:sizes|strides) of the same param in process (?P<rank_b>\d+)"
+        ),
+        doc="DDP's constructor found a parameter whose shape differs from rank 0's",
     ),
     # RuntimeError: Expected to have finished reduction in the prior iteration before starting a
     # new one. ... (a few lines later) Parameter indices which did not receive grad for rank 1: 4 5
