@@ -3,6 +3,7 @@ decision that separates them (``rankscope.analyze.parting``)."""
 
 from __future__ import annotations
 
+import json
 import textwrap
 
 import pandas as pd
@@ -268,3 +269,63 @@ def test_an_unreadable_source_gives_no_parting(tmp_path):
         )
     )
     assert p is None and "could not be read" in reason
+
+
+def test_the_probe_captures_only_simple_values_its_conditions_read():
+    """A thread waits inside a function whose conditions read a bool, an int, a str, a float
+    and a list: the capture holds the four simple values and nothing of the list."""
+    import threading
+
+    from rankscope.probe import _values
+
+    entered, release = threading.Event(), threading.Event()
+
+    def worker() -> None:
+        is_main, step, mode, loss, shard = True, 7, "train" * 40, 0.25, [1, 2, 3]
+        unused = "read by no condition"
+        if is_main and step > 3 and mode and loss < 1.0 and shard:
+            entered.set()
+            release.wait(10 + 0 * len(unused))
+
+    t = threading.Thread(target=worker, name="worker")
+    t.start()
+    try:
+        assert entered.wait(10)
+        record = json.loads(_values.capture_line(7, "request", own=set()))
+    finally:
+        release.set()
+        t.join()
+    assert (record["id"], record["reason"]) == (7, "request")
+    frames = [f for th in record["threads"] for f in th["frames"] if f[1] == "worker"]
+    assert len(frames) == 1
+    values = frames[0][3]
+    assert values == {"is_main": True, "step": 7, "mode": ("train" * 40)[:80], "loss": 0.25}
+
+
+def test_hostile_values_files_are_skipped_and_reported(tmp_path):
+    from rankscope.collect import Problems, Source, read_values
+
+    path = tmp_path / "values.jsonl"
+    good = {
+        "id": 1,
+        "t": 1.0,
+        "reason": "stall",
+        "threads": [
+            {"thread": "0x1", "frames": [["/u/train.py", "<module>", 9, {"step": 2, "ok": None}]]}
+        ],
+    }
+    bad_value = {
+        "id": 2,
+        "threads": [{"thread": "0x1", "frames": [["f", "g", 1, {"x": {"a": 1}}]]}],
+    }
+    path.write_text(
+        "\n".join([json.dumps(good), "not json", json.dumps(bad_value), "[1, 2]", '{"threads": 3}'])
+        + "\n"
+    )
+    problems = Problems()
+    table = read_values([Source(path, "ranks/0/values.jsonl", rank=0)], problems=problems)
+    assert table[["rank", "line", "name"]].values.tolist() == [[0, 9, "step"], [0, 9, "ok"]]
+    assert table["value"].tolist() == [2, None]
+    assert problems.rows == [
+        ("ranks/0/values.jsonl", "values", "4 line(s) are not a capture of values; skipped")
+    ]

@@ -229,6 +229,16 @@ class Context:
             return None
         return max(0.0, float(end) - float(start))
 
+    def cpu_share(self, rank: int) -> float | None:
+        """The share of a core ``rank``'s main thread used between its last heartbeats before
+        the latest stall, as the watchdog saw it (run.json); None without one."""
+        for stall in reversed(self.ev.stalls):
+            for snap in stall.get("ranks") or []:
+                if isinstance(snap, dict) and snap.get("rank") == rank:
+                    share = snap.get("cpu_share")
+                    return float(share) if isinstance(share, (int, float)) else None
+        return None
+
     def activity(self, rank: int) -> Activity | None:
         f = self.facts.get(rank)
         return rank_activity(

@@ -727,7 +727,11 @@ def _explain_roots(ctx: Context, found: Finding, where: dict[int, Where], w: Wai
         x = where[busy[0]]
         since = ctx.waited_s(found.waiting)
         how_long = f" while they have waited {since:.1f} s" if since is not None else ""
-        facts["culprit_doing"] = f"running code outside any collective{loop}{at(x.site)}{how_long}"
+        share = ctx.cpu_share(busy[0])
+        cpu = f", using {share:.0%} of a core" if share is not None else ""
+        facts["culprit_doing"] = (
+            f"running code outside any collective{loop}{at(x.site)}{cpu}{how_long}"
+        )
         facts["culprit_site"] = x.site
     else:
         facts["culprit_doing"] = _some(where)

@@ -54,7 +54,9 @@ def read_values(sources: Iterable[SourceLike], *, problems: Problems | None = No
                 bad += 1
         if bad:
             problems.add(source, "values", f"{bad} line(s) are not a capture of values; skipped")
-    return finish("values", columns(_COLUMNS, rows))
+    table = columns(_COLUMNS, rows)
+    table["value"] = pd.Series(table["value"], dtype=object)  # as written: no float for None
+    return finish("values", table)
 
 
 def _rows(record: dict[str, Any], source: Any, index: int) -> list[tuple[Any, ...]]:
