@@ -39,7 +39,7 @@ import pandas as pd
 
 from rankscope.analyze.activity import thread_frames
 from rankscope.analyze.diagnosis import compact_ranks, who_of
-from rankscope.collect import short_site
+from rankscope.collect import is_user_file, short_site
 
 #: A frame: (file, function, line).
 Frame = tuple[str, str, int]
@@ -352,8 +352,9 @@ def _outermost_loop(file: str, chain: Chain, path: list[Frame], i: int) -> _Deci
 
 def _innermost_branch(file: str, chain: Chain, path: list[Frame], i: int) -> _Decision | None:
     """The innermost ``if`` (or ``try``/``match`` arm) on ``path`` from frame ``i`` down: the
-    side on ``path`` took it."""
-    found = None
+    side on ``path`` took it. The user's own code first, then the libraries it calls, torch
+    last: a library's inner branches are taken alike by every rank that calls it."""
+    found: dict[int, tuple[int, ast.AST, str]] = {}
     for depth, frame_chain in _frame_chains(file, chain, path, i, user_only=False):
         for node, arm in frame_chain:
             if (
@@ -361,19 +362,24 @@ def _innermost_branch(file: str, chain: Chain, path: list[Frame], i: int) -> _De
                 or (isinstance(node, ast.Match) and arm.startswith("case"))
                 or (isinstance(node, _BRANCHES) and arm.startswith("except"))
             ):
-                found = (depth, node, arm)
-    if found is None:
+                found[_owner(path[depth][0])] = (depth, node, arm)
+    if not found:
         return None
-    depth, node, arm = found
+    depth, node, arm = found[min(found)]
     return _arm_decision(path[depth][0], node, arm, path, depth)
+
+
+def _owner(file: str) -> int:
+    """0 for the user's code, 1 for a library's, 2 for torch's."""
+    if is_user_file(file):
+        return 0
+    return 2 if "/torch/" in file.replace("\\", "/") else 1
 
 
 def _frame_chains(
     file: str, chain: Chain, path: list[Frame], i: int, *, user_only: bool
 ) -> list[tuple[int, Chain]]:
     """``chain`` (frame ``i``'s, from the parting level) and the chains of the frames below."""
-    from rankscope.collect import is_user_file
-
     out = [(i, chain)]
     for depth in range(i + 1, len(path)):
         f_file, f_func, f_line = path[depth]
