@@ -167,6 +167,8 @@ class Context:
         key = (tuple(sorted(culprits)), tuple(sorted(others)))
         if key not in self._partings:
             stacks = self.ev.table("stacks")
+            # each rank's rows split once: a 16k-rank side must not filter the table per rank
+            by_rank = dict(list(stacks.groupby("rank", sort=False))) if len(stacks) else {}
             sides: dict[str, dict[int, list[Frame]]] = {"culprits": {}, "others": {}}
             for side, ranks in zip(sides, key, strict=True):
                 for r in ranks:
@@ -174,7 +176,8 @@ class Context:
                     f = self.facts.get(r)
                     thread = w.thread if w is not None and w.thread else None
                     thread = thread or (f.main_thread if f is not None else None)
-                    path = rank_path(stacks, r, thread=thread)
+                    mine = by_rank.get(r)
+                    path = None if mine is None else rank_path(mine, r, thread=thread)
                     if not path and f is not None and f.exception:
                         # it raised: where it was is its traceback, not its exit's stacks
                         path = without_machinery(self.ev.traceback_path(r, f.exception))

@@ -388,7 +388,16 @@ def parse_frames(items: Sequence[tuple[int, str]]) -> dict[str, Any]:
                 if not isinstance(frames, list):
                     continue
                 record = as_int(entry.get("record_id"))
-                for depth, frame in enumerate(frames[:MAX_FRAMES]):
+                frames = frames[:MAX_FRAMES]
+                known = list(map(seen.get, map(id, frames)))
+                if None not in known:  # every frame seen before (the usual entry): no loop
+                    n = len(known)
+                    files.extend(repeat(index, n))
+                    records.extend(repeat(-1 if record is None else record, n))
+                    depths.extend(range(n))
+                    codes.extend(known)
+                    continue
+                for depth, frame in enumerate(frames):
                     code = seen.get(id(frame))
                     if code is None:
                         if not isinstance(frame, dict):

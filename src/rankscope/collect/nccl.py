@@ -315,8 +315,6 @@ def _tables(
     Every per-line column is allocated once at its final size and each part fills its slice on
     the pool: millions of lines cost one write per column, no concatenation.
     """
-    from rankscope.collect import _nccl_scan
-
     head = [*parsed, _NO_HEAD]  # code -1 (no header) picks the last
     fields = list(zip(*head, strict=True))
     pid_of = _ints(fields[2])
@@ -359,6 +357,8 @@ def _tables(
     source = pooled_empty(n, np.int32)
 
     def fill(i: int) -> None:
+        from rankscope.collect import _nccl_scan  # Numba: only where there are NCCL lines
+
         part, at = parts[i], slice(offsets[i], offsets[i + 1])
         _nccl_scan.fill(
             part.header,
