@@ -201,7 +201,8 @@ def _add_dump(chunk: _Chunk, index: int, dump: dict[str, Any]) -> None:
     bools = {k: _bool_column(cols[k]) for k in BOOL_FIELDS}
     codes = {k: chunk.code(k, cols[k]) for k in TEXT_FIELDS}
     for k in JSON_FIELDS:
-        codes[k] = chunk.code(k, _hashable(cols[k], flat=k.endswith("dtypes")))
+        distinct, at = _distinct(cols[k])
+        codes[k] = chunk.code(k, _hashable(distinct, flat=k.endswith("dtypes")))[at]
     groups = list(cols["process_group"])
     if groups.count(groups[0]) == n:  # the usual dump: every entry on one group
         distinct, name_at = [_pair(groups[0])], np.zeros(n, dtype=np.int64)
@@ -293,6 +294,17 @@ def _float_column(values: list[Any]) -> np.ndarray:
 
 def _bool_column(values: list[Any]) -> np.ndarray:
     return np.array([1 if v is True else 0 if v is False else -1 for v in values], dtype=np.int8)
+
+
+def _distinct(values: Sequence[Any]) -> tuple[list[Any], np.ndarray]:
+    """The distinct objects of ``values`` by identity, and each value's index among them. A
+    dump's pickle stores a repeated list once and refers to it from every entry, so a column of
+    2000 sizes is a handful of objects: each is made a key once, not once per entry."""
+    ids = list(map(id, values))
+    first = dict(zip(ids, values, strict=True))  # the values stay alive: ids are not reused
+    index = {k: i for i, k in enumerate(first)}
+    at = np.fromiter(map(index.__getitem__, ids), dtype=np.int64, count=len(ids))
+    return list(first.values()), at
 
 
 def _hashable(values: Sequence[Any], *, flat: bool) -> list[Any]:

@@ -257,7 +257,9 @@ def _report(parts: list[dict[str, Any]], sources: list[Source], problems: Proble
 
 
 def _joined(parts: list[dict[str, Any]], key: str, dtype: Any) -> np.ndarray:
-    arrays = [p["arrays"][key] for p in parts if key in p["arrays"]]
+    """The parts' arrays of ``key`` as one, taken out of the parts: a column's pieces are freed
+    as soon as it is built, so the peak is the parts plus one column, not two whole tables."""
+    arrays = [p["arrays"].pop(key) for p in parts if key in p["arrays"]]
     return np.concatenate(arrays) if arrays else np.zeros(0, dtype=dtype)
 
 
@@ -292,22 +294,19 @@ def _entries_table(parts: list[dict[str, Any]], sources: list[Source]) -> pd.Dat
         "rank": _ranks(sources, file_index),
         "source": categorical(file_index, [s.name for s in sources]),
     }
-    coded = {
-        k: _merge(
+    for k in CODED:
+        codes, names = _merge(
             [
-                (p["arrays"][f"code:{k}"], p["meta"]["categories"][k])
+                (p["arrays"].pop(f"code:{k}"), p["meta"]["categories"][k])
                 for p in parts
                 if f"code:{k}" in p["arrays"]
             ]
         )
-        for k in CODED
-    }
-    for k in CODED:
-        out[k] = categorical(*coded[k])
-    codes, names = coded["profiling_name"]
-    split = [_split_profiling_name(n) for n in names]
-    out["backend"] = categorical(codes, [b for b, _ in split])
-    out["op"] = categorical(codes, [o for _, o in split])
+        out[k] = categorical(codes, names)
+        if k == "profiling_name":
+            split = [_split_profiling_name(n) for n in names]
+            out["backend"] = categorical(codes, [b for b, _ in split])
+            out["op"] = categorical(codes, [o for _, o in split])
     for k in INT_FIELDS:
         out[k] = pd.arrays.IntegerArray(
             _joined(parts, f"int:{k}", np.int64), _joined(parts, f"mask:{k}", bool)
