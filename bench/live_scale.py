@@ -71,6 +71,7 @@ def play(folder: Path, *, ranks: int, calls_per_s: float, steady_s: float, culpr
     hang_at = t0 + steady_s
     hung: set[int] = set()
     first_enter = None
+    told = False
     answered: set[int] = set()
     capture_id = None
     last_progress = t0
@@ -101,11 +102,12 @@ def play(folder: Path, *, ranks: int, calls_per_s: float, steady_s: float, culpr
                     call = {"op": "all_reduce", "pg": "0", "seq": seq[r] + 1, "file": "t.py"}
                     text += _line({"ev": "enter", "t": now, **call, "line": 9})
                     first_enter = now if first_enter is None else first_enter
-                if len(hung) == ranks:
-                    # the rule's clock: from the last progress or the first wait, the later
-                    began = max(last_progress, first_enter or now)
-                    print(json.dumps({"hung_at": now, "waits_from": began}), flush=True)
             f.write(text)
+            if len(hung) == ranks and not told:  # the last rank's hang is written
+                told = True
+                # the rule's clock: from the last progress or the first wait, the later
+                began = max(last_progress, first_enter or now)
+                print(json.dumps({"hung_at": time.time(), "waits_from": began}), flush=True)
         tick += 1
         time.sleep(max(0.0, POLL_S - (time.time() - now)))
 

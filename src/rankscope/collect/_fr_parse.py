@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from itertools import repeat
 from operator import itemgetter, methodcaller
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 
@@ -453,12 +453,11 @@ TASKS: dict[str, Callable[[Sequence[tuple[int, str]]], dict[str, Any]]] = {
 }
 
 
-def encode(part: dict[str, Any]) -> bytes:
-    """A part as an ``.npz`` archive: its arrays, and its meta as JSON bytes."""
-    out = io.BytesIO()
+def encode(part: dict[str, Any], out: BinaryIO) -> None:
+    """Write a part to ``out`` as an ``.npz`` archive: its arrays, and its meta as JSON bytes.
+    Streamed (zipfile writes to a pipe): no copy of the archive is held in memory."""
     meta = np.frombuffer(json.dumps(part["meta"]).encode(), dtype=np.uint8)
     np.savez(out, __meta__=meta, **part["arrays"])
-    return out.getvalue()
 
 
 def decode(data: bytes) -> dict[str, Any]:
@@ -472,7 +471,7 @@ def decode(data: bytes) -> dict[str, Any]:
 def main() -> None:
     task = json.loads(sys.stdin.buffer.read())
     part = TASKS[task["what"]]([(int(i), str(p)) for i, p in task["items"]])
-    sys.stdout.buffer.write(encode(part))
+    encode(part, sys.stdout.buffer)
 
 
 if __name__ == "__main__":

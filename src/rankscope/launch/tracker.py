@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import signal
 import time
 from typing import Any
@@ -19,6 +20,11 @@ from rankscope.rundir import EventTail, RankRecord, RunDir
 #: look (its main thread and the processes it started) is busy (computing, loading, saving,
 #: compiling), not stuck: the others wait for a straggler.
 BUSY_CPU_SHARE = 0.2
+#: Between looks a rank's events file is read only when a stat shows it grew, but every file is
+#: opened and read at least this often: on NFS a stat may return the size the client cached
+#: (the attribute cache, 3 s and more), while an open revalidates it (close-to-open), so what
+#: a rank on another node wrote is seen within this, whatever the mount's caching.
+FULL_READ_S = 1.0
 
 
 def rank_status(record: RankRecord) -> str:
@@ -103,6 +109,9 @@ class RankTracker:
         self.run = run
         self.tails: dict[int, EventTail] = {}
         self.records: dict[int, RankRecord] = {}
+        self._sizes: dict[int, int] = {}  # rank -> its events file's size at the last read
+        self._listed: tuple[int, float] | None = None  # (ranks/ mtime, when), last listing
+        self._full_at = 0.0
         self._cpu: dict[int, tuple[float, float]] = {}  # rank -> (monotonic time, CPU seconds)
         #: When an update last read progress (monotonic). Whoever reads the events (the
         #: watchdog, a live panel through ``Job.ranks()``), the watchdog sees it here.
@@ -112,16 +121,44 @@ class RankTracker:
         """Read new events; return True if any rank made progress (started, completed,
         stepped), and then stamp :attr:`progressed_at`."""
         progress = False
-        for rank in self.run.rank_ids():
-            if rank not in self.tails:
-                self.tails[rank] = EventTail(self.run.events(rank))
-                self.records[rank] = RankRecord(rank=rank)
+        now = time.monotonic()
+        if self._relist(now):
+            for rank in self.run.rank_ids():
+                if rank not in self.tails:
+                    self.tails[rank] = EventTail(self.run.events(rank))
+                    self.records[rank] = RankRecord(rank=rank)
+        full = now >= self._full_at
+        if full:
+            self._full_at = now + FULL_READ_S
+        for rank, tail in self.tails.items():
+            if not full:  # a stat costs a third of an open and a read: most files are idle
+                try:
+                    size = os.stat(tail.path).st_size
+                except OSError:
+                    continue
+                if size == self._sizes.get(rank):
+                    continue
+                self._sizes[rank] = size
             record = self.records[rank]
-            for ev in self.tails[rank].read():
+            for ev in tail.read():
                 progress |= record.apply(ev)
         if progress:
             self.progressed_at = time.monotonic()
         return progress
+
+    def _relist(self, now: float) -> bool:
+        """Whether to list ``ranks/`` for new ranks: when its mtime changed (a rank's directory
+        was made) or is recent (mtimes tick coarsely: a second directory made in the same tick
+        leaves it as it was), and at least every ``FULL_READ_S`` (an NFS client may cache it)."""
+        try:
+            mtime = os.stat(self.run.ranks).st_mtime_ns
+        except OSError:
+            return False
+        recent = time.time_ns() - mtime < FULL_READ_S * 1e9
+        if self._listed is not None and self._listed[0] == mtime and now < self._listed[1]:
+            return recent
+        self._listed = (mtime, now + FULL_READ_S)
+        return True
 
     def snapshots(
         self, now: float | None = None, *, job_ended: dict[str, Any] | None = None

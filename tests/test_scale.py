@@ -1,0 +1,103 @@
+"""What the scale work (issue 34) changed must read exactly as before: the events tail parsed a
+batch at a time, the tracker's stat before a read, the flight recorder's sizes and frames coded
+by object identity."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import pickle
+from pathlib import Path
+
+import pandas as pd
+
+from rankscope.collect.flight_recorder import read_flight_recorder, read_fr_frames
+from rankscope.launch.tracker import RankTracker
+from rankscope.rundir import EventTail, RunDir
+
+
+def _line_by_line(data: bytes) -> list[dict]:
+    out = []
+    for line in data.split(b"\n")[:-1]:
+        try:
+            ev = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(ev, dict):
+            out.append(ev)
+    return out
+
+
+def test_the_events_tail_reads_a_batch_as_it_reads_each_line(tmp_path: Path) -> None:
+    good = b'{"ev":"heartbeat","t":1.0}\n{"ev":"step","t":2.0,"step":3}\n'
+    damaged = [
+        b'{"ev":"enter","t":1}\n{"ev":\n{"ev":"exit","t":2}\n',  # a torn line
+        b'{"ev":"step","t":1}\n[1, 2]\n{"ev":"exit","t":2}\n',  # a list, not an event
+        b'{"ev":"step","t":1}\n{"a":1},{"b":2}\n',  # two values on one line
+        b'{"ev":"step","t":1}\n\n1,2\n',  # an empty line, two numbers
+    ]
+    for data in [good, *damaged]:
+        path = tmp_path / "events.jsonl"
+        path.write_bytes(data + b'{"ev":"partial"')
+        assert EventTail(path).read() == _line_by_line(data), data
+
+
+def test_the_tracker_sees_appended_events_and_new_ranks_at_once(tmp_path: Path) -> None:
+    run = RunDir(tmp_path / "run")
+    run.rank_dir(0).mkdir(parents=True)
+    run.events(0).write_text('{"ev":"start","t":1.0,"pid":1}\n')
+    tracker = RankTracker(run)
+    assert tracker.update() and list(tracker.records) == [0]
+    assert not tracker.update()  # nothing new: the stat says so, nothing is read
+    with open(run.events(0), "a") as f:
+        f.write('{"ev":"step","t":2.0,"step":7}\n')
+    run.rank_dir(1).mkdir()
+    run.events(1).write_text('{"ev":"start","t":1.5,"pid":2}\n')
+    assert tracker.update()
+    assert tracker.records[0].step == 7 and sorted(tracker.records) == [0, 1]
+
+
+def _dump(entries: list[dict]) -> dict:
+    return {"version": "2.10", "pg_config": {"0": {"ranks": "[0, 1]"}}, "entries": entries}
+
+
+def _entries() -> list[dict]:
+    sizes, dtypes = [[4, 8]], ["Float"]
+    frames = [{"name": "f", "filename": "/srv/train.py", "line": 3}]
+    return [
+        {
+            "record_id": i,
+            "process_group": ("0", "default_pg"),
+            "collective_seq_id": i + 1,
+            "profiling_name": "nccl:all_reduce",
+            # shared objects, as torch's pickle shares them, and one equal copy
+            "input_sizes": sizes if i != 2 else [[4, 8]],
+            "output_sizes": [[4, 8 + i % 2]],
+            "input_dtypes": dtypes,
+            "output_dtypes": ["Float"] if i % 2 else dtypes,
+            "frames": frames if i != 1 else [*frames, {"name": "g", "filename": "x.py", "line": 1}],
+            "state": "completed",
+            "retired": True,
+        }
+        for i in range(5)
+    ]
+
+
+def test_sizes_and_frames_read_alike_whether_the_pickle_shares_them_or_not(tmp_path: Path) -> None:
+    shared, unshared = tmp_path / "shared", tmp_path / "unshared"
+    shared.mkdir(), unshared.mkdir()
+    (shared / "nccl_trace_rank_0").write_bytes(pickle.dumps(_dump(_entries())))
+    # every entry its own copies: nothing for the pickle to share
+    copies = [copy.deepcopy(e) for e in _entries()]
+    (unshared / "nccl_trace_rank_0").write_bytes(pickle.dumps(_dump(copies)))
+    a = read_flight_recorder(sorted(shared.iterdir()))
+    b = read_flight_recorder(sorted(unshared.iterdir()))
+    pd.testing.assert_frame_equal(a.drop(columns="source"), b.drop(columns="source"))
+    assert a["input_sizes"].astype(str).tolist() == ["[[4, 8]]"] * 5
+    assert a["output_sizes"].astype(str).tolist()[:2] == ["[[4, 8]]", "[[4, 9]]"]
+    fa = read_fr_frames(sorted(shared.iterdir()))
+    fb = read_fr_frames(sorted(unshared.iterdir()))
+    pd.testing.assert_frame_equal(fa, fb)
+    assert fa["depth"].tolist() == [0, 0, 1, 0, 0, 0]
+    assert os.path.basename(str(fa["filename"].iloc[2])) == "x.py"
