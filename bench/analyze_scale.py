@@ -4,7 +4,9 @@ Writes one flight-recorder dump per rank in the NCCL layout (``tests/data/nccl_f
 one rank diverging in the last collective, then times, each in a fresh process:
 
 - torch's analyzer: ``python -m torch.distributed.flight_recorder.fr_trace DIR --prefix P``;
-- rankscope: ``diagnose(load_run(DIR))`` (reading the dumps included, as the analyzer does).
+- rankscope: ``diagnose(load_run(DIR))`` (reading the dumps included, as the analyzer does),
+  with the time of each step (reading, calls table, alignment, wait-for graph, the rest), and
+  ``rankscope diagnose DIR --json`` (not with ``--no-torch``).
 
 It prints the wall time of both, their ratio, the peak memory (resident set of the process and
 its children, sampled) and the culprit each names. The files are deleted afterwards.
@@ -16,6 +18,7 @@ its children, sampled) and the culprit each names. The files are deleted afterwa
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.util
 import json
 import shutil
@@ -76,11 +79,37 @@ def measure(cmd: list[str], *, timeout_s: float) -> dict[str, Any]:
     }
 
 
+#: The derived facts whose time the bench reports, and what it calls them.
+STEPS = {"calls": "calls table", "divergences": "alignment", "graph": "wait-for graph"}
+
+
+def _time_steps(spent: dict[str, float]) -> None:
+    """Time the first computation of each of :data:`STEPS` (cached properties of the
+    diagnosis's context) into ``spent``."""
+    from rankscope.analyze.context import Context
+
+    for name in STEPS:
+        compute = getattr(Context, name).func
+
+        def timed(self: Any, compute: Any = compute, name: str = name) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return compute(self)
+            finally:
+                spent[name] = spent.get(name, 0.0) + time.perf_counter() - t0
+
+        prop = functools.cached_property(timed)
+        prop.__set_name__(Context, name)
+        setattr(Context, name, prop)
+
+
 def worker(folder: str, workers: int | None) -> None:
     """In a fresh process: load the folder, diagnose it, print the result as JSON."""
     from rankscope.analyze import diagnose
     from rankscope.collect import load_run
 
+    spent: dict[str, float] = {}
+    _time_steps(spent)
     t0 = time.perf_counter()
     run = load_run(folder, workers=workers)
     run.flight_recorder  # noqa: B018  (load the entries first, to time the two parts)
@@ -93,6 +122,7 @@ def worker(folder: str, workers: int | None) -> None:
             {
                 "load_s": t1 - t0,
                 "diagnose_s": t2 - t1,
+                "steps_s": spent,
                 "verdict": out["verdict"],
                 "cause": out["cause"],
                 "culprit_ranks": out["culprit_ranks"],
@@ -153,15 +183,28 @@ def main(argv: list[str] | None = None) -> int:
             print(mine["stderr"][-4000:], file=sys.stderr)
             return 1
         result = json.loads(mine["stdout"].strip().splitlines()[-1])
+        steps = result["steps_s"]
+        rest = result["diagnose_s"] - sum(steps.values())
+        parts = ", ".join(f"{STEPS[k]} {v:.1f} s" for k, v in steps.items())
         print(
             f"rankscope: {mine['wall_s']:.1f} s wall (reading the dumps {result['load_s']:.1f} s, "
-            f"diagnose {result['diagnose_s']:.1f} s), "
+            f"diagnose {result['diagnose_s']:.1f} s: {parts}, facts and rules {rest:.1f} s), "
             f"peak RSS {mine['peak_rss_bytes'] / 2**30:.2f} GiB; {result['verdict']} "
             f"{result['cause']}, culprit {result['culprit_ranks']}, seq {result['seq']}",
             flush=True,
         )
         if args.no_torch:
             return 0
+        cli = Path(sys.executable).with_name("rankscope")
+        cmd = [str(cli)] if cli.is_file() else [sys.executable, "-m", "rankscope.cli"]
+        by_cli = measure([*cmd, "diagnose", str(folder), "--json"], timeout_s=args.timeout)
+        blamed_cli = json.loads(by_cli["stdout"] or "{}").get("culprit_ranks")
+        print(
+            f"rankscope diagnose --json: {by_cli['wall_s']:.1f} s wall, peak RSS "
+            f"{by_cli['peak_rss_bytes'] / 2**30:.2f} GiB, exit {by_cli['returncode']}; "
+            f"culprit {blamed_cli}",
+            flush=True,
+        )
         cmd = [sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace"]
         theirs = measure(
             [*cmd, str(folder), "--prefix", "nccl_trace_rank_"], timeout_s=args.timeout
@@ -173,9 +216,10 @@ def main(argv: list[str] | None = None) -> int:
             f"culprit {blamed}",
             flush=True,
         )
-        same = blamed == result["culprit_ranks"]
+        same = blamed == result["culprit_ranks"] == blamed_cli
         print(
-            f"ratio: rankscope is {theirs['wall_s'] / mine['wall_s']:.1f}x faster; "
+            f"ratio: rankscope is {theirs['wall_s'] / mine['wall_s']:.1f}x faster "
+            f"({theirs['wall_s'] / by_cli['wall_s']:.1f}x by the command line); "
             f"same culprit: {'yes' if same else 'no'}"
         )
         return 0 if same else 1

@@ -198,18 +198,24 @@ class Diagnosis:
         c = self.collective
         assert c is not None
         desc = f" ({html.escape(c.pg_desc)})" if c.pg_desc else ""
-        rows = []
+        # Ranks that did the same share a row (a 16k-rank job is a few rows), culprits first.
+        alike: dict[tuple[bool, str, str, str, str], list[int]] = {}
         for rank in sorted(set(c.op_by_rank) | set(c.site_by_rank)):
-            style = " style='color:#d62728;font-weight:bold'" if rank in self.culprit_ranks else ""
-            cells = (
-                rank,
+            key = (
+                rank in self.culprit_ranks,
                 c.op_by_rank.get(rank) or "(none recorded)",
                 c.site_by_rank.get(rank) or "unknown",
                 c.shapes_by_rank.get(rank) or "",
                 c.state_by_rank.get(rank, ""),
             )
+            alike.setdefault(key, []).append(rank)
+        rows = []
+        for (culprit, *cells), ranks in sorted(alike.items(), key=lambda kv: not kv[0][0]):
+            style = " style='color:#d62728;font-weight:bold'" if culprit else ""
             rows.append(
-                f"<tr{style}>" + "".join(f"<td>{html.escape(str(x))}</td>" for x in cells) + "</tr>"
+                f"<tr{style}>"
+                + "".join(f"<td>{html.escape(str(x))}</td>" for x in [compact_ranks(ranks), *cells])
+                + "</tr>"
             )
         number = f"#{c.seq} " if c.seq is not None else ""
         return (
@@ -253,7 +259,11 @@ class Diagnosis:
                 if op and dtypes:
                     what += f" dtypes {c.dtypes_by_rank.get(rank)}"
                 alike.setdefault((what, c.state_by_rank.get(rank, "")), []).append(rank)
-            for (what, state), ranks in alike.items():
+            # the culprits' lines first: the outliers, then the many who did the same
+            culprits = set(self.culprit_ranks)
+            for (what, state), ranks in sorted(
+                alike.items(), key=lambda kv: not culprits.intersection(kv[1])
+            ):
                 who = ("rank " if len(ranks) == 1 else "ranks ") + _ranks(ranks)
                 lines.append("  " + ": ".join(p for p in (who, what, state) if p))
         if self.chain:
