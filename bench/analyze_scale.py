@@ -21,6 +21,7 @@ import argparse
 import functools
 import importlib.util
 import json
+import resource
 import shutil
 import subprocess
 import sys
@@ -45,6 +46,7 @@ def _make_dumps() -> Any:
 
 def measure(cmd: list[str], *, timeout_s: float) -> dict[str, Any]:
     """Run ``cmd``; return its wall time, peak RSS of its process tree, exit code and output."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     peak = 0
@@ -70,8 +72,11 @@ def measure(cmd: list[str], *, timeout_s: float) -> dict[str, Any]:
         out, err = proc.communicate()
     done.set()
     sampler.join()
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     return {
         "wall_s": time.perf_counter() - start,
+        # the process and its descendants (waited for): what the load of others does not add
+        "cpu_s": after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime,
         "peak_rss_bytes": peak,
         "returncode": proc.returncode,
         "stdout": out,
@@ -187,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
         rest = result["diagnose_s"] - sum(steps.values())
         parts = ", ".join(f"{STEPS[k]} {v:.1f} s" for k, v in steps.items())
         print(
-            f"rankscope: {mine['wall_s']:.1f} s wall (reading the dumps {result['load_s']:.1f} s, "
+            f"rankscope: {mine['wall_s']:.1f} s wall, {mine['cpu_s']:.1f} s CPU (reading the dumps {result['load_s']:.1f} s, "
             f"diagnose {result['diagnose_s']:.1f} s: {parts}, facts and rules {rest:.1f} s), "
             f"peak RSS {mine['peak_rss_bytes'] / 2**30:.2f} GiB; {result['verdict']} "
             f"{result['cause']}, culprit {result['culprit_ranks']}, seq {result['seq']}",
@@ -200,7 +205,8 @@ def main(argv: list[str] | None = None) -> int:
         by_cli = measure([*cmd, "diagnose", str(folder), "--json"], timeout_s=args.timeout)
         blamed_cli = json.loads(by_cli["stdout"] or "{}").get("culprit_ranks")
         print(
-            f"rankscope diagnose --json: {by_cli['wall_s']:.1f} s wall, peak RSS "
+            f"rankscope diagnose --json: {by_cli['wall_s']:.1f} s wall, "
+            f"{by_cli['cpu_s']:.1f} s CPU, peak RSS "
             f"{by_cli['peak_rss_bytes'] / 2**30:.2f} GiB, exit {by_cli['returncode']}; "
             f"culprit {blamed_cli}",
             flush=True,
@@ -211,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         blamed = dumps.torch_culprits(theirs["stderr"] + theirs["stdout"])
         print(
-            f"torch fr_trace: {theirs['wall_s']:.1f} s wall, peak RSS "
+            f"torch fr_trace: {theirs['wall_s']:.1f} s wall, {theirs['cpu_s']:.1f} s CPU, peak RSS "
             f"{theirs['peak_rss_bytes'] / 2**30:.2f} GiB, exit {theirs['returncode']}; "
             f"culprit {blamed}",
             flush=True,
@@ -219,7 +225,8 @@ def main(argv: list[str] | None = None) -> int:
         same = blamed == result["culprit_ranks"] == blamed_cli
         print(
             f"ratio: rankscope is {theirs['wall_s'] / mine['wall_s']:.1f}x faster "
-            f"({theirs['wall_s'] / by_cli['wall_s']:.1f}x by the command line); "
+            f"({theirs['wall_s'] / by_cli['wall_s']:.1f}x by the command line; in CPU time "
+            f"{theirs['cpu_s'] / mine['cpu_s']:.1f}x and {theirs['cpu_s'] / by_cli['cpu_s']:.1f}x); "
             f"same culprit: {'yes' if same else 'no'}"
         )
         return 0 if same else 1
