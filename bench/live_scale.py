@@ -39,8 +39,10 @@ from rankscope.launch.evidence import capture_evidence
 from rankscope.launch.procs import RankProc
 from rankscope.launch.tracker import RankTracker
 from rankscope.launch.watchdog import Watchdog
-from rankscope.probe._core import HEARTBEAT_S, POLL_S
 from rankscope.rundir import RunDir
+
+#: The probe's flush and poll periods (``rankscope.probe._core``, which imports torch: not here).
+HEARTBEAT_S, POLL_S = 0.5, 0.1
 
 #: The budgets of issue 34, at 1024 ranks.
 CPU_BUDGET, STALL_BUDGET_S, CAPTURE_BUDGET_S = 0.15, 0.5, 2.0
@@ -162,7 +164,8 @@ def follow(args: argparse.Namespace, folder: Path) -> dict[str, float]:
         hang = json.loads(writer.stdout.readline())
         waiting = [r for r in range(args.ranks) if r != args.culprit]
         seen_at = None
-        while not stalls and seen_at is None:
+        give_up = time.monotonic() + 4 * args.stall_timeout + 10
+        while seen_at is None and time.monotonic() < give_up:
             with lock:
                 if all(tracker.records[r].in_collective_since is not None for r in waiting):
                     seen_at = time.time()

@@ -3,6 +3,7 @@ promises (its numbers are for `make bench`; here only that they are there and ma
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import subprocess
@@ -48,3 +49,41 @@ def test_probe_overhead_bench_prints_its_ratios(tmp_path: Path) -> None:
     assert over is not None, text
     assert re.search(r"separate jobs, 1 pairs .* ratio \d+\.\d+", text, re.S), text
     assert re.search(r"warm-up .* ended \d+\.\d s after", text), text
+
+
+LIVE = Path(__file__).parent.parent / "bench" / "live_scale.py"
+SCALE = Path(__file__).parent.parent / "bench" / "analyze_scale.py"
+
+
+@pytest.mark.slow
+def test_live_scale_bench_follows_a_simulated_job_and_prints_each_figure(tmp_path: Path) -> None:
+    args = ["--ranks=16", "--steady=3", "--stall-timeout=0.5", f"--dir={tmp_path}"]
+    out = subprocess.run(
+        [sys.executable, str(LIVE), *args], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    text = out.stdout
+    assert re.search(r"following \(tracker \+ watchdog\): \d+\.\d% of one core", text), text
+    assert re.search(r"hang events written -> live state: \d+\.\d\d s", text), text
+    late = re.search(r"stall decided (-?\d+\.\d\d) s after the rule asks", text)
+    assert late is not None and -0.5 < float(late.group(1)) < 5, text
+    assert re.search(r"capture of every rank: \d+\.\d\d s, 0 missing", text), text
+    assert not list(tmp_path.iterdir())  # its run directory is gone
+    spec = importlib.util.spec_from_file_location("live_scale", LIVE)
+    live = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(live)
+    assert (live.HEARTBEAT_S, live.POLL_S) == (_core.HEARTBEAT_S, _core.POLL_S)
+
+
+@pytest.mark.slow
+def test_analyze_scale_bench_names_the_culprit_and_times_each_step(tmp_path: Path) -> None:
+    args = ["--ranks=64", "--entries=50", "--no-torch", f"--dir={tmp_path}"]
+    out = subprocess.run(
+        [sys.executable, str(SCALE), *args], capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert re.search(
+        r"calls table \d+\.\d s, alignment \d+\.\d s, wait-for graph \d+\.\d s, facts and rules",
+        out.stdout,
+    ), out.stdout
+    assert "hang lagging_rank, culprit [37], seq 50" in out.stdout, out.stdout
