@@ -8,8 +8,9 @@ culprit keeps beating outside any collective. The ranks answer a capture request
 does (stacks, then a ``capture`` event, at their next poll).
 
 This process follows the job with the real parts, :class:`rankscope.launch.tracker.RankTracker`
-and :class:`rankscope.launch.watchdog.Watchdog` (the ranks' pids are one sleeping process, so
-the CPU checks run and find them idle), and measures:
+and :class:`rankscope.launch.watchdog.Watchdog`, as from a cluster's login node: every rank is
+on a SLURM node of its own eight (the CPU checks read the heartbeats); the capture reaches them
+through the run directory (their pid, for it, is one sleeping process here). It measures:
 
 - the CPU share of one core used by this process while it follows the steady job;
 - the delay from the last rank's hang event written to the live state showing every rank in
@@ -63,10 +64,11 @@ def play(folder: Path, *, ranks: int, calls_per_s: float, steady_s: float, culpr
         run.rank_dir(r).mkdir(parents=True, exist_ok=True)
         files[r] = open(run.events(r), "a", buffering=1)  # noqa: SIM115 (kept open: a rank's file)
     t0 = time.time()
-    for f in files.values():
-        f.write(
-            _line({"ev": "start", "t": t0, "pid": sleeper, "host": "sim", "env": {}, "main_tid": 1})
-        )
+    for r, f in files.items():
+        # as on a cluster followed from its login node: every rank on a SLURM node, 8 a node
+        env = {"SLURMD_NODENAME": f"sim{r // 8}", "SLURM_JOB_ID": "1"}
+        start = {"ev": "start", "t": t0, "pid": sleeper, "host": f"sim{r // 8}", "env": env}
+        f.write(_line({**start, "main_tid": 1}))
     ticks = max(1, round(HEARTBEAT_S / POLL_S))  # ranks flush in turn, one share per poll
     per_flush = max(1, round(calls_per_s * HEARTBEAT_S))
     seq = dict.fromkeys(range(ranks), 0)
