@@ -328,26 +328,35 @@ def _arm_decision(file: str, node: ast.AST, arm: str, path: list[Frame], i: int)
 def _outermost_loop(file: str, chain: Chain, path: list[Frame], i: int) -> _Decision | None:
     """The first loop on ``path`` from frame ``i``'s ``chain`` down, in the user's frames: the
     side on ``path`` is still in it, and the other side, past it, left it (through its
-    ``break`` or ``return``, where the loop has one)."""
-    for depth, frame_chain in _frame_chains(file, chain, path, i, user_only=True):
-        for node, _arm in frame_chain:
-            if isinstance(node, _LOOPS):
-                f = path[depth]
-                exit_ = _exit_of(f[0], node)
-                if exit_ is not None:
-                    return exit_
-                kind = "while" if isinstance(node, ast.While) else "for"
-                names = _names(node.test if isinstance(node, ast.While) else node.iter)
-                return _Decision(
-                    f[0],
-                    f[1],
-                    node.lineno,
-                    _header(f[0], node.lineno),
-                    kind,
-                    _into(path, depth),
-                    names,
-                )
-    return None
+    ``break`` or ``return``, where the loop has one). A loop over ``range`` of constants runs
+    as often on every rank: the first loop whose count can differ is named before it."""
+    loops = [
+        (depth, node)
+        for depth, frame_chain in _frame_chains(file, chain, path, i, user_only=True)
+        for node, _arm in frame_chain
+        if isinstance(node, _LOOPS)
+    ]
+    if not loops:
+        return None
+    depth, node = next(((d, n) for d, n in loops if not _fixed_count(n)), loops[0])
+    f = path[depth]
+    exit_ = _exit_of(f[0], node)
+    if exit_ is not None:
+        return exit_
+    kind = "while" if isinstance(node, ast.While) else "for"
+    names = _names(node.test if isinstance(node, ast.While) else node.iter)  # type: ignore[attr-defined]
+    head = _header(f[0], node.lineno)
+    return _Decision(f[0], f[1], node.lineno, head, kind, _into(path, depth), names)
+
+
+def _fixed_count(loop: ast.AST) -> bool:
+    """``for _ in range(2):``: a loop whose count is written as constants."""
+    it = getattr(loop, "iter", None)
+    return (
+        isinstance(it, ast.Call)
+        and getattr(it.func, "id", None) == "range"
+        and all(isinstance(a, ast.Constant) for a in it.args)
+    )
 
 
 def _innermost_branch(file: str, chain: Chain, path: list[Frame], i: int) -> _Decision | None:
@@ -421,12 +430,13 @@ def _exit_of(file: str, loop: ast.AST) -> _Decision | None:
 
 
 def _into(path: list[Frame], depth: int) -> str:
-    """``save_checkpoint → barrier (train.py:11)``: the functions below the decision's frame,
-    down to the innermost frame's line."""
-    names = [f[1] for f in path[depth + 1 :]]
-    last = path[-1]
+    """``save_checkpoint → barrier (train.py:11)``: the user's functions below the decision's
+    frame, down to the innermost user frame's line and the call it makes there."""
+    user = [f for f in path[depth + 1 :] if is_user_file(f[0])]
+    last = user[-1] if user else path[depth]
+    names = [f[1] for f in user if f[1] != "<module>"]
     code = _code_call(last[0], last[2])
-    steps = [n for n in names if n != "<module>"] + ([code] if code else [])
+    steps = names + ([code] if code else [])
     where = f"({short_site(last[0], last[2])})"
     return " → ".join(steps) + f" {where}" if steps else where
 
