@@ -168,35 +168,37 @@ def without_machinery(path: list[Frame]) -> list[Frame]:
 
 
 def find_parting(
-    sides: dict[str, dict[int, list[Frame]]],
+    culprits: list[int],
+    others: list[int],
+    paths: dict[int, list[Frame]],
     values: pd.DataFrame | None = None,
 ) -> tuple[Parting | None, str]:
-    """The decision that separates ``sides["culprits"]`` from ``sides["others"]`` (each: rank ->
-    path), and why there is none when there is none (``(None, reason)``)."""
-    if not sides["culprits"] or not sides["others"]:
-        which = "culprits" if not sides["culprits"] else "other ranks"
+    """The decision that separates ``culprits`` from ``others``, read from the paths (rank ->
+    frames, outermost first) of one rank of each side (the lowest that has one), and why there
+    is none when there is none (``(None, reason)``)."""
+    c_rank = next((r for r in sorted(culprits) if paths.get(r)), None)
+    o_rank = next((r for r in sorted(others) if paths.get(r)), None)
+    if c_rank is None or o_rank is None:
+        which = "culprits" if c_rank is None else "other ranks"
         return None, f"no stacks of the {which} were captured"
-    c_path = sides["culprits"][min(sides["culprits"])]
-    o_path = sides["others"][min(sides["others"])]
-    found = _decide(c_path, o_path)
+    found = _decide(paths[c_rank], paths[o_rank])
     if isinstance(found, str):
         return None, found
     decision, culprit_in, arms = found
-    ranks = {r: "c" for r in sides["culprits"]} | {r: "o" for r in sides["others"]}
-    inn = sorted(r for r, s in ranks.items() if (s == "c") == culprit_in)
-    out = sorted(r for r, s in ranks.items() if (s == "c") != culprit_in)
+    inn, out = (culprits, others) if culprit_in else (others, culprits)
     names = decision.names
+    ranks = sorted({*culprits, *others})
     return (
         Parting(
             site=short_site(decision.file, decision.line),
             source=decision.source,
             kind=decision.kind,
-            ranks_in=inn,
-            ranks_out=out,
+            ranks_in=sorted(inn),
+            ranks_out=sorted(out),
             into=decision.into,
             left_loop=decision.kind in (*_LOOP_KINDS, "break", "return"),
             arms=arms,
-            values=_values_of(values, decision, names, sorted(ranks)) if values is not None else {},
+            values=_values_of(values, decision, names, ranks) if values is not None else {},
             env={n: v for n in names if (v := env_origin(decision.file, n)) is not None},
         ),
         "",
