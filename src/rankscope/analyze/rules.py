@@ -54,7 +54,7 @@ from rankscope.analyze.context import (
 from rankscope.analyze.diagnosis import CollectiveInfo, EvidenceRef
 from rankscope.analyze.evidence import SIGNAL_TEXT, RankFacts, crash_cause
 from rankscope.analyze.waits import Wait, departed
-from rankscope.collect import short_site
+from rankscope.collect import VICTIM_ROLES, short_site
 
 
 @dataclass(kw_only=True)
@@ -144,6 +144,9 @@ def failures(ctx: Context) -> list[Failure]:
     for rank, f in ctx.facts.items():
         if f.exception is None or any(r == rank and f.exception in e for r, e in raised_in_call):
             continue
+        if _victims_text(errors, rank, f.exception):
+            continue  # raised outside the Python calls (a backward's bucket all_reduce, a
+            # wait on a Work) by a text that makes it a victim: the waits say for whom
         note = "exception outside any collective"
         out.append(
             Failure(
@@ -173,6 +176,14 @@ def failures(ctx: Context) -> list[Failure]:
 
 def reported_failure(ctx: Context) -> Finding | None:
     return crash(ctx, failures(ctx))
+
+
+def _victims_text(errors: pd.DataFrame, rank: int, exception: str) -> bool:
+    """The rank's exception is an error text whose role makes it a victim (a peer's exit or
+    timeout, NCCL's remote error), as its logs show it."""
+    mine = errors[(errors["rank"] == rank) & errors["role"].isin(list(VICTIM_ROLES))]
+    head = exception.split("\n", 1)[0]
+    return any(head[:80] in str(m) or str(m)[:80] in exception for m in mine["message"])
 
 
 def deaths(ctx: Context, *, bare: bool = False) -> list[Failure]:

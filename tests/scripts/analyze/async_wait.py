@@ -10,6 +10,7 @@ hand-written DDP, FSDP and pipeline schedules do); at step 3 one rank diverges (
 import os
 import sys
 import threading
+import time
 
 import torch
 import torch.distributed as dist
@@ -20,6 +21,9 @@ how = sys.argv[1]
 buckets = [torch.ones(64) for _ in range(3)]
 stuck = threading.Lock()
 stuck.acquire()
+# Let the probe warm up first (a second or two after the group forms): while it imports, a rank
+# waiting on a lock could be a computing rank it keeps off the GIL, so the watchdog calls it busy.
+time.sleep(3)
 for step in range(6):
     if step == 3 and how == "barrier" and rank == 1:
         dist.barrier()  # site: barrier
