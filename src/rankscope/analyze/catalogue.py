@@ -253,6 +253,17 @@ _CAUSES = (
         "torch.cuda.set_device(int(os.environ['LOCAL_RANK'])).",
     ),
     Cause(
+        name="duplicate_gpu",
+        verdict="launch_error",
+        recipe="D3",
+        title="two ranks on one GPU",
+        reason="{culprits} found another rank of its node on the same GPU: {error}",
+        fix="Start at most as many ranks per node as it has GPUs (--nproc-per-node no more "
+        "than torch.cuda.device_count()) and give each its own before the process group "
+        "exists: torch.cuda.set_device(int(os.environ['LOCAL_RANK'])), not RANK and not a "
+        "fixed index. rankscope run refuses more nccl ranks per node than visible GPUs.",
+    ),
+    Cause(
         name="rendezvous_timeout",
         verdict="launch_error",
         recipe="D2",
@@ -291,6 +302,7 @@ LAUNCH_KINDS: Mapping[str, str] = {
     "env_missing": "env_contract_missing",
     "address_in_use": "address_in_use",
     "invalid_device_ordinal": "invalid_device_ordinal",
+    "nccl_duplicate_gpu": "duplicate_gpu",
     "deepspeed_hostfile": "hostfile_invalid",
     "rendezvous_timeout": "rendezvous_timeout",
 }
@@ -298,6 +310,7 @@ LAUNCH_KINDS: Mapping[str, str] = {
 #: Error kinds that are a primary failure of the rank that logged them, by cause.
 FAILURE_KINDS: Mapping[str, str] = {
     "cuda_oom": "oom",
+    "cuda_error": "rank_crashed",
     "ddp_unused_parameters": "ddp_unused_parameters",
 }
 
