@@ -126,6 +126,20 @@ _CAUSES = (
         "stuck or busy outside the collective; TORCH_DISTRIBUTED_DEBUG=DETAIL names it at once.",
     ),
     Cause(
+        name="stream_stuck",
+        verdict="hang",
+        recipe="D19",
+        title="a rank's stream never reached the collective",
+        reason="{culprits} issued {culprit_op} ({collective}) but the GPU stream never "
+        "started it, while {others} started it and wait: the stream is still busy with earlier "
+        "work (a kernel that never ends, a wait on an event never recorded); its last completed "
+        "collective: {stream_last}; last seen: {culprit_doing}",
+        fix="Find what that rank's stream runs before the collective: a kernel that never ends "
+        "(a spin on a flag, a device-side deadlock), a wait on an event or a stream never "
+        "recorded, a custom op that blocks. py-spy dump --native shows the host side; "
+        "CUDA_LAUNCH_BLOCKING=1 makes the stuck kernel show at its launch.",
+    ),
+    Cause(
         name="rank_crashed",
         verdict="crash",
         recipe="D20",

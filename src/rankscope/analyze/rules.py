@@ -11,15 +11,18 @@ that answers with a :class:`Finding` or passes (``None``).
    receives more bytes than it expects), which is then its victim.
 4. ``signal_death``: a rank died of a signal (SIGKILL, SIGSEGV, SIGABRT, ...) that no text of
    its own blames on a peer.
-5. ``waits``: the wait-for graph across every group leads to the culprit: a rank waited on that
+5. ``stream_stuck``: a collective that some ranks' devices started and others' never did
+   (nccl with timing, from the recorder's entry states): those ranks' streams are held by
+   earlier work.
+6. ``waits``: the wait-for graph across every group leads to the culprit: a rank waited on that
    waits for nobody (what was it doing instead: exited, crashed, out of data, blocked on a lock
    or a sleep, busy elsewhere, silent), or, where every rank waits, the rank of a cycle that left
    the program order the others share (a skipped call, a point-to-point cycle), or every rank
    stuck in one collective.
-6. ``errors_only``: no record of calls says anything, the error texts may (DETAIL fingerprints,
+7. ``errors_only``: no record of calls says anything, the error texts may (DETAIL fingerprints,
    monitored_barrier, timeouts in foreign logs).
-7. ``bare_exit``: a rank exited non-zero and nothing else says why.
-8. ``straggler``: every collective completed, but one rank arrived far behind (``ok``).
+8. ``bare_exit``: a rank exited non-zero and nothing else says why.
+9. ``straggler``: every collective completed, but one rank arrived far behind (``ok``).
 
 A rule is a plain function: test it on a context built from tables (see the tests).
 """
@@ -739,6 +742,65 @@ def _all_stuck(ctx: Context) -> Finding | None:
     )
 
 
+# --- 5. a stream that never reached the collective ------------------------------------------
+def stream_stuck(ctx: Context) -> Finding | None:
+    """The first collective (by group and number) that the device of some ranks started while
+    on others it stayed ``scheduled``: enqueued on the stream, never started. That rank's
+    stream is busy with earlier work (a kernel that never ends, a wait on an event never
+    recorded). Only where the recorder says when entries start (nccl with
+    ``TORCH_NCCL_ENABLE_TIMING``): without it every entry reads ``scheduled`` until it
+    completes, and its start time is None, started or not."""
+    fr = ctx.ev.table("flight_recorder")
+    if fr.empty:
+        return None
+    coll = fr[fr["collective_seq_id"].notna() & ~fr["is_p2p"].fillna(False).astype(bool)]
+    coll = coll[coll["backend"].astype(str) == "nccl"]
+    timed = set(coll.loc[coll["time_discovered_started_ns"].notna(), "rank"].astype(int))
+    state = coll["state"].astype(str)
+    began = state.isin(["started", "completed"]) | coll["time_discovered_started_ns"].notna()
+    waiting = coll[(state == "scheduled") & coll["rank"].isin(list(timed)) & ~began]
+    for (pg, seq), rows in waiting.groupby(["pg_name", "collective_seq_id"], observed=True):
+        same = coll[(coll["pg_name"] == pg) & (coll["collective_seq_id"] == seq)]
+        started = same[began.loc[same.index] & (same["state"].astype(str) != "completed")]
+        if started.empty:
+            continue
+        culprits = sorted(set(rows["rank"].astype(int)))
+        others = sorted(set(started["rank"].astype(int)) - set(culprits))
+        culprit = culprits[0]
+        mine = coll[(coll["rank"] == culprit) & (state == "completed")]
+        earlier = mine[mine["record_id"] < rows["record_id"].min()]
+        ran = (
+            f"{earlier['op'].iloc[-1]} #{int(earlier['collective_seq_id'].iloc[-1])} on group "
+            f"{earlier['pg_name'].iloc[-1]}"
+            if len(earlier)
+            else None
+        )
+        op = str(rows["op"].iloc[0])
+        where = ctx.whereabouts(culprits).get(culprit)
+        return Finding(
+            cause="stream_stuck",
+            culprits=culprits,
+            waiting=others,
+            facts={
+                "culprit_op": op,
+                "collective": f"group {pg}, collective #{int(seq)}",
+                "others": who_of(others),
+                "stream_last": ran or "nothing the recorder kept",
+                "culprit_doing": (where.note if where is not None else None) or "unknown",
+            },
+            refs=[
+                EvidenceRef(
+                    table="flight_recorder",
+                    row=int(pos),
+                    rank=int(r),
+                    note="issued, never started on its stream",
+                )
+                for pos, r in zip(rows.index, rows["rank"], strict=True)
+            ],
+        )
+    return None
+
+
 # --- 6. the error texts alone -----------------------------------------------------------------
 def errors_only(ctx: Context) -> Finding | None:
     """No record of calls says anything; the error messages may (foreign logs)."""
@@ -898,6 +960,7 @@ RULES: tuple[Rule, ...] = (
     reported_failure,
     mismatch,
     signal_death,
+    stream_stuck,
     waits,
     errors_only,
     bare_exit,
