@@ -199,3 +199,9 @@ def test_the_entries_are_the_truth_where_the_counters_lag(tmp_path):
         (folder / f"{make_dumps.PREFIX}{rank}").write_bytes(pickle.dumps(dump))
     d = diagnose(load_run(folder))
     assert d.verdict == "ok", d.render()
+
+
+def test_one_rank_whose_stream_never_started_its_collective(tmp_path):
+    """One rank on nccl, a kernel spinning in front of its all_reduce: issued, never started."""
+    d = diagnose(load_run(_timed_dumps(tmp_path / "dumps", scheduled=0, world=1)))
+    assert (d.verdict, d.cause, d.culprit_ranks) == ("hang", "stream_stuck", [0]), d.render()

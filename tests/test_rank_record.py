@@ -209,3 +209,21 @@ def test_the_recorder_s_state_says_whether_the_device_started_it():
     # the entries are the truth: nccl's counters lag behind them (all completed, counters not)
     ddp.apply({**beat, "fr": {"0": [8, 7]}, "fr_active": []})
     assert not in_collective(ddp)
+
+
+def test_an_nccl_blocking_call_that_returned_at_enqueue_is_waited_in_at_its_line():
+    """nccl returns from a blocking all_reduce once it is enqueued: the recorder's entry of
+    that call (same group, number and op) says it never started, and where it was issued."""
+    r = RankRecord(rank=0)
+    r.apply({**START, "pid": os.getpid()})
+    call = {"op": "all_reduce", "pg": "0", "seq": 6, "id": 9, "file": "/x/train.py", "line": 13}
+    r.apply({"ev": "enter", "t": 20.0, **call})
+    r.apply({"ev": "exit", "t": 20.001, "id": 9})
+    assert r.last_done == "all_reduce (group 0 #6)" and not in_collective(r)
+    entry = ["0", 6, "all_reduce", "scheduled", 20.0, None]
+    beat = {"ev": "heartbeat", "t": 21.0, "at": ["/x/train.py", 14, "<module>"]}
+    r.apply({**beat, "fr": {"0": [6, 5]}, "fr_active": [entry]})
+    assert doing_now(snapshot(r, now=32.4)) == (
+        "waiting in all_reduce (group 0 #6) issued at train.py:13 12.4 s ago, not started "
+        "(the stream is still busy with earlier work), waited at train.py:14"
+    )

@@ -131,7 +131,7 @@ _CAUSES = (
         recipe="D19",
         title="a rank's stream never reached the collective",
         reason="{culprits} issued {culprit_op} ({collective}) but the GPU stream never "
-        "started it, while {others} started it and wait: the stream is still busy with earlier "
+        "started it ({others_started}): the stream is still busy with earlier "
         "work (a kernel that never ends, a wait on an event never recorded); its last completed "
         "collective: {stream_last}; last seen: {culprit_doing}",
         fix="Find what that rank's stream runs before the collective: a kernel that never ends "

@@ -762,8 +762,8 @@ def stream_stuck(ctx: Context) -> Finding | None:
     for (pg, seq), rows in waiting.groupby(["pg_name", "collective_seq_id"], observed=True):
         same = coll[(coll["pg_name"] == pg) & (coll["collective_seq_id"] == seq)]
         started = same[began.loc[same.index] & (same["state"].astype(str) != "completed")]
-        if started.empty:
-            continue
+        if started.empty and coll["rank"].nunique() > 1:
+            continue  # on one rank alone, a collective never started is its stream's too
         culprits = sorted(set(rows["rank"].astype(int)))
         others = sorted(set(started["rank"].astype(int)) - set(culprits))
         culprit = culprits[0]
@@ -784,7 +784,9 @@ def stream_stuck(ctx: Context) -> Finding | None:
             facts={
                 "culprit_op": op,
                 "collective": f"group {pg}, collective #{int(seq)}",
-                "others": who_of(others),
+                "others_started": f"{who_of(others)} started it and wait"
+                if others
+                else "no other rank takes part",
                 "stream_last": ran or "nothing the recorder kept",
                 "culprit_doing": (where.note if where is not None else None) or "unknown",
             },

@@ -146,7 +146,11 @@ def waiting_in(record: RankRecord) -> dict[str, Any] | None:
         return _waits(op, pg, seq, site, since, state=same[3], started=same[5])
     if active:
         pg, seq, op, state, created, started = active[0][:6]
-        return _waits(op, pg, seq, None, created, state=state, started=started)
+        # nccl's blocking calls return at enqueue: the recorder's entry of the rank's last call
+        # (same group, number and op) is that call's, issued at its line.
+        mine = (pg, seq, op) == (record.pg, record.seq, record.op)
+        site = record.site if mine else None
+        return _waits(op, pg, seq, site, created, state=state, started=started)
     if record.fr_active is None:  # not read: the counters are all there is
         for pg, (enqueued, completed) in (record.fr or {}).items():
             if enqueued > completed:
