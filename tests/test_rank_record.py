@@ -227,3 +227,4 @@ def test_an_nccl_blocking_call_that_returned_at_enqueue_is_waited_in_at_its_line
         "waiting in all_reduce (group 0 #6) issued at train.py:13 12.4 s ago, not started "
         "(the stream is still busy with earlier work), waited at train.py:14"
     )
+    assert snapshot(r, now=32.4)["last_done"] is None  # returned from at enqueue, not completed

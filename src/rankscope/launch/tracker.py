@@ -55,6 +55,11 @@ def snapshot(
     if waits is not None and waits["started_s"] is not None:
         waits["started_for_s"] = max(0.0, now - waits["started_s"])
     d["waiting"] = waits
+    if (
+        waits is not None
+        and d["last_done"] == f"{waits['op']} (group {waits['pg']} #{waits['seq']})"
+    ):
+        d["last_done"] = None  # nccl returned from it at enqueue: not completed
     stopped = job_ended is not None and job_ended.get("state") == "stopped"
     if job_ended is not None and not record.ended:
         info = (job_ended.get("ranks") or {}).get(str(record.rank), {})
