@@ -216,6 +216,7 @@ def test_the_rules_run_in_their_documented_order_and_can_be_replaced():
         "reported_failure",
         "mismatch",
         "signal_death",
+        "stream_stuck",
         "waits",
         "errors_only",
         "bare_exit",
