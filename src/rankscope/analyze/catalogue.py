@@ -118,7 +118,7 @@ _CAUSES = (
     Cause(
         name="ddp_model_mismatch",
         verdict="crash",
-        recipe=None,
+        recipe="D19",
         title="DDP was given a different model on some rank",
         reason="{culprits} built a model with {culprit_model} where {others} have "
         "{other_model}{culprit_at}: {error}",

@@ -263,7 +263,7 @@ SIGNATURES: tuple[Signature, ...] = (
     # 0 has inconsistent 4 params.
     Signature(
         kind="ddp_model_mismatch",
-        recipe=None,
+        recipe="D19",
         literal="DDP expects same model across all ranks",
         role="report",
         regex=_re(
@@ -277,7 +277,7 @@ SIGNATURES: tuple[Signature, ...] = (
     # of the same param in process 0.
     Signature(
         kind="ddp_param_shape_mismatch",
-        recipe=None,
+        recipe="D19",
         literal="appears not to match",
         role="report",
         regex=_re(
