@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import functools
+import html
 import json
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from typing import Any
 
@@ -17,12 +18,60 @@ PLOTLY_MIME = "application/vnd.plotly.v1+json"
 USER_ERRORS = (ValueError, FileNotFoundError, RuntimeError, TimeoutError)
 
 
+#: Width of each column kind of the rank tables (the live panel's, a closed workbench's):
+#: fixed, so that a refresh or a culprit's mark never moves a column.
+COLUMN_WIDTHS = {
+    "rank": "7.5em",
+    "node": "7em",
+    "status": "6.5em",
+    "step": "3.5em",
+    "done": "3.5em",
+    "now": "24em",
+    "last completed": "14em",
+    "heartbeat s": "6.5em",
+    "exit": "8em",
+    "host": "9em",
+    "pid": "5.5em",
+    "exit_code": "6em",
+    "signal": "6.5em",
+    "end_reason": "16em",
+}
+#: The rank tables: fixed layout, padded cells, one line per row (the long ones end in "…").
+TABLE_CSS = (
+    "table.rankscope-ranks{border-collapse:collapse;table-layout:fixed;width:max-content;"
+    "margin:2px 0}"
+    "table.rankscope-ranks th,table.rankscope-ranks td{padding:3px 10px;text-align:left;"
+    "white-space:nowrap;overflow:hidden;text-overflow:ellipsis;border:none;"
+    "border-bottom:1px solid #e4e4e4}"
+    "table.rankscope-ranks th{font-weight:600;border-bottom:1px solid #999}"
+)
+
+
+def table_head(columns: Iterable[str], *, css_class: str) -> str:
+    """The opening of a table with :data:`TABLE_CSS`, a fixed width per column kind
+    (:data:`COLUMN_WIDTHS`) and a header row; rows and ``</table>`` follow."""
+    columns = list(columns)
+    widths = "".join(f"<col style='width:{COLUMN_WIDTHS.get(c, '8em')}'>" for c in columns)
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
+    return (
+        f"<style>{TABLE_CSS}</style><table class='{css_class}'>"
+        f"<colgroup>{widths}</colgroup><tr>{head}</tr>"
+    )
+
+
+def cell(value: Any) -> str:
+    """A table cell; its whole text on hover, for one cut short by its column's width."""
+    text = html.escape("" if value is None else str(value))
+    return f"<td title='{text}'>{text}</td>"
+
+
 def report(errors: widgets.Output, exc: BaseException) -> None:
     """Show ``exc`` in ``errors``: its message, and the traceback for an unexpected one.
 
     ``append_stderr`` sets the Output's state directly, so this works from any thread.
     """
-    text = "".join(traceback.format_exception_only(type(exc), exc))
+    # bad input: its message, which says what to change (no "ValueError:" before it)
+    text = f"{exc}\n"
     if not isinstance(exc, USER_ERRORS):
         text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
     errors.append_stderr(text)

@@ -16,7 +16,14 @@ from rankscope.analyze import Diagnosis, diagnose
 from rankscope.collect import Run, load_run
 from rankscope.replay import REPRO_NAME
 from rankscope.replay import build as build_replay
-from rankscope.widgets._common import figure_output, guarded, html_output, set_figure
+from rankscope.widgets._common import (
+    cell,
+    figure_output,
+    guarded,
+    html_output,
+    set_figure,
+    table_head,
+)
 
 #: Tabs of the results area, in order; NCCL only when the run has NCCL logs.
 NO_DIAGNOSIS = "<i>no diagnosis yet: it comes when the job stalls or ends, or on Diagnose</i>"
@@ -174,14 +181,19 @@ class ResultsPanel(widgets.VBox):
         widget behind them: the card, the timeline, every rank's row of the ranks table."""
         if self.run is None or self.diagnosis is None:
             return []
-        ranks = self.run.ranks
+        # how each rank ended, read now: the run shown may have been read while it ran
+        ranks = load_run(self.run.path).ranks
         keep = [c for c in STATIC_RANK_COLUMNS if c in ranks.columns]
         shown = ranks[keep].astype(object)
-        table = shown.where(shown.notna(), "").to_html(index=False, classes="rankscope-ranks")
+        rows = shown.where(shown.notna(), None).itertuples(index=False)
+        body = "".join("<tr>" + "".join(map(cell, row)) + "</tr>" for row in rows)
         return [
             html_output(self.diagnosis.to_html()),
             figure_output(self.timeline_figure),
-            html_output(f"<div style='overflow-x:auto'>{table}</div>"),
+            html_output(
+                "<div style='overflow-x:auto'>"
+                f"{table_head(keep, css_class='rankscope-ranks')}{body}</table></div>"
+            ),
         ]
 
     def write_replay(self) -> Path:
