@@ -412,3 +412,18 @@ def test_every_plot_builds_within_budget_at_1024_ranks() -> None:
         took = time.perf_counter() - start
         assert took < bench.BUDGET_S, f"{name} took {took:.2f} s"
         assert len(fig.data) <= 20, f"{name}: {len(fig.data)} traces (one per rank?)"
+
+
+def test_merged_stacks_start_at_the_user_s_code() -> None:
+    """The runpy and bootstrap frames before the script's own are one box, listed on hover."""
+    from rankscope.collect import load_run
+
+    run = load_run(DATA / "gloo_barrier_hang" / "run")
+    (icicle,) = plot.merged_stacks(run.stacks, run.stack_summary).data
+    labels, parents = list(icicle.labels), list(icicle.parents)
+    (root,) = [i for i, p in enumerate(parents) if p == ""]
+    assert labels[root] == "⋯ 7 frames before your code"
+    assert "runpy" in icicle.customdata[root]
+    children = [labels[i] for i, p in enumerate(parents) if p == str(root)]
+    assert children and all("worker.py" in c for c in children)
+    assert not any("runpy" in label for label in labels)

@@ -28,6 +28,22 @@ from rankscope.widgets._common import (
 #: Tabs of the results area, in order; NCCL only when the run has NCCL logs.
 NO_DIAGNOSIS = "<i>no diagnosis yet: it comes when the job stalls or ends, or on Diagnose</i>"
 PLOTS = ("sequence ladder", "where is everyone", "merged stacks", "progress", "NCCL")
+#: The grid's settings, given at every update (itables computes the others again): a click
+#: anywhere on a header sorts; the search box first, for a table of any length (itables drops
+#: its default layout's controls for a table that fits a page; the caption promises one).
+GRID: dict[str, Any] = {
+    "scrollX": True,
+    "pageLength": 15,
+    "lengthMenu": [15, 50, 200],
+    "classes": "display nowrap cell-border",
+    "text_in_header_can_be_selected": False,
+    "layout": {
+        "topStart": "search",
+        "topEnd": "pageLength",
+        "bottomStart": "info",
+        "bottomEnd": "paging",
+    },
+}
 #: The ranks table's columns in a static snapshot (:meth:`ResultsPanel.static`).
 STATIC_RANK_COLUMNS = ("rank", "host", "pid", "exit_code", "signal", "end_reason")
 
@@ -80,9 +96,7 @@ class ResultsPanel(widgets.VBox):
         self.show_table = widgets.Button(description="Show rows", icon="table")
         self.table_info = widgets.HTML("")
         # A grid made for DataFrames: scrolls sideways, sorts and filters in the browser.
-        self.table = ITable(
-            scrollX=True, pageLength=15, lengthMenu=[15, 50, 200], classes="display compact nowrap"
-        )
+        self.table = ITable(**GRID)
         self.show_table.on_click(lambda _: guarded(self.table_errors, self.show_rows)())
         self.table_name.observe(
             lambda _: guarded(self.table_errors, self._columns_of)(), names="value"
@@ -226,7 +240,7 @@ class ResultsPanel(widgets.VBox):
             f"<b>{html.escape(name)}</b>: {matched} rows{more} (sort by a column's header, "
             "filter with the search box)"
         )
-        self.table.update(rows, caption=name)
+        self.table.update(rows, caption=name, **GRID)
 
     def _columns_of(self) -> None:
         """The column choice offers the chosen table's columns (kept if they are the same)."""
