@@ -21,20 +21,20 @@ USER_ERRORS = (ValueError, FileNotFoundError, RuntimeError, TimeoutError)
 #: Width of each column kind of the rank tables (the live panel's, a closed workbench's):
 #: fixed, so that a refresh or a culprit's mark never moves a column.
 COLUMN_WIDTHS = {
-    "rank": "7.5em",
+    "rank": "8em",
     "node": "7em",
     "status": "6.5em",
-    "step": "3.5em",
-    "done": "3.5em",
-    "now": "24em",
-    "last completed": "14em",
-    "heartbeat s": "6.5em",
-    "exit": "8em",
-    "host": "9em",
-    "pid": "5.5em",
-    "exit_code": "6em",
-    "signal": "6.5em",
-    "end_reason": "16em",
+    "step": "4em",
+    "done": "4.5em",
+    "now": "26em",
+    "last completed": "16em",
+    "heartbeat s": "7.5em",
+    "exit": "9.5em",
+    "host": "10em",
+    "pid": "6em",
+    "exit_code": "7em",
+    "signal": "7em",
+    "end_reason": "14em",
 }
 #: The rank tables: fixed layout, padded cells, one line per row (the long ones end in "…").
 TABLE_CSS = (
