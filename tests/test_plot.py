@@ -154,9 +154,9 @@ def test_rank_timeline_opens_around_the_divergence_with_every_call_visible() -> 
     ]
     fig = plot.rank_timeline(collectives(rows), divergence={"pg": "0", "seq": 201}, now=T0 + 20)
     left, right = fig.layout.xaxis.range
-    # four calls per rank before it, up to now; the 9.9 s wait is drawn narrow, labelled "19.95"
+    # four calls per rank before it, up to now; the 9.9 s wait is drawn narrow, labelled "20"
     end = fig.layout.xaxis.tickvals[-1]
-    assert 9.0 < left < 10.0 and right > end and fig.layout.xaxis.ticktext[-1] == "19.95"
+    assert 9.0 < left < 10.0 and right > end and fig.layout.xaxis.ticktext[-1] == "20"
     assert end < 10.1 + 0.1 * 10.1
     bars = next(t for t in fig.data if t.name == "all_reduce")
     widths = np.asarray(bars.x[1::3]) - np.asarray(bars.x[0::3])

@@ -354,9 +354,10 @@ class _TimeAxis:
         for i in range(1, len(real)):
             if at[i] - at[keep[-1]] >= 0.06 * self.width:
                 keep.append(i)
+        digits = max(0, -int(np.floor(np.log10(step))))
         return {
             "tickvals": [float(at[i]) for i in keep],
-            "ticktext": [f"{real[i]:g}" for i in keep],
+            "ticktext": [f"{real[i]:.{digits}f}" for i in keep],
         }
 
     def mark_breaks(self, fig: go.Figure) -> None:

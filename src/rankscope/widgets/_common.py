@@ -21,15 +21,15 @@ USER_ERRORS = (ValueError, FileNotFoundError, RuntimeError, TimeoutError)
 #: Width of each column kind of the rank tables (the live panel's, a closed workbench's):
 #: fixed, so that a refresh or a culprit's mark never moves a column.
 COLUMN_WIDTHS = {
-    "rank": "8em",
+    "rank": "7.5em",
     "node": "7em",
-    "status": "6.5em",
-    "step": "4em",
-    "done": "4.5em",
-    "now": "26em",
-    "last completed": "16em",
-    "heartbeat s": "7.5em",
-    "exit": "9.5em",
+    "status": "6em",
+    "step": "3.5em",
+    "done": "4em",
+    "now": "22em",
+    "last completed": "13em",
+    "heartbeat s": "7em",
+    "exit": "8.5em",
     "host": "10em",
     "pid": "6em",
     "exit_code": "7em",
