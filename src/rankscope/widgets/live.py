@@ -29,6 +29,7 @@ COLUMNS = (
     "exit",
 )
 LOG_LINES = 40
+NO_JOB = "<i>no job selected</i>"
 
 
 def ranks_html(rows: list[dict[str, Any]], *, culprits: Iterable[int] = ()) -> str:
@@ -87,7 +88,7 @@ class LivePanel(widgets.VBox):
     """
 
     def __init__(self) -> None:
-        self.header = widgets.HTML("<i>no job selected</i>")
+        self.header = widgets.HTML(NO_JOB)
         self.ranks = widgets.HTML()
         # Buttons keep their width when the status line beside them grows.
         fixed = {"flex": "0 0 auto", "width": "auto"}

@@ -236,10 +236,8 @@ class ResultsPanel(widgets.VBox):
             columns=self.table_columns.value,
         )
         more = f", the first {len(rows)} shown" if matched > len(rows) else ""
-        self.table_info.value = (
-            f"<b>{html.escape(name)}</b>: {matched} rows{more} (sort by a column's header, "
-            "filter with the search box)"
-        )
+        # no promise of a search box or sorting: a saved page shows the first rows only
+        self.table_info.value = f"<b>{html.escape(name)}</b>: {matched} rows{more}"
         self.table.update(rows, caption=name, **GRID)
 
     def _columns_of(self) -> None:

@@ -24,7 +24,7 @@ from rankscope.launch import Job
 from rankscope.rundir import FINAL_STATES, RunDir, RunDirError, new_run_dir
 from rankscope.widgets._common import guarded, report, report_failure
 from rankscope.widgets.form import LaunchForm
-from rankscope.widgets.live import LivePanel
+from rankscope.widgets.live import NO_JOB, LivePanel
 from rankscope.widgets.results import ResultsPanel
 
 #: Job states that call for a diagnosis as soon as the workbench sees them.
@@ -174,11 +174,14 @@ class Workbench(widgets.VBox):
         with self._lock:
             self.jobs.value = None  # the panel shows the new job, never the last one meanwhile
             self.live.clear(f"<i>launching {html.escape(str(spec.script))}</i>")
-        return self._submit(
+        future = self._submit(
             lambda: self._add(
                 Job(spec, runs_root=self.runs_root, detached=detached).start(), select=True
-            )
+            ),
+            errors=self.form.errors,
         )
+        future.add_done_callback(lambda f: f.exception() and self.live.clear(NO_JOB))
+        return future
 
     def attach(self, run_dir: str | os.PathLike[str]) -> Job:
         """List and select the job of a run directory (a live one is watched again)."""
