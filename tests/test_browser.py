@@ -200,7 +200,10 @@ OVERFLOWING = """
 (boxes) => {
   const bad = [];
   for (const box of boxes) {
-    const right = box.getBoundingClientRect().right;
+    // the box, and the output or page column it is in
+    const outer = box.parentElement.closest('.jp-OutputArea-output, article, .rs-showcase-card');
+    const right = Math.min(box.getBoundingClientRect().right,
+                           outer ? outer.getBoundingClientRect().right : Infinity);
     for (const el of [box, ...box.querySelectorAll('*')]) {
       if (el.closest('svg, .js-plotly-plot, pre')) continue;
       const wider = el.scrollWidth > el.clientWidth + 1 && el.clientWidth > 0;

@@ -18,29 +18,30 @@ PLOTLY_MIME = "application/vnd.plotly.v1+json"
 USER_ERRORS = (ValueError, FileNotFoundError, RuntimeError, TimeoutError)
 
 
-#: Width of each column kind of the rank tables (the live panel's, a closed workbench's):
-#: fixed, so that a refresh or a culprit's mark never moves a column.
+#: Width of each column kind of the rank tables (the live panel's, a closed workbench's), in
+#: em: fixed, so that a refresh or a culprit's mark never moves a column. The columns of
+#: :data:`FLEXIBLE` share what is left of the width (at least :data:`FLEXIBLE_EM` each).
 COLUMN_WIDTHS = {
-    "rank": "7.5em",
-    "node": "7em",
-    "status": "6em",
-    "step": "3.5em",
-    "done": "4em",
-    "now": "22em",
-    "last completed": "13em",
-    "heartbeat s": "7em",
-    "exit": "8.5em",
-    "host": "10em",
-    "pid": "6em",
-    "exit_code": "7em",
-    "signal": "7em",
-    "end_reason": "14em",
+    "rank": 7,
+    "node": 7,
+    "status": 5.5,
+    "step": 4.5,
+    "done": 4.5,
+    "last completed": 14,
+    "heartbeat s": 8,
+    "exit": 8,
+    "host": 9,
+    "pid": 5,
+    "exit_code": 6,
+    "signal": 6.5,
 }
+FLEXIBLE = ("now", "end_reason")
+FLEXIBLE_EM = 14
 #: The rank tables: fixed layout, padded cells, one line per row (the long ones end in "…").
 TABLE_CSS = (
-    "table.rankscope-ranks{border-collapse:collapse;table-layout:fixed;width:max-content;"
+    "table.rankscope-ranks{border-collapse:collapse;table-layout:fixed;width:100%;"
     "margin:2px 0}"
-    "table.rankscope-ranks th,table.rankscope-ranks td{padding:3px 10px;text-align:left;"
+    "table.rankscope-ranks th,table.rankscope-ranks td{padding:3px 8px;text-align:left;"
     "white-space:nowrap;overflow:hidden;text-overflow:ellipsis;border:none;"
     "border-bottom:1px solid #e4e4e4}"
     "table.rankscope-ranks th{font-weight:600;border-bottom:1px solid #999}"
@@ -51,11 +52,13 @@ def table_head(columns: Iterable[str], *, css_class: str) -> str:
     """The opening of a table with :data:`TABLE_CSS`, a fixed width per column kind
     (:data:`COLUMN_WIDTHS`) and a header row; rows and ``</table>`` follow."""
     columns = list(columns)
-    widths = "".join(f"<col style='width:{COLUMN_WIDTHS.get(c, '8em')}'>" for c in columns)
+    widths = [None if c in FLEXIBLE else COLUMN_WIDTHS.get(c, 8) for c in columns]
+    least = sum(w or FLEXIBLE_EM for w in widths)
+    cols = "".join("<col>" if w is None else f"<col style='width:{w}em'>" for w in widths)
     head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
     return (
-        f"<style>{TABLE_CSS}</style><table class='{css_class}'>"
-        f"<colgroup>{widths}</colgroup><tr>{head}</tr>"
+        f"<style>{TABLE_CSS}</style><table class='{css_class}' style='min-width:{least}em'>"
+        f"<colgroup>{cols}</colgroup><tr>{head}</tr>"
     )
 
 
