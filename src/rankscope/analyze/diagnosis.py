@@ -42,10 +42,14 @@ CARD_CSS = (
     "border-radius:3px;overflow-wrap:anywhere}"
     "table.rankscope-collective{border-collapse:collapse;margin:4px 0;width:auto;"
     "max-width:100%}"
-    "table.rankscope-collective th,table.rankscope-collective td{padding:3px 12px 3px 0;"
+    "table.rankscope-collective th,table.rankscope-collective td{padding:3px 8px;"
     "text-align:left;white-space:nowrap;border:none;border-bottom:1px solid #e4e4e4;"
     "vertical-align:top}"
 )
+#: The same for one cell, inline: a notebook's own table style (right-aligned, unpadded in
+#: some front ends) and a sanitiser that drops ``<style>`` cannot undo it.
+COLLECTIVE_COLUMNS = ("rank", "called", "at", "shapes", "state")
+CELL_STYLE = "padding:3px 8px;text-align:left;white-space:nowrap;border-bottom:1px solid #e4e4e4"
 _BACKTICKS = re.compile(r"`([^`]+)`")
 
 
@@ -213,13 +217,17 @@ class Diagnosis:
                 c.state_by_rank.get(rank, ""),
             )
             rows.append(
-                f"<tr{style}>" + "".join(f"<td>{html.escape(str(x))}</td>" for x in cells) + "</tr>"
+                f"<tr{style}>"
+                + "".join(f"<td style='{CELL_STYLE}'>{html.escape(str(x))}</td>" for x in cells)
+                + "</tr>"
             )
         number = f"#{c.seq} " if c.seq is not None else ""
         return (
             f"<div>Collective {number}on group {html.escape(c.pg)}{desc}, ranks "
             f"{compact_ranks(c.pg_ranks)}</div><table class='rankscope-collective'>"
-            "<tr><th>rank</th><th>called</th><th>at</th><th>shapes</th><th>state</th></tr>"
+            + "<tr>"
+            + "".join(f"<th style='{CELL_STYLE}'>{h}</th>" for h in COLLECTIVE_COLUMNS)
+            + "</tr>"
             + "".join(rows)
             + "</table>"
         )

@@ -29,11 +29,11 @@ COLUMN_WIDTHS = {
     "done": 4.5,
     "last completed": 14,
     "heartbeat s": 8,
-    "exit": 8,
+    "exit": 9,
     "host": 9,
-    "pid": 5,
-    "exit_code": 6,
-    "signal": 6.5,
+    "pid": 6,
+    "exit_code": 7.5,
+    "signal": 7.5,
 }
 FLEXIBLE = ("now", "end_reason")
 FLEXIBLE_EM = 14
@@ -48,24 +48,28 @@ TABLE_CSS = (
 )
 
 
-def table_head(columns: Iterable[str], *, css_class: str) -> str:
+def table_head(columns: Iterable[str], *, css_class: str, style: str = "") -> str:
     """The opening of a table with :data:`TABLE_CSS`, a fixed width per column kind
-    (:data:`COLUMN_WIDTHS`) and a header row; rows and ``</table>`` follow."""
+    (:data:`COLUMN_WIDTHS`) and a header row (its cells' ``style`` inline); rows and
+    ``</table>`` follow."""
     columns = list(columns)
     widths = [None if c in FLEXIBLE else COLUMN_WIDTHS.get(c, 8) for c in columns]
     least = sum(w or FLEXIBLE_EM for w in widths)
     cols = "".join("<col>" if w is None else f"<col style='width:{w}em'>" for w in widths)
-    head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
+    inline = f" style='{style};font-weight:600'" if style else ""
+    head = "".join(f"<th{inline}>{html.escape(c)}</th>" for c in columns)
     return (
         f"<style>{TABLE_CSS}</style><table class='{css_class}' style='min-width:{least}em'>"
         f"<colgroup>{cols}</colgroup><tr>{head}</tr>"
     )
 
 
-def cell(value: Any) -> str:
-    """A table cell; its whole text on hover, for one cut short by its column's width."""
+def cell(value: Any, *, style: str = "") -> str:
+    """A table cell; its whole text on hover, for one cut short by its column's width;
+    ``style`` inline (for a notebook's output, whose own table style would win)."""
     text = html.escape("" if value is None else str(value))
-    return f"<td title='{text}'>{text}</td>"
+    inline = f" style='{style}'" if style else ""
+    return f"<td title='{text}'{inline}>{text}</td>"
 
 
 def report(errors: widgets.Output, exc: BaseException) -> None:

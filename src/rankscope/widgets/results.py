@@ -13,6 +13,7 @@ from itables.widget import ITable
 
 from rankscope import plot
 from rankscope.analyze import Diagnosis, diagnose
+from rankscope.analyze.diagnosis import CELL_STYLE
 from rankscope.collect import Run, load_run
 from rankscope.replay import REPRO_NAME
 from rankscope.replay import build as build_replay
@@ -46,6 +47,8 @@ GRID: dict[str, Any] = {
 }
 #: The ranks table's columns in a static snapshot (:meth:`ResultsPanel.static`).
 STATIC_RANK_COLUMNS = ("rank", "host", "pid", "exit_code", "signal", "end_reason")
+#: Its cells' style, inline: a notebook's own table style would otherwise win there.
+STATIC_CELL = f"{CELL_STYLE};overflow:hidden;text-overflow:ellipsis"
 
 
 def rank_list(text: str) -> list[int]:
@@ -200,13 +203,16 @@ class ResultsPanel(widgets.VBox):
         keep = [c for c in STATIC_RANK_COLUMNS if c in ranks.columns]
         shown = ranks[keep].astype(object)
         rows = shown.where(shown.notna(), None).itertuples(index=False)
-        body = "".join("<tr>" + "".join(map(cell, row)) + "</tr>" for row in rows)
+        body = "".join(
+            "<tr>" + "".join(cell(v, style=STATIC_CELL) for v in row) + "</tr>" for row in rows
+        )
         return [
             html_output(self.diagnosis.to_html()),
             figure_output(self.timeline_figure),
             html_output(
                 "<div style='overflow-x:auto'>"
-                f"{table_head(keep, css_class='rankscope-ranks')}{body}</table></div>"
+                f"{table_head(keep, css_class='rankscope-ranks', style=STATIC_CELL)}{body}"
+                "</table></div>"
             ),
         ]
 
