@@ -273,6 +273,8 @@ def test_workbench_notebook_in_jupyterlab(
         while diagnosis.stat().st_mtime_ns == before and time.monotonic() < deadline:
             time.sleep(0.2)
         assert diagnosis.stat().st_mtime_ns != before, "the Diagnose click did not arrive"
+        # the card is drawn again; the status line says when that is done
+        expect(page.locator(".rankscope-status")).to_contain_text("diagnosed at", timeout=30_000)
         card.scroll_into_view_if_needed()
         page.screenshot(path=str(ARTIFACTS / "workbench.png"))
         timeline.screenshot(path=str(ARTIFACTS / "workbench-timeline.png"))

@@ -218,7 +218,7 @@ class Diagnosis:
             )
             rows.append(
                 f"<tr{style}>"
-                + "".join(f"<td style='{CELL_STYLE}'>{html.escape(str(x))}</td>" for x in cells)
+                + "".join(f"<td style='{CELL_STYLE}'>{_inline(str(x))}</td>" for x in cells)
                 + "</tr>"
             )
         number = f"#{c.seq} " if c.seq is not None else ""
