@@ -427,3 +427,20 @@ def test_merged_stacks_start_at_the_user_s_code() -> None:
     children = [labels[i] for i, p in enumerate(parents) if p == str(root)]
     assert children and all("worker.py" in c for c in children)
     assert not any("runpy" in label for label in labels)
+
+
+@pytest.mark.parametrize("per_rank", [1, 1000])
+def test_rank_timeline_gives_the_history_its_width_for_3_calls_and_3000(per_rank: int) -> None:
+    """3 ranks of ``per_rank`` quick calls, then a wait 100 times as long as the history: the
+    completed calls still span most of the axis, and the wait is one narrow, labelled stretch."""
+    rows = [
+        call(r, n, t_start_s=T0 + 0.01 * n, t_end_s=T0 + 0.01 * n + 0.004)
+        for r in range(3)
+        for n in range(1, per_rank + 1)
+    ]
+    history = 0.01 * per_rank
+    fig = plot.rank_timeline(collectives(rows), now=T0 + 100 * history + 1)
+    bars = next(t for t in fig.data if t.name == "all_reduce")
+    drawn = np.nanmax(np.asarray(bars.x, dtype=float)) - np.nanmin(np.asarray(bars.x, dtype=float))
+    assert drawn > 0.8 * fig.layout.xaxis.tickvals[-1]  # the wait takes the rest, under 20 %
+    assert sum("⋯" in (a.text or "") for a in fig.layout.annotations) == 1

@@ -35,7 +35,7 @@ MIN_WIDTH = 0.003
 #: Calls per rank shown before the divergence when the figure opens.
 CONTEXT_CALLS = 4
 #: A stretch in which no call starts or ends, longer than this share of the run (and than
-#: :data:`COLLAPSE_MEDIAN` times the usual such stretch), is drawn narrow: a hang's long wait
+#: :data:`COLLAPSE_MEDIAN` times the usual, shorter, such stretch), is drawn narrow: a hang's long wait
 #: does not squeeze the calls before it into a sliver.
 COLLAPSE_SHARE = 0.2
 COLLAPSE_MEDIAN = 5.0
@@ -320,7 +320,8 @@ class _TimeAxis:
         times = np.unique(np.concatenate([[0.0, end], events[np.isfinite(events)]]))
         times = times[(times >= 0) & (times <= end)]
         gaps = np.diff(times)
-        usual = float(np.median(gaps)) if len(gaps) else 0.0
+        short = gaps[gaps <= COLLAPSE_SHARE * end]
+        usual = float(np.median(short)) if len(short) else np.inf
         long = (gaps > COLLAPSE_SHARE * end) & (gaps > COLLAPSE_MEDIAN * usual)
         rest = float(gaps[~long].sum())
         narrow = COLLAPSED_WIDTH * max(rest, 1e-3)
