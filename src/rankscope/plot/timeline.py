@@ -150,7 +150,13 @@ def rank_timeline(
         annotation_position="bottom right",
     )
     fig.update_layout(
-        title={"text": f"{TITLE}: {len(all_ranks)} ranks, {len(table)} calls"},
+        # the title at the top, the legend under it (it may wrap to two rows when narrow)
+        title={
+            "text": f"{TITLE}: {len(all_ranks)} ranks, {len(table)} calls",
+            "yref": "container",
+            "y": 0.99,
+            "yanchor": "top",
+        },
         height=height,
         xaxis={
             "title": {"text": time_origin(t0) + axis.note},
@@ -161,7 +167,7 @@ def rank_timeline(
         # above the plot, clear of the x-axis title
         legend={"orientation": "h", "y": 1.0, "yanchor": "bottom", "x": 1, "xanchor": "right"},
         hovermode="closest",
-        margin={"l": 60, "r": 20, "t": 80, "b": 40},
+        margin={"l": 60, "r": 20, "t": 100, "b": 40},
     )
     return fig
 
