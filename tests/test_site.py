@@ -131,7 +131,7 @@ def test_the_site_reads_at_a_glance(chromium: str, served: str, tmp_path: Path) 
         section.scroll_into_view_if_needed()
         page.mouse.wheel(0, 200)
         page.wait_for_timeout(500)
-        active = page.locator(".bd-toc-nav a.active")
+        active = page.locator("nav.page-toc a.active")
         expect(active.last).to_contain_text("6. Stop")
         page.screenshot(path=str(ARTIFACTS / "site-quickstart-section-6.png"))
 

@@ -3,7 +3,7 @@
 // figures are drawn; this one looks at where the headings are at each scroll.
 (function () {
   function follow() {
-    const links = Array.from(document.querySelectorAll(".bd-toc-nav a.nav-link[href^='#']"));
+    const links = Array.from(document.querySelectorAll("nav.page-toc a.nav-link[href^='#']"));
     if (!links.length) return;
     const targets = links
       .map((a) => [a, document.getElementById(decodeURIComponent(a.hash.slice(1)))])
