@@ -130,14 +130,21 @@ class Parting:
         """``is_main = True on ranks 0, 2 (from LOCAL_RANK), False on 1, 3``."""
         parts = []
         for name, by in self.values.items():
+            origin = f" (from {self.env[name]})" if name in self.env else ""
+            if len(by) > 1 and all(value == rank for rank, value in by.items()):
+                parts.append(f"{name} = each rank's own number{origin}")
+                continue
             alike: dict[str, list[int]] = {}
             for rank, value in sorted(by.items()):
                 alike.setdefault(repr(value), []).append(rank)
+            # the outliers first; a few values, then how many more (16k ranks, 16k values)
+            ordered = sorted(alike.items(), key=lambda kv: len(kv[1]))
             sides = [
                 f"{value} on {'rank' if len(r) == 1 else 'ranks'} {compact_ranks(r)}"
-                for value, r in alike.items()
+                for value, r in ordered[:MAX_SAID]
             ]
-            origin = f" (from {self.env[name]})" if name in self.env else ""
+            more = len(ordered) - MAX_SAID
+            sides += [f"{more} other values"] if more > 0 else []
             parts.append(f"{name} = " + ", ".join(sides) + origin)
         for name, var in self.env.items():
             if name not in self.values:
@@ -146,6 +153,8 @@ class Parting:
 
 
 _LOOP_KINDS = ("for", "while")
+#: Distinct values of one name said in words; the rest are counted.
+MAX_SAID = 4
 
 
 def rank_path(stacks: pd.DataFrame, rank: int, *, thread: str | None = None) -> list[Frame] | None:
