@@ -517,12 +517,30 @@ def env_origin(file: str, name: str, depth: int = 3) -> str | None:
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             if not any(isinstance(t, ast.Name) and t.id == name for t in targets):
                 continue
-            var = _env_read(node.value)
+            var = _env_read(node.value) or _env_of_calls(tree, node.value)
             if var is not None:
                 return var
             for other in _names(node.value):
                 if other != name and (var := env_origin(file, other, depth - 1)) is not None:
                     return var
+    return None
+
+
+def _env_of_calls(tree: ast.Module, expr: ast.AST) -> str | None:
+    """The environment variable a function of the same file returns, for a call to it in
+    ``expr`` (``leader = is_leader()`` with ``return os.environ.get("LOCAL_RANK") == "0"``)."""
+    called = {
+        n.func.id
+        for n in ast.walk(expr)
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
+    }
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name in called:
+            for ret in ast.walk(node):
+                if isinstance(ret, ast.Return) and ret.value is not None:
+                    var = _env_read(ret.value)
+                    if var is not None:
+                        return var
     return None
 
 
