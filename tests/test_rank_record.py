@@ -165,15 +165,13 @@ def test_an_async_call_waits_from_its_call_until_the_backend_completes_it():
         "waited at train.py:50"
     )
     # the done of #7 may come before its exit line; #6's is progress, then the last completed
-    assert r.apply({"ev": "done", "t": 33.0, "id": 7, "op": "all_reduce", "pg": "0", "seq": 6})
+    assert r.apply({"ev": "done", "t": 33.0, "ids": [7], "failed": []})
     assert r.last_done == "all_reduce (group 0 #6)" and list(r.issued) == [8]
-    assert r.apply({"ev": "done", "t": 33.1, "id": 8, "op": "all_reduce", "pg": "0", "seq": 7})
+    assert r.apply({"ev": "done", "t": 33.1, "ids": [8, "junk"], "failed": []})
     assert not in_collective(r) and snapshot(r, now=34.0)["status"] == "running"
     # a failed completion (a group aborted under it) is no completion
     r = _async_record()
-    r.apply(
-        {"ev": "done", "t": 33.0, "id": 7, "op": "all_reduce", "pg": "0", "seq": 6, "ok": False}
-    )
+    r.apply({"ev": "done", "t": 33.0, "ids": [7], "failed": [7]})
     assert r.last_done is None and list(r.issued) == [8]
 
 

@@ -478,15 +478,19 @@ class RankRecord:
             elif self.op is not None:
                 self.last_done = f"{self.op} (group {self.pg} #{self.seq})"
             return True
-        if kind == "done":
-            cid = as_int(ev.get("id"))
-            if cid is not None and self.issued.pop(cid, None) is None:
-                self._completed[cid] = True  # its exit line is still to come
-                if len(self._completed) > 1024:
-                    self._completed.clear()
-            if ev.get("ok") is not False:  # not failed (a group aborted under it)
-                self.last_done = f"{as_str(ev.get('op'))} (group {as_str(ev.get('pg'))} "
-                self.last_done += f"#{as_int(ev.get('seq'))})"
+        if kind == "done":  # async calls the backend completed: {"ids": [...], "failed": [...]}
+            ids, failed = ev.get("ids"), ev.get("failed")
+            failed = {x for x in failed if type(x) is int} if isinstance(failed, list) else set()
+            for cid in ids if isinstance(ids, list) else ():
+                if type(cid) is not int:
+                    continue
+                call = self.issued.pop(cid, None)
+                if call is None:
+                    self._completed[cid] = True  # its exit line is still to come
+                elif cid not in failed:  # not failed (a group aborted under it)
+                    self.last_done = f"{call[0]} (group {call[1]} #{call[2]})"
+            if len(self._completed) > 1024:
+                self._completed.clear()
             return True
         if kind == "step":
             self.step = as_int(ev.get("step"))
