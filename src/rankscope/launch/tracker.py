@@ -1,6 +1,11 @@
 """Every rank of a running job, as its events arrive: one :class:`~rankscope.rundir.RankRecord`
 per rank, kept up to date from its ``events.jsonl``, and what the processes show that the events
-cannot (alive or dead, working or idle)."""
+cannot (alive or dead, working or idle).
+
+A rank waits in a collective from its call until the backend completes it
+(:func:`waiting_in`): a blocking call not returned, an async call whose Work has not completed,
+a flight-recorder entry not completed (nccl's blocking calls, DDP's buckets from C++), each with
+its state (issued, started on the device) and the line where the rank waits."""
 
 from __future__ import annotations
 

@@ -30,6 +30,14 @@ in flight, and between heartbeats a call in flight at two looks in a row gets it
 so a blocked rank is visible within ``HEARTBEAT_S``. Capture, exception and exit flush the
 queue first.
 
+A collective is in flight until the backend completes it, not until the call returns. An
+async call's Work (``async_op=True``, isend, ...) is appended by the wrapper to ``_returned``
+(in C, with no Python call); the thread follows it with ``is_completed()`` at every wake-up and
+writes one ``done`` event a look with the ids completed. What no Python call returns (nccl's
+blocking calls, the collectives torch issues from C++) is read from the flight recorder: the
+per-group counters at every heartbeat, and the uncompleted entries (``fr_active``) while
+something stays uncompleted from one heartbeat to the next (see ``Probe._fr_active``).
+
 Evidence survives any death. Every call is also written, as it is entered and as it returns, into
 a ring of fixed-size slots in a file the probe maps shared (``calls-<pid>.ring``, layout in
 :mod:`rankscope.rundir`): a store into that memory is in the kernel's page cache at once, so the
