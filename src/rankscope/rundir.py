@@ -405,6 +405,10 @@ class RankRecord:
     fr_active: list[list[Any]] | None = None
     """The flight recorder's uncompleted entries at its last heartbeat that read them:
     ``[group, seq, op, state, created_s, started_s]`` (see the probe's ``_fr_active_entries``)."""
+    issued_seqs: dict[str, int] = dataclasses.field(default_factory=dict)
+    """Per group, the number of the last collective it called (the probe's numbering)."""
+    members: dict[str, list[int]] = dataclasses.field(default_factory=dict)
+    """Per group it called on, the group's ranks."""
     _async: dict[int, list[Any]] = dataclasses.field(default_factory=dict, repr=False)
     """Async calls entered, not yet returned from (their facts, for ``issued``)."""
     _completed: dict[int, bool] = dataclasses.field(default_factory=dict, repr=False)
@@ -462,6 +466,11 @@ class RankRecord:
             )
             self.site = _site(ev.get("file"), as_int(ev.get("line")))
             self.in_collective_since = None if ev.get("async_op") else t
+            ranks = ev.get("pg_ranks")
+            if self.pg is not None and self.seq is not None and ev.get("op") not in P2P_OPS:
+                self.issued_seqs[self.pg] = self.seq
+                if isinstance(ranks, list) and all(type(r) is int for r in ranks):
+                    self.members[self.pg] = ranks
             cid = as_int(ev.get("id"))
             if ev.get("async_op") is True and cid is not None:
                 self._async[cid] = [self.op, self.pg, self.seq, self.site, t]
