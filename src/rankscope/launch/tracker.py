@@ -250,9 +250,7 @@ class RankTracker:
         if members is None or seq is None:
             return None
         return [
-            r
-            for r in members
-            if r in self.records and self.records[r].issued_seqs.get(pg, 0) < seq
+            r for r in members if r in self.records and self.records[r].issued_seqs.get(pg, 0) < seq
         ]
 
     def procs(self, *, alive_only: bool = True) -> dict[int, RankProc]:
