@@ -121,6 +121,15 @@ def test_rank_timeline_bars_in_flight_divergence_and_culprit() -> None:
     assert "train.py:30" in barrier and "in flight for 5.800 s" in barrier
 
 
+def test_an_async_call_returned_from_but_not_completed_is_in_flight() -> None:
+    """all_reduce #2 returned its Work at T0 + 2.1, and the backend never completed it: in
+    flight up to now, like a blocking call not returned."""
+    rows = [call(0, 1), call(0, 2, completed=False), call(0, 3, completed=False)]
+    fig = plot.rank_timeline(collectives(rows), now=T0 + 10)
+    flight = {t.name: t for t in fig.data}["in flight"]
+    assert np.allclose(flight.x[0::3], [1.0, 2.0]) and np.allclose(flight.x[1::3], 9.0)
+
+
 def test_rank_timeline_opens_around_the_divergence_with_every_call_visible() -> None:
     # 200 quick all_reduces per rank, then the hang: the history must not crush the divergence.
     rows = [

@@ -108,26 +108,25 @@ def all_reduce_async(tensor, op=None, group=None, async_op=False):
 
 
 def test_an_async_call_stays_in_flight_until_the_backend_completes_its_work(probe):
-    """The wrapper hands the probe an async call's Work; the thread's look writes a done event
-    only once the Work completes. An async call that returns no Work is done at once; a
-    blocking call is not followed."""
+    """The wrapper hands the probe thread an async call's Work; its look writes a done event
+    only once the Work completes. An async call that returns no Work is done at its first
+    look; a blocking call is not followed."""
     reduce = probe._wrap("all_reduce", all_reduce_async, None)
     work = reduce(torch.ones(4), async_op=True)  # site: issued
     reduce(torch.ones(4))
     plain = probe._wrap("all_reduce", all_reduce, None)
     plain(torch.ones(4), async_op=True)  # returns None: nothing to wait for
-    assert list(probe._works) == [1]
+    # the wrapper only hands the Work to the thread; its look follows it
+    assert [(cid, async_op) for cid, _, async_op in probe._returned] == [(1, True), (3, True)]
     probe._look_works()
-    assert [e["id"] for e in records(probe) if e["ev"] == "done"] == [3]
+    assert list(probe._works) == [1] and not probe._returned
+    assert [e["ids"] for e in records(probe) if e["ev"] == "done"] == [[3]]
     work.done = True
     probe._look_works()
     assert not probe._works
     evs = records(probe)
     done = [e for e in evs if e["ev"] == "done"]
-    assert [(e["id"], e["op"], e["seq"], e["ok"]) for e in done] == [
-        (3, "all_reduce", 3, True),
-        (1, "all_reduce", 1, True),
-    ]
+    assert [(e["ids"], e["failed"]) for e in done] == [([3], []), ([1], [])]
     # the tracker's record: issued at its line until done, then the last completed
     record = RankRecord(rank=0)
     for e in evs[: evs.index(done[1])]:
@@ -304,8 +303,7 @@ def test_c_probe_records_what_the_python_probe_records(tmp_path, monkeypatch):
         for p in probes:
             some_calls(p)
         c, python = ([_timeless(e) for e in records(p)] for p in probes)
-        # 9 lines a round, and the async gather's done (it returned no Work to wait for)
-        assert c == python and len([e for e in c if e["ev"] != "facts"]) == 20 * 10
+        assert c == python and len([e for e in c if e["ev"] != "facts"]) == 20 * 9
         # each distinct call's facts written once: 3 shapes of all_reduce, 1 failing, send, gather
         assert [e["facts"] for e in c if e["ev"] == "facts"] == [1, 2, 3, 4, 5, 6]
     finally:
@@ -380,7 +378,7 @@ def test_c_lines_match_python_lines(tmp_path, monkeypatch):
             written[name] = (tmp_path / name).read_bytes()
         c = written["c"]
         assert c == written["python"]
-        assert len(c.splitlines()) == 20 * 10 - 1 + 2 * len(TIMES) + 2  # 10: with the done
+        assert len(c.splitlines()) == 20 * 9 - 1 + 2 * len(TIMES) + 2
         assert c.splitlines()[-1] == c.splitlines()[-2] == in_flight.rstrip().encode()
         assert all(json.loads(line) for line in c.splitlines())
     finally:

@@ -165,15 +165,13 @@ def test_an_async_call_waits_from_its_call_until_the_backend_completes_it():
         "waited at train.py:50"
     )
     # the done of #7 may come before its exit line; #6's is progress, then the last completed
-    assert r.apply({"ev": "done", "t": 33.0, "id": 7, "op": "all_reduce", "pg": "0", "seq": 6})
+    assert r.apply({"ev": "done", "t": 33.0, "ids": [7], "failed": []})
     assert r.last_done == "all_reduce (group 0 #6)" and list(r.issued) == [8]
-    assert r.apply({"ev": "done", "t": 33.1, "id": 8, "op": "all_reduce", "pg": "0", "seq": 7})
+    assert r.apply({"ev": "done", "t": 33.1, "ids": [8, "junk"], "failed": []})
     assert not in_collective(r) and snapshot(r, now=34.0)["status"] == "running"
     # a failed completion (a group aborted under it) is no completion
     r = _async_record()
-    r.apply(
-        {"ev": "done", "t": 33.0, "id": 7, "op": "all_reduce", "pg": "0", "seq": 6, "ok": False}
-    )
+    r.apply({"ev": "done", "t": 33.0, "ids": [7], "failed": [7]})
     assert r.last_done is None and list(r.issued) == [8]
 
 
@@ -228,3 +226,31 @@ def test_an_nccl_blocking_call_that_returned_at_enqueue_is_waited_in_at_its_line
         "(the stream is still busy with earlier work), waited at train.py:14"
     )
     assert snapshot(r, now=32.4)["last_done"] is None  # returned from at enqueue, not completed
+
+
+def test_a_waiting_rank_names_the_members_that_have_not_called_its_collective(tmp_path):
+    """Ranks 0 and 1 issued all_reduce #6 of group 0 [0, 1, 2] and wait on its Work; rank 2
+    called #5 last: the live view says whom they wait for."""
+    import json
+
+    from rankscope.launch.tracker import RankTracker
+    from rankscope.rundir import RunDir
+
+    run = RunDir(tmp_path / "run")
+    for rank, last in ((0, 6), (1, 6), (2, 5)):
+        run.rank_dir(rank).mkdir(parents=True)
+        evs = [{**START, "pid": os.getpid(), "rank": rank}]
+        for seq in range(5, last + 1):
+            call = {"id": seq, "op": "all_reduce", "pg": "0", "seq": seq, "pg_ranks": [0, 1, 2]}
+            call |= {"file": "/x/train.py", "line": 41, "async_op": seq == 6}
+            evs += [
+                {"ev": "enter", "t": 20.0 + seq, **call},
+                {"ev": "exit", "t": 20.1 + seq, "id": seq},
+            ]
+        run.events(rank).write_text("".join(json.dumps(e) + "\n" for e in evs))
+    tracker = RankTracker(run)
+    tracker.update()
+    snaps = {s["rank"]: s for s in tracker.snapshots(now=40.0)}
+    assert snaps[0]["waiting"]["waiting_for"] == [2]
+    assert "not completed, waiting for rank 2" in doing_now(snaps[0])
+    assert snaps[2]["waiting"] is None

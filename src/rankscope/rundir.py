@@ -410,6 +410,10 @@ class RankRecord:
     fr_active: list[list[Any]] | None = None
     """The flight recorder's uncompleted entries at its last heartbeat that read them:
     ``[group, seq, op, state, created_s, started_s]`` (see the probe's ``_fr_active_entries``)."""
+    issued_seqs: dict[str, int] = dataclasses.field(default_factory=dict)
+    """Per group, the number of the last collective it called (the probe's numbering)."""
+    members: dict[str, list[int]] = dataclasses.field(default_factory=dict)
+    """Per group it called on, the group's ranks."""
     _async: dict[int, list[Any]] = dataclasses.field(default_factory=dict, repr=False)
     """Async calls entered, not yet returned from (their facts, for ``issued``)."""
     _completed: dict[int, bool] = dataclasses.field(default_factory=dict, repr=False)
@@ -467,6 +471,11 @@ class RankRecord:
             )
             self.site = _site(ev.get("file"), as_int(ev.get("line")))
             self.in_collective_since = None if ev.get("async_op") else t
+            ranks = ev.get("pg_ranks")
+            if self.pg is not None and self.seq is not None and ev.get("op") not in P2P_OPS:
+                self.issued_seqs[self.pg] = self.seq
+                if isinstance(ranks, list) and all(type(r) is int for r in ranks):
+                    self.members[self.pg] = ranks
             cid = as_int(ev.get("id"))
             if ev.get("async_op") is True and cid is not None:
                 self._async[cid] = [self.op, self.pg, self.seq, self.site, t]
@@ -483,15 +492,19 @@ class RankRecord:
             elif self.op is not None:
                 self.last_done = f"{self.op} (group {self.pg} #{self.seq})"
             return True
-        if kind == "done":
-            cid = as_int(ev.get("id"))
-            if cid is not None and self.issued.pop(cid, None) is None:
-                self._completed[cid] = True  # its exit line is still to come
-                if len(self._completed) > 1024:
-                    self._completed.clear()
-            if ev.get("ok") is not False:  # not failed (a group aborted under it)
-                self.last_done = f"{as_str(ev.get('op'))} (group {as_str(ev.get('pg'))} "
-                self.last_done += f"#{as_int(ev.get('seq'))})"
+        if kind == "done":  # async calls the backend completed: {"ids": [...], "failed": [...]}
+            ids, failed = ev.get("ids"), ev.get("failed")
+            failed = {x for x in failed if type(x) is int} if isinstance(failed, list) else set()
+            for cid in ids if isinstance(ids, list) else ():
+                if type(cid) is not int:
+                    continue
+                call = self.issued.pop(cid, None)
+                if call is None:
+                    self._completed[cid] = True  # its exit line is still to come
+                elif cid not in failed:  # not failed (a group aborted under it)
+                    self.last_done = f"{call[0]} (group {call[1]} #{call[2]})"
+            if len(self._completed) > 1024:
+                self._completed.clear()
             return True
         if kind == "step":
             self.step = as_int(ev.get("step"))

@@ -132,8 +132,7 @@ def parse_events(
                 exits.append(_exit(ev, rank, life.number))
                 life.exited.add(as_int(ev.get("id")))
             elif kind == "done":
-                ok = ev.get("ok") if isinstance(ev.get("ok"), bool) else None
-                dones.append((rank, life.number, as_int(ev.get("id")), as_float(ev.get("t")), ok))
+                dones.extend(_dones(ev, rank, life.number))
         if bad:
             problems.add(
                 source,
@@ -320,7 +319,7 @@ def _event(ev: dict[str, Any], kind: str | None, rank: Any) -> tuple[Any, ...]:
         rank,
         kind,
         as_float(ev.get("t")),
-        as_int(coll) if kind in ("enter", "exit", "done", "heartbeat") else None,
+        as_int(coll) if kind in ("enter", "exit", "heartbeat") else None,
         as_str(ev.get("op")),
         as_str(ev.get("pg")),
         as_int(ev.get("seq")),
@@ -331,6 +330,15 @@ def _event(ev: dict[str, Any], kind: str | None, rank: Any) -> tuple[Any, ...]:
         message,
         as_int(ev.get("id")) if kind == "capture" else None,
     )
+
+
+def _dones(ev: dict[str, Any], rank: Any, life: int) -> list[tuple[Any, ...]]:
+    """A done event's rows: (rank, life, call id, time, ok) for each async call it completes."""
+    ids, failed = ev.get("ids"), ev.get("failed")
+    failed = {x for x in failed if type(x) is int} if isinstance(failed, list) else set()
+    t = as_float(ev.get("t"))
+    ids = ids if isinstance(ids, list) else []
+    return [(rank, life, cid, t, cid not in failed) for cid in ids if type(cid) is int]
 
 
 def _enter(ev: dict[str, Any], rank: Any, life: int) -> tuple[Any, ...]:

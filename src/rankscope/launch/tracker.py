@@ -1,6 +1,11 @@
 """Every rank of a running job, as its events arrive: one :class:`~rankscope.rundir.RankRecord`
 per rank, kept up to date from its ``events.jsonl``, and what the processes show that the events
-cannot (alive or dead, working or idle)."""
+cannot (alive or dead, working or idle).
+
+A rank waits in a collective from its call until the backend completes it
+(:func:`waiting_in`): a blocking call not returned, an async call whose Work has not completed,
+a flight-recorder entry not completed (nccl's blocking calls, DDP's buckets from C++), each with
+its state (issued, started on the device) and the line where the rank waits."""
 
 from __future__ import annotations
 
@@ -115,15 +120,20 @@ def waiting_text(waits: dict[str, Any], *, at: str | None) -> str:
     if waits.get("for_s") is not None:
         text += f" {waits['for_s']:.1f} s ago"
     state = waits["state"]
+    late = waits.get("waiting_for")
     if state == "started":
         started = waits.get("started_for_s")
         text += ", started" + (f" {started:.1f} s ago" if started is not None else "")
-        text += ", not completed"
+        text += f", waiting for {_ranks(late)}" if late else ", not completed"
     elif state == "scheduled":
         text += ", not started (the stream is still busy with earlier work)"
     else:
-        text += ", not completed"
+        text += f", not completed, waiting for {_ranks(late)}" if late else ", not completed"
     return text + (f", waited at {at}" if at else "")
+
+
+def _ranks(ranks: list[int]) -> str:
+    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
 
 
 def waiting_in(record: RankRecord) -> dict[str, Any] | None:
@@ -226,7 +236,22 @@ class RankTracker:
     def snapshots(
         self, now: float | None = None, *, job_ended: dict[str, Any] | None = None
     ) -> list[dict[str, Any]]:
-        return [snapshot(self.records[r], now, job_ended=job_ended) for r in sorted(self.records)]
+        snaps = [snapshot(self.records[r], now, job_ended=job_ended) for r in sorted(self.records)]
+        for snap in snaps:
+            waits = snap.get("waiting")
+            if waits is not None and waits["site"] is not None:
+                waits["waiting_for"] = self.not_issued(snap["rank"], waits["pg"], waits["seq"])
+        return snaps
+
+    def not_issued(self, rank: int, pg: str | None, seq: int | None) -> list[int] | None:
+        """The members of ``rank``'s group ``pg`` that have not called its collective ``seq``
+        yet (by the probe's numbering), or None where the members are not known."""
+        members = self.records[rank].members.get(pg) if pg is not None else None
+        if members is None or seq is None:
+            return None
+        return [
+            r for r in members if r in self.records and self.records[r].issued_seqs.get(pg, 0) < seq
+        ]
 
     def procs(self, *, alive_only: bool = True) -> dict[int, RankProc]:
         """Where each rank's process runs; with ``alive_only``, those not ended (and, on this

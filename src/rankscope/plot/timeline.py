@@ -90,8 +90,10 @@ def rank_timeline(
     latest = float(np.nanmax(np.concatenate([start, end])))
     now = latest if now is None else max(float(now), latest)
     t0 = float(start.min())
-    inflight = np.isnan(end) & ~table["completed"].fillna(False).to_numpy(dtype=bool)
-    end = np.where(np.isnan(end), np.where(inflight, now, start), end)
+    # Not completed by the backend is in flight, returned from or not (an async call, an nccl
+    # call returned from at enqueue): drawn up to now.
+    inflight = ~table["completed"].fillna(False).to_numpy(dtype=bool)
+    end = np.where(inflight, now, np.where(np.isnan(end), start, end))
     rank = table["rank"].to_numpy(dtype=float)
     took = end - start
     axis = _TimeAxis(np.concatenate([start, end[~inflight]]) - t0, now - t0)

@@ -30,6 +30,14 @@ in flight, and between heartbeats a call in flight at two looks in a row gets it
 so a blocked rank is visible within ``HEARTBEAT_S``. Capture, exception and exit flush the
 queue first.
 
+A collective is in flight until the backend completes it, not until the call returns. An
+async call's Work (``async_op=True``, isend, ...) is appended by the wrapper to ``_returned``
+(in C, with no Python call); the thread follows it with ``is_completed()`` at every wake-up and
+writes one ``done`` event a look with the ids completed. What no Python call returns (nccl's
+blocking calls, the collectives torch issues from C++) is read from the flight recorder: the
+per-group counters at every heartbeat, and the uncompleted entries (``fr_active``) while
+something stays uncompleted from one heartbeat to the next (see ``Probe._fr_active``).
+
 Evidence survives any death. Every call is also written, as it is entered and as it returns, into
 a ring of fixed-size slots in a file the probe maps shared (``calls-<pid>.ring``, layout in
 :mod:`rankscope.rundir`): a store into that memory is in the kernel's page cache at once, so the
@@ -208,7 +216,9 @@ class Probe:
         self._entered: set[int] = set()  # calls whose enter line is written, exit not yet
         # Calls that returned a Work (async_op=True, isend, ...) the backend has not completed:
         # the thread looks at them at every wake-up (see _returned, _look_works).
-        self._works: dict[int, tuple[_Call, tuple[Any, ...]]] = {}
+        self._works: dict[int, tuple[Any, ...]] = {}  # call id -> its Works
+        self._returned: list[tuple[int, Any, bool]] = []  # see _take_returned
+        self._no_work: list[int] = []  # async calls that returned no Work: done at once
         self._fr_seen: tuple[Any, Any] = (None, None)  # (what was uncompleted, its entries)
         # JSON fragments of lines: a facts id's enter fragment, (op, pg)'s exit fragment.
         self._static: dict[Any, str] = {}
@@ -491,7 +501,7 @@ class Probe:
                 self._warmup = warmup  # published only once started: end() joins it
             now = time.monotonic()
             beat = now >= next_beat
-            if self._works:
+            if self._returned or self._works:
                 self._look_works()
             if beat:
                 cur = self._state.current
@@ -519,31 +529,54 @@ class Probe:
             busy, done = self._state.done != done, self._state.done
             self._stop.wait(max(next_beat - now, 0.0) if busy else POLL_S)
 
-    def _returned(self, call: _Call, result: Any) -> None:
-        """A recorded call returned ``result`` (the wrappers call this for an async call, and
-        for any that returned something but None): a Work, or a list of them
-        (``batch_isend_irecv``), that the backend completes later. The call stays in flight
-        until then; the thread looks at every wake-up. An async call that returned no Work (a
-        rank outside the group) is done at once."""
-        works = tuple(result) if isinstance(result, list) else (result,)
-        if works and all(isinstance(w, _WORK) for w in works):
-            self._works[call.cid] = (call, works)
-        elif call.async_op:
-            self.emit("done", id=call.cid, op=call.op, pg=call.pg, seq=call.seq, ok=True)
+    def _take_returned(self) -> None:
+        """Follow the async calls the wrappers put in ``_returned`` since the last look: each
+        (call id, what it returned, async_op). A call that returned a Work, or a list of them
+        (``batch_isend_irecv``), stays in flight until the backend completes them; an async
+        call that returned no Work (a rank outside the group) is done at once.
+
+        The wrappers only append to that list (in C, without calling Python: about 0.1 us);
+        calling a Python method for each async call measured a few per cent on a gloo loop of
+        ``all_reduce(async_op=True).wait()``."""
+        returned = self._returned
+        n = len(returned)
+        if not n:
+            return
+        batch = returned[:n]
+        del returned[:n]  # the wrappers append behind, under the GIL: nothing is lost
+        for cid, result, async_op in batch:
+            if type(result) is list:
+                if result and all(isinstance(w, _WORK) for w in result):
+                    self._works[cid] = tuple(result)
+                    continue
+            elif isinstance(result, _WORK):
+                self._works[cid] = (result,)
+                continue
+            if async_op:
+                self._no_work.append(cid)
 
     def _look_works(self) -> None:
-        """A ``done`` event for every followed call whose Works the backend has completed.
-        ``is_completed()`` costs about 0.15 us (gloo: a flag under a mutex; nccl: a CUDA event
-        query), so every wake-up looks: a completion is seen within ``HEARTBEAT_S``."""
-        for cid, (call, works) in list(self._works.items()):
+        """The thread's look at the async calls: one ``done`` event for those the backend has
+        completed since the last look, their ids and those that failed (one line a look, not
+        one a call). ``is_completed()`` costs about 0.15 us (gloo: a flag under a mutex; nccl:
+        a CUDA event query). Only this thread touches ``_works``."""
+        self._take_returned()
+        done: list[int] = []
+        failed: list[int] = []
+        for cid, works in list(self._works.items()):
             try:
                 if not all(w.is_completed() for w in works):
                     continue
-                ok = all(w.exception() is None for w in works)
+                if any(w.exception() is not None for w in works):
+                    failed.append(cid)
             except Exception:  # a Work torn down with its group: completed, not by us
-                ok = False
+                failed.append(cid)
             del self._works[cid]
-            self.emit("done", id=cid, op=call.op, pg=call.pg, seq=call.seq, ok=ok)
+            done.append(cid)
+        done += self._no_work
+        self._no_work.clear()
+        if done:
+            self.emit("done", ids=done, failed=failed)
 
     def _fr_active(self, fr: dict[str, list[int]] | None) -> list[list[Any]] | None:
         """The flight recorder's entries not yet completed, while something stays uncompleted
@@ -689,6 +722,7 @@ class Probe:
         local = self._local
         state = self._state
         ring = self._ring
+        returned = self._returned
         clock = time.time
 
         def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -721,7 +755,7 @@ class Probe:
                             state.current = None
                         state.done += 1
                         if result is not None or call.async_op:
-                            self._returned(call, result)
+                            returned.append((call.cid, result, call.async_op))
                         state.append((call, t_end, error is None, error))
             finally:
                 local.busy = False

@@ -268,7 +268,8 @@ typedef struct {
     PyObject *pg_cache, *describe_group, *seqs, *sites, *call_site, *facts_id, *ids;
     PyObject *tensor_type;
     PyObject *before, *after;  /* hooks: before(args, kwargs) and after(), or NULL */
-    PyObject *returned;        /* probe._returned(call, result): a call that returned a Work */
+    PyObject *returned;        /* probe._returned: (cid, result, async_op) of calls that
+                                * returned a Work, for the probe thread */
     PyObject *dict;            /* __wrapped__, __name__, __rankscope__, ... */
     vectorcallfunc vectorcall; /* wrapper_vectorcall for the one-tensor calls, else NULL */
     Getter shape, dtype;       /* torch.Tensor's getters of .shape and .dtype */
@@ -761,11 +762,11 @@ finish(Wrapper *w, Record *r, PyObject *result)
         /* An async call (async_op=True, isend, batch_isend_irecv) returned its Work: the probe
          * follows it until the backend completes it (one that returned None, a rank outside
          * the group, is done at once). Blocking calls return None: no cost. */
-        PyObject *call = call_of_record(st, r);
-        if (call != NULL) {
-            Py_XDECREF(PyObject_CallFunctionObjArgs(w->returned, call, result, NULL));
-            Py_DECREF(call);
-        }
+        PyObject *cid = PyLong_FromLongLong(r->cid), *item = NULL;
+        if (cid != NULL && (item = PyTuple_Pack(3, cid, result, FACT(r->what, F_ASYNC))) != NULL)
+            PyList_Append(w->returned, item);
+        Py_XDECREF(item);
+        Py_XDECREF(cid);
     }
     if (r->what != NULL)
         push(st, r);
@@ -1428,9 +1429,11 @@ wrapper_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
         }
     }
     if (!PyObject_TypeCheck(w->state, &StateType) || !PyDict_Check(w->pg_cache) ||
-        !PyDict_Check(w->seqs) || !PyDict_Check(w->sites) || !PyIter_Check(w->ids)) {
+        !PyDict_Check(w->seqs) || !PyDict_Check(w->sites) || !PyIter_Check(w->ids) ||
+        !PyList_Check(w->returned)) {
         PyErr_SetString(PyExc_TypeError,
-                        "Wrapper: the probe's state must be a State and its caches dicts");
+                        "Wrapper: the probe's state must be a State, its caches dicts and "
+                        "_returned a list");
         Py_DECREF(w);
         return NULL;
     }
