@@ -330,3 +330,26 @@ def test_hostile_values_files_are_skipped_and_reported(tmp_path):
     assert problems.rows == [
         ("ranks/0/values.jsonl", "values", "4 line(s) are not a capture of values; skipped")
     ]
+
+
+def test_outside_any_loop_the_earlier_side_took_the_branch(tmp_path):
+    """No loop around: rank 0, at the earlier statement, took its branch (a barrier only it
+    makes); ranks 1 and 2 went past it to the else of a later if, not into a branch of their
+    own."""
+    f, at = _script(
+        tmp_path,
+        """
+        import torch.distributed as dist
+        if how == "barrier" and rank == 0:  # decide
+            dist.barrier()  # barrier
+        if how == "op" and odd:
+            dist.all_gather(out, x)
+        else:
+            dist.all_reduce(x)  # reduce
+        """,
+    )
+    p, why = find_parting(
+        *_sides({1: [(f, "<module>", at("reduce"))]}, {0: [(f, "<module>", at("barrier"))]})
+    )
+    assert p is not None, why
+    assert (p.kind, p.site, p.ranks_in, p.ranks_out) == ("if", f"train.py:{at('decide')}", [0], [1])

@@ -255,6 +255,13 @@ def _decide(c: list[Frame], o: list[Frame]) -> tuple[_Decision, bool, bool] | st
     loop = _outermost_loop(file, early_chain[k:], early, i)
     if loop is not None:  # a loop's side is the one still in it; a break's, the one that left
         return loop, c_first == (loop.kind in _LOOP_KINDS), False
+    # Within a loop, the earlier side may be a pass ahead, past a branch the later one took;
+    # outside any, it has not reached the later statement yet: the later side went past the
+    # earlier one's statement, without the branch the earlier side took there.
+    if not _looping(cc[:k], c[:i]):
+        branch = _innermost_branch(file, early_chain[k:], early, i)
+        if branch is not None:
+            return branch, c_first, False
     branch = _innermost_branch(file, late_chain[k:], late, i)
     if branch is not None:
         return branch, not c_first, False
@@ -268,6 +275,20 @@ def _decide(c: list[Frame], o: list[Frame]) -> tuple[_Decision, bool, bool] | st
 
 
 Chain = list[tuple[ast.AST, str]]
+
+
+def _looping(chain: Chain, outer: list[Frame]) -> bool:
+    """Whether the statements of ``chain`` run in a loop: one of them is a loop, or one of the
+    frames that called this function is inside one."""
+    if any(isinstance(node, _LOOPS) for node, _arm in chain):
+        return True
+    for file, func, line in outer:
+        tree = _tree(file)
+        if tree is not None and any(
+            isinstance(node, _LOOPS) for node, _arm in _chain(_body_of(tree, func, line), line)
+        ):
+            return True
+    return False
 
 
 def _chain(body: list[ast.stmt], line: int) -> Chain:
