@@ -61,6 +61,8 @@ def test_ranks_blocked_in_work_wait_wait_in_the_all_reduce_they_issued(start_job
     assert f"waiting in barrier (group 0 #10) at {barrier}" in rank_line(out, 1), out
     d = diagnose(load_run(job.run.path))
     assert (d.verdict, d.culprit_ranks, d.waiting_ranks) == ("hang", [1], [0, 2, 3]), d.render()
+    assert d.cause == "rank_conditional_collective", d.render()  # not out of data: it is there
+    assert d.parting["source"].startswith("if step == 3"), d.render()
     assert (d.collective.pg, d.collective.seq) == ("0", 10), d.render()
     assert d.collective.site_by_rank[0] == issued and d.collective.site_by_rank[1] == barrier
     calls = d.calls[(d.calls["rank"] == 0) & (d.calls["seq"] >= 10)]

@@ -173,7 +173,13 @@ class Context:
                     if path:
                         paths[r] = path
                         break
-            found = find_parting(list(key[0]), list(key[1]), paths, self.ev.table("values"))
+            found = find_parting(
+                list(key[0]),
+                list(key[1]),
+                paths,
+                self.ev.table("values"),
+                same_pass=self._same_call(*paths) if len(paths) == 2 else False,
+            )
             if found[0] is None and key[0] and key[1]:
                 # no stacks that part: the calls' own lines may show a loop left
                 own, theirs = self.call_frame(key[0][0]), self.call_frame(key[1][0])
@@ -195,6 +201,16 @@ class Context:
             if loop is not None:
                 self._partings[key] = (loop, "")
         return left_loop_by_sites(their_frame, own_frame)
+
+    def _same_call(self, a: int, b: int) -> bool:
+        """Whether ranks ``a`` and ``b`` wait at the same collective of one group (its number)."""
+        wa, wb = self.graph.waits.get(a), self.graph.waits.get(b)
+        return (
+            wa is not None
+            and wb is not None
+            and wa.seq is not None
+            and (wa.pg, wa.seq) == (wb.pg, wb.seq)
+        )
 
     def _path(self, rank: int) -> list[Frame] | None:
         """``rank``'s frames in its latest stacks (its thread that waits in a call, else its

@@ -181,16 +181,19 @@ def find_parting(
     others: list[int],
     paths: dict[int, list[Frame]],
     values: pd.DataFrame | None = None,
+    *,
+    same_pass: bool = False,
 ) -> tuple[Parting | None, str]:
     """The decision that separates ``culprits`` from ``others``, read from the paths (rank ->
     frames, outermost first) of one rank of each side (the lowest that has one), and why there
-    is none when there is none (``(None, reason)``)."""
+    is none when there is none (``(None, reason)``). ``same_pass``: those two ranks wait at the
+    same call of one group (see :func:`_decide`)."""
     c_rank = next((r for r in sorted(culprits) if paths.get(r)), None)
     o_rank = next((r for r in sorted(others) if paths.get(r)), None)
     if c_rank is None or o_rank is None:
         which = "culprits" if c_rank is None else "other ranks"
         return None, f"no stacks of the {which} were captured"
-    found = _decide(paths[c_rank], paths[o_rank])
+    found = _decide(paths[c_rank], paths[o_rank], same_pass=same_pass)
     if isinstance(found, str):
         return None, found
     decision, culprit_in, arms = found
@@ -225,9 +228,12 @@ class _Decision:
     names: list[str]
 
 
-def _decide(c: list[Frame], o: list[Frame]) -> tuple[_Decision, bool, bool] | str:
+def _decide(
+    c: list[Frame], o: list[Frame], *, same_pass: bool = False
+) -> tuple[_Decision, bool, bool] | str:
     """(the decision, whether the culprits' side took it, whether both sides are in arms of
-    it), or why none is found."""
+    it), or why none is found. ``same_pass``: the two sides wait at the same call of their
+    group (the same collective's number), so neither is a pass of a loop ahead."""
     i = 0
     while i < min(len(c), len(o)) and c[i] == o[i]:
         i += 1
@@ -256,9 +262,10 @@ def _decide(c: list[Frame], o: list[Frame]) -> tuple[_Decision, bool, bool] | st
     if loop is not None:  # a loop's side is the one still in it; a break's, the one that left
         return loop, c_first == (loop.kind in _LOOP_KINDS), False
     # Within a loop, the earlier side may be a pass ahead, past a branch the later one took;
-    # outside any, it has not reached the later statement yet: the later side went past the
-    # earlier one's statement, without the branch the earlier side took there.
-    if not _looping(cc[:k], c[:i]):
+    # outside any, or where both wait at the same call of their group (the same pass), it has
+    # not reached the later statement yet: the later side went past the earlier one's
+    # statement, without the branch the earlier side took there.
+    if same_pass or not _looping(cc[:k], c[:i]):
         branch = _innermost_branch(file, early_chain[k:], early, i)
         if branch is not None:
             return branch, c_first, False
