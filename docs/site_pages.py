@@ -179,8 +179,12 @@ def _box(children: list[str], direction: str) -> str:
     shown = [c for c in children if c.strip()]
     if not shown:
         return ""
-    style = f"display:flex;flex-direction:{direction};gap:0.5em;flex-wrap:wrap"
-    return f"<div style='{style}'>{''.join(f'<div>{c}</div>' for c in shown)}</div>"
+    # a row wraps; a column does not (a wrapping column's items take their content's width,
+    # not the page's); no item is wider than the page
+    wrap = ";flex-wrap:wrap" if direction == "row" else ""
+    style = f"display:flex;flex-direction:{direction};gap:0.5em{wrap}"
+    item = "<div style='min-width:0;max-width:100%'>{}</div>"
+    return f"<div style='{style}'>{''.join(item.format(c) for c in shown)}</div>"
 
 
 def _ref(value: Any) -> str | None:
