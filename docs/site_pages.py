@@ -161,9 +161,7 @@ def grid_html(args: dict[str, Any], caption: str) -> str:
     head = re.search(r"<thead>.*</thead>", args.get("table_html", ""), re.DOTALL)
     rows = json.loads(args.get("data_json") or "[]")
     body = "".join(
-        "<tr>"
-        + "".join(f"<td>{html.escape(str(v[0] if isinstance(v, list) else v))}</td>" for v in row)
-        + "</tr>"
+        "<tr>" + "".join(f"<td>{html.escape(_grid_value(v))}</td>" for v in row) + "</tr>"
         for row in rows[:GRID_ROWS]
     )
     more = len(rows) - GRID_ROWS
@@ -173,6 +171,13 @@ def grid_html(args: dict[str, Any], caption: str) -> str:
         f"<caption>{html.escape(caption)}</caption>{head.group(0) if head else ''}"
         f"<tbody>{body}</tbody></table>{note if more > 0 else ''}</div>"
     )
+
+
+def _grid_value(value: Any) -> str:
+    """A grid cell's text (itables sends a float as ``[text, value]``); nothing where nothing
+    is known (pandas' ``<NA>``, ``NaN``)."""
+    text = str(value[0] if isinstance(value, list) else value)
+    return "" if text in ("<NA>", "NaN", "None") else text
 
 
 def _box(children: list[str], direction: str) -> str:
