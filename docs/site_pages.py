@@ -161,9 +161,7 @@ def grid_html(args: dict[str, Any], caption: str) -> str:
     head = re.search(r"<thead>.*</thead>", args.get("table_html", ""), re.DOTALL)
     rows = json.loads(args.get("data_json") or "[]")
     body = "".join(
-        "<tr>"
-        + "".join(f"<td>{html.escape(str(v[0] if isinstance(v, list) else v))}</td>" for v in row)
-        + "</tr>"
+        "<tr>" + "".join(f"<td>{html.escape(_grid_value(v))}</td>" for v in row) + "</tr>"
         for row in rows[:GRID_ROWS]
     )
     more = len(rows) - GRID_ROWS
@@ -175,12 +173,23 @@ def grid_html(args: dict[str, Any], caption: str) -> str:
     )
 
 
+def _grid_value(value: Any) -> str:
+    """A grid cell's text (itables sends a float as ``[text, value]``); nothing where nothing
+    is known (pandas' ``<NA>``, ``NaN``)."""
+    text = str(value[0] if isinstance(value, list) else value)
+    return "" if text in ("<NA>", "NaN", "None") else text
+
+
 def _box(children: list[str], direction: str) -> str:
     shown = [c for c in children if c.strip()]
     if not shown:
         return ""
-    style = f"display:flex;flex-direction:{direction};gap:0.5em;flex-wrap:wrap"
-    return f"<div style='{style}'>{''.join(f'<div>{c}</div>' for c in shown)}</div>"
+    # a row wraps; a column does not (a wrapping column's items take their content's width,
+    # not the page's); no item is wider than the page
+    wrap = ";flex-wrap:wrap" if direction == "row" else ""
+    style = f"display:flex;flex-direction:{direction};gap:0.5em{wrap}"
+    item = "<div style='min-width:0;max-width:100%'>{}</div>"
+    return f"<div style='{style}'>{''.join(item.format(c) for c in shown)}</div>"
 
 
 def _ref(value: Any) -> str | None:

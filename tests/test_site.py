@@ -127,9 +127,9 @@ def test_the_site_reads_at_a_glance(chromium: str, served: str, tmp_path: Path) 
             grid = caption.locator("xpath=ancestor::table[1]")
             assert grid.locator("tbody tr").count() > 0, caption.inner_text()
         # the contents list follows the reading: at section 6, section 6 is marked
-        section = page.locator("section", has=page.locator("h2", has_text="6. Stop")).first
-        section.scroll_into_view_if_needed()
-        page.mouse.wheel(0, 200)
+        heading = page.locator("h2", has_text="6. Stop").first
+        heading.evaluate("h => h.scrollIntoView({block: 'start'})")  # at the top of the window
+        page.mouse.wheel(0, 200)  # and read on
         page.wait_for_timeout(500)
         active = page.locator("nav.page-toc a.active")
         expect(active.last).to_contain_text("6. Stop")

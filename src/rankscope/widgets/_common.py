@@ -36,7 +36,7 @@ COLUMN_WIDTHS = {
     "signal": 7.5,
 }
 FLEXIBLE = ("now", "end_reason")
-FLEXIBLE_EM = 14
+FLEXIBLE_EM = 10
 #: The rank tables: fixed layout, padded cells, one line per row (the long ones end in "…").
 TABLE_CSS = (
     "table.rankscope-ranks{border-collapse:collapse;table-layout:fixed;width:100%;"
