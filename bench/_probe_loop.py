@@ -18,11 +18,16 @@ Under the probe (``--mode probe``), once the probe's one-off warm-up is done, tw
     both as timed and with each call capped (see probe_overhead.py).
 
 Without the probe (``--mode loop``) it times a plain loop. Rank 0 prints one JSON line.
+
+``--async-op`` makes every call ``all_reduce(t, async_op=True).wait()``: the probe follows each
+Work to its completion (its thread looks at it). ``--backend nccl`` all_reduces a 1-element
+CUDA tensor and synchronizes the device after every call, in every arm alike.
 """
 
 import argparse
 import json
 import math
+import os
 import statistics
 import sys
 import threading
@@ -38,11 +43,30 @@ ap.add_argument("--calls", type=int, default=20000, help="per-call rotation: cal
 ap.add_argument("--blocks", type=int, default=1000, help="pairs of off/on blocks")
 ap.add_argument("--block", type=int, default=200, help="calls per block")
 ap.add_argument("--age", type=float, default=3.0, help="loop mode: seconds from set-up to loop")
+ap.add_argument("--async-op", action="store_true", help="async_op=True, then wait on the Work")
+ap.add_argument("--backend", choices=("gloo", "nccl"), default="gloo")
 args = ap.parse_args()
 
-dist.init_process_group("gloo")
-t = torch.ones(1)
+if args.backend == "nccl":
+    torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    t = torch.ones(1, device="cuda")
+else:
+    t = torch.ones(1)
+dist.init_process_group(args.backend)
 clock = time.perf_counter_ns
+DEVICE = args.backend == "nccl"
+
+
+def issue(fn) -> None:
+    """One call as the loop makes it."""
+    if args.async_op:
+        fn(t, async_op=True).wait()
+    else:
+        fn(t)
+    if DEVICE:
+        torch.cuda.synchronize()
+
+
 CAP = 5  # a call over CAP times the plain call's median is counted at that (probe_overhead.py)
 
 
@@ -152,7 +176,7 @@ def per_call(arms: dict) -> dict:
         for j in range(len(fns)):
             k = (i + j) % len(fns)
             start = clock()
-            fns[k](t)
+            issue(fns[k])
             times[k].append(clock() - start)
     return {name: summary(ns) for name, ns in zip(names, times, strict=True)}
 
@@ -174,7 +198,7 @@ def blocks(probe, torch_fn, barrier) -> dict:
                 pacer.on()
             last = clock()
             for _ in range(args.block):
-                fn(t)
+                issue(fn)
                 tick()
                 end = clock()
                 out.append(end - last)
@@ -219,11 +243,11 @@ if args.mode == "loop":
     time.sleep(max(0.0, args.age - waited))
     fn = dist.all_reduce
     for _ in range(2000):
-        fn(t)
+        issue(fn)
     dist.barrier()
     start = clock()
     for _ in range(args.calls):
-        fn(t)
+        issue(fn)
     out = {"loop_us": (clock() - start) / args.calls / 1e3, "warmup_s": waited}
 else:
     import rankscope.probe
@@ -235,7 +259,9 @@ else:
     originals = {name: fn for _, name, fn in probe._originals}
     torch_fn = originals["all_reduce"]
     arms = {"torch": torch_fn, "probe": dist.all_reduce}
-    if _core._fast is not None:  # the Python wrapper, on a probe made without the C extension
+    # the Python wrapper, on a probe made without the C extension (not for async calls: its
+    # thread never runs, so nothing would look at the Works it follows)
+    if _core._fast is not None and not args.async_op:
         fast, _core._fast = _core._fast, None
         # its thread never runs; its files go with the run directory
         bare = _core.Probe(RunDir(probe.run.path / "python-arm"), probe.rank)
@@ -244,7 +270,7 @@ else:
     warmed_up(probe)
     for _ in range(2000):
         for fn in arms.values():
-            fn(t)
+            issue(fn)
     originals["barrier"]()
     out = {"per_call": per_call(arms), "blocks": blocks(probe, torch_fn, originals["barrier"])}
     out["c_wrapper"] = _core._fast is not None

@@ -27,7 +27,12 @@ about twice as precisely. What the probe itself might hold up that long shows in
 calls over the cap per arm, printed beside, and in the uncapped ratio.
 
     python bench/probe_overhead.py [--calls 20000] [--blocks 10000] [--block 20] [--jobs 3]
-                                   [--loop 8000] [--age 3]
+                                   [--loop 8000] [--age 3] [--async-op] [--backend nccl]
+
+``--async-op``: every call is ``all_reduce(t, async_op=True).wait()``, so the probe follows each
+call's Work until the backend completes it (the completion tracking). ``--backend nccl``: a
+1-element CUDA tensor on nccl, the device synchronized after every call in every arm, one rank
+per GPU (at most 2); without CUDA it says so and measures nothing.
 """
 
 from __future__ import annotations
@@ -48,8 +53,8 @@ from rankscope.probe._core import DEFAULT_FR_BUFFER, HEARTBEAT_S
 WORKER = Path(__file__).parent / "_probe_loop.py"
 
 
-def launch(*, probe: bool, run_dir: Path, args: list[str]) -> dict:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2"]
+def launch(*, probe: bool, run_dir: Path, args: list[str], nproc: int = 2) -> dict:
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}"]
     cmd.append(f"--master-port={free_port()}")
     env = dict(os.environ, TORCH_FR_BUFFER_SIZE=DEFAULT_FR_BUFFER)
     if probe:
@@ -83,7 +88,22 @@ def main() -> None:
     ap.add_argument(
         "--age", type=float, default=3.0, help="separate jobs: seconds from set-up to the loop"
     )
+    ap.add_argument("--async-op", action="store_true", help="async_op=True, then wait")
+    ap.add_argument("--backend", choices=("gloo", "nccl"), default="gloo")
     args = ap.parse_args()
+    nproc = 2
+    if args.backend == "nccl":
+        import torch
+
+        if not torch.cuda.is_available():
+            print("nccl mode: skipped, no CUDA device here (torch.cuda.is_available() is False)")
+            return
+        nproc = min(2, torch.cuda.device_count())
+    how = [f"--backend={args.backend}", *(["--async-op"] if args.async_op else [])]
+    print(
+        f"{args.backend}, {nproc} rank(s), "
+        + ("async_op=True then wait()" if args.async_op else "blocking calls")
+    )
     with tempfile.TemporaryDirectory() as tmp:
         res = launch(
             probe=True,
@@ -93,7 +113,9 @@ def main() -> None:
                 f"--calls={args.calls}",
                 f"--blocks={args.blocks}",
                 f"--block={args.block}",
+                *how,
             ],
+            nproc=nproc,
         )
         wrapper = "Python (no C extension built)"
         if res["c_wrapper"]:
@@ -142,7 +164,8 @@ def main() -> None:
                 job = launch(
                     probe=is_probe,
                     run_dir=Path(tmp) / f"j{i}",
-                    args=["--mode=loop", f"--calls={args.loop}", f"--age={args.age}"],
+                    args=["--mode=loop", f"--calls={args.loop}", f"--age={args.age}", *how],
+                    nproc=nproc,
                 )
                 out.append(job["loop_us"])
                 if is_probe:

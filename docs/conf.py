@@ -38,14 +38,17 @@ html_title = "rankscope"
 # the pages are the docs; their sources (notebooks with every output) would double the site
 html_copy_source = False
 html_show_sourcelink = False
-# plotly.js, copied in by site_pages.py (the folder exists for any build of these settings)
-html_static_path = ["_build/static"]
+# the site's stylesheet and script (_static), and plotly.js, copied in by site_pages.py (the
+# folder exists for any build of these settings)
+html_static_path = ["_static", "_build/static"]
 (HERE / "_build" / "static").mkdir(parents=True, exist_ok=True)
 html_theme_options = {
     "show_toc_level": 2,
     "use_download_button": False,
     "use_fullscreen_button": False,
 }
+# One search box: the header's button (the sidebar's field would be a second one).
+html_sidebars = {"**": ["navbar-logo.html", "icon-links.html", "sbt-sidebar-nav.html"]}
 # No request to another host while the site is built or read, beyond what a reader follows.
 html_theme_options["navigation_with_keys"] = False
 

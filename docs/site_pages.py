@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import html
+import json
 import re
 import shutil
 from pathlib import Path
@@ -22,6 +23,7 @@ from typing import Any
 
 import make_site
 import nbformat
+from docutils import nodes
 from sphinx.application import Sphinx
 from sphinx.errors import ExtensionError
 from sphinx.ext import napoleon
@@ -33,7 +35,9 @@ WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
 RECIPES = [f"D{n}" for n in range(1, 24)]
 #: A section of a notebook that teaches one recipe starts with this heading.
 RECIPE_HEADING = re.compile(r"^## (D\d+): (.+)$", re.MULTILINE)
-GENERATED = ("guide", "notebooks", "recipes")
+GENERATED = ("guide", "notebooks", "recipes", "landing")
+#: The landing page shows the quickstart's card and timeline, as the quickstart's run drew them.
+SHOWCASE = "00-quickstart.ipynb"
 TAB_STYLE = "font-weight:600;border-bottom:1px solid #ccc;margin-top:0.8em"
 SCENARIO_GET = re.compile(r'\bget\("([\w-]+)"\)')
 SITE_LINK = re.compile(r"\]\(docs/_build/html/([\w/-]+)\.html\)")
@@ -73,9 +77,19 @@ def plotly_html(figure: dict[str, Any]) -> str:
     """A figure as a ``<div>`` and the call that draws it (plotly.js is loaded by the page)."""
     import plotly.io as pio
 
+    # the title on the left, clear of the toolbar that shows on the right when hovered
+    figure = copy.deepcopy(figure)
+    layout = figure.setdefault("layout", {})
+    title = layout.get("title") or {}
+    title = {"text": title} if isinstance(title, str) else title
+    layout["title"] = {**title, "x": 0, "xanchor": "left", "xref": "paper"}
     # validate=False: the figure is JSON that plotly itself wrote in the run
     return pio.to_html(
-        figure, include_plotlyjs=False, full_html=False, validate=False, config={"responsive": True}
+        figure,
+        include_plotlyjs=False,
+        full_html=False,
+        validate=False,
+        config={"responsive": True, "displaylogo": False},
     )
 
 
@@ -101,9 +115,9 @@ def output_html(output: dict[str, Any], state: dict[str, Any]) -> str:
 
 
 def widget_html(model_id: str, state: dict[str, Any]) -> str:
-    """What a widget showed, from the saved widget state: HTML and labels, the outputs of an
-    Output, boxes of those, a tab's pages under their titles. Controls (buttons, fields) and
-    widgets the state does not hold show nothing."""
+    """What a widget showed, from the saved widget state: HTML, the outputs of an Output, the
+    first rows of a grid, boxes of those, a tab's pages under their titles. Controls (buttons,
+    fields), their labels, and widgets the state does not hold show nothing."""
     model = state.get(model_id)
     if model is None:
         return ""
@@ -114,8 +128,8 @@ def widget_html(model_id: str, state: dict[str, Any]) -> str:
     children = [widget_html(_ref(c) or "", state) for c in values.get("children", [])]
     if name in ("HTMLModel", "HTMLMathModel"):
         return values.get("value", "")
-    if name == "LabelModel":
-        return f"<span>{html.escape(values.get('value', ''))}</span>"
+    if name == "AnyModel" and "_dt_args" in values:
+        return grid_html(values["_dt_args"], values.get("caption", ""))
     if name == "OutputModel":
         return "".join(output_html(o, state) for o in values.get("outputs", []))
     if name in ("VBoxModel", "BoxModel", "GridBoxModel"):
@@ -137,12 +151,45 @@ def widget_html(model_id: str, state: dict[str, Any]) -> str:
     return ""
 
 
+#: Rows of a grid (itables) shown on a page; the grid itself sorts and filters with a kernel.
+GRID_ROWS = 15
+
+
+def grid_html(args: dict[str, Any], caption: str) -> str:
+    """The first :data:`GRID_ROWS` rows of an itables grid, from its saved arguments (its
+    header row as HTML, its rows as JSON), as a plain table."""
+    head = re.search(r"<thead>.*</thead>", args.get("table_html", ""), re.DOTALL)
+    rows = json.loads(args.get("data_json") or "[]")
+    body = "".join(
+        "<tr>" + "".join(f"<td>{html.escape(_grid_value(v))}</td>" for v in row) + "</tr>"
+        for row in rows[:GRID_ROWS]
+    )
+    more = len(rows) - GRID_ROWS
+    note = f"<p class='rankscope-grid-note'>the first {GRID_ROWS} of {len(rows)} rows</p>"
+    return (
+        "<div class='rankscope-grid'><table>"
+        f"<caption>{html.escape(caption)}</caption>{head.group(0) if head else ''}"
+        f"<tbody>{body}</tbody></table>{note if more > 0 else ''}</div>"
+    )
+
+
+def _grid_value(value: Any) -> str:
+    """A grid cell's text (itables sends a float as ``[text, value]``); nothing where nothing
+    is known (pandas' ``<NA>``, ``NaN``)."""
+    text = str(value[0] if isinstance(value, list) else value)
+    return "" if text in ("<NA>", "NaN", "None") else text
+
+
 def _box(children: list[str], direction: str) -> str:
     shown = [c for c in children if c.strip()]
     if not shown:
         return ""
-    style = f"display:flex;flex-direction:{direction};gap:0.5em;flex-wrap:wrap"
-    return f"<div style='{style}'>{''.join(f'<div>{c}</div>' for c in shown)}</div>"
+    # a row wraps; a column does not (a wrapping column's items take their content's width,
+    # not the page's); no item is wider than the page
+    wrap = ";flex-wrap:wrap" if direction == "row" else ""
+    style = f"display:flex;flex-direction:{direction};gap:0.5em{wrap}"
+    item = "<div style='min-width:0;max-width:100%'>{}</div>"
+    return f"<div style='{style}'>{''.join(item.format(c) for c in shown)}</div>"
 
 
 def _ref(value: Any) -> str | None:
@@ -245,6 +292,30 @@ def recipe_intro(recipe: str, title: str, notebook: str, notebook_of: dict[str, 
     return "\n".join(lines)
 
 
+# --- the landing page -------------------------------------------------------------------------
+
+
+def showcase(nb: nbformat.NotebookNode) -> str:
+    """The first diagnosis card and the first rank timeline of a static notebook, side by
+    side, as a Markdown page of raw HTML (the landing page includes it)."""
+    found: dict[str, str] = {}
+    for cell in nb.cells:
+        for output in cell.get("outputs", []):
+            data = output.get("data", {})
+            text = _text(data.get("text/html", ""))
+            if _text(data.get("text/plain", "")).startswith("Diagnosis("):
+                found.setdefault("card", text)  # a cell's Diagnosis, not the workbench
+            elif "Rank timeline" in text and "rankscope-card" not in text:
+                found.setdefault("timeline", text)  # a cell's figure
+    if len(found) < 2:
+        raise ExtensionError(f"{SHOWCASE} has no diagnosis card or no rank timeline to show")
+    return (
+        "```{raw} html\n<div class='rs-showcase'>"
+        f"<div class='rs-showcase-card'>{found['card']}</div>"
+        f"<div class='rs-showcase-timeline'>{found['timeline']}</div></div>\n```\n"
+    )
+
+
 # --- the build --------------------------------------------------------------------------------
 
 
@@ -273,6 +344,8 @@ def generate(app: Sphinx) -> None:
         code = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
         for scenario_id in SCENARIO_GET.findall(code):  # s = get("d21")
             notebook_of.setdefault(scenario_id, path.name)
+
+    (src / "landing" / "showcase.md").write_text(showcase(static[SHOWCASE]))
 
     found: dict[str, tuple[str, str, list[Any]]] = {}
     for name, nb in static.items():
@@ -328,8 +401,22 @@ def napoleon_except_attributes(
         napoleon._process_docstring(app, what, name, obj, options, lines)
 
 
+#: A URL with a placeholder for its host or port (``http://HOST:PORT``) is text, not a link.
+PLACEHOLDER_URL = re.compile(r"^https?://[^/]*\b(HOST|PORT)\b")
+
+
+def placeholder_urls_as_text(app: Sphinx, doctree: nodes.document, docname: str) -> None:
+    """docutils links every URL it sees, ``http://HOST:PORT`` of the CLI's help included."""
+    for ref in list(doctree.findall(nodes.reference)):
+        if PLACEHOLDER_URL.match(ref.get("refuri", "")):
+            ref.replace_self(nodes.literal(text=ref.astext()))
+
+
 def setup(app: Sphinx) -> dict[str, Any]:
     app.connect("builder-inited", generate)
+    app.connect("doctree-resolved", placeholder_urls_as_text)
+    app.add_css_file("rankscope.css")
+    app.add_js_file("rankscope.js")
     for listener in list(app.events.listeners.get("autodoc-process-docstring", [])):
         if listener.handler is napoleon._process_docstring:
             app.disconnect(listener.id)

@@ -4,6 +4,7 @@ foreign artifacts, diagnosed without probe events; checked against torch's own a
 from __future__ import annotations
 
 import importlib.util
+import pickle
 import subprocess
 import sys
 from pathlib import Path
@@ -147,3 +148,60 @@ def test_the_chain_across_groups_from_dumps_alone():
     assert d.chain[0]["waits_in"]["site"] == "train.py:30"
     assert d.to_dict()["chain"][1]["text"].startswith("rank 2 waits in all_reduce on group 0")
     assert "chain: rank 3 waits in all_reduce on group 2 (tp1) #5" in d.render()
+
+
+def _timed_dumps(folder: Path, *, scheduled: int | None, world: int = 4) -> Path:
+    """NCCL dumps with timing on (entries carry their start times): every rank completed 11
+    collectives and started the 12th, except ``scheduled``, whose stream never started it."""
+    folder.mkdir()
+    for rank in range(world):
+        dump = make_dumps.build_dump(rank, world=world, entries=12, divergence="none")
+        last = dump["entries"][-1]
+        last.update(retired=False, duration_ms=None, time_discovered_completed_ns=None)
+        last["state"] = "started"
+        if rank == scheduled:
+            last.update(state="scheduled", time_discovered_started_ns=None)
+        for st in dump["pg_status"].values():
+            st["last_completed_collective"] = 11
+        (folder / f"{make_dumps.PREFIX}{rank}").write_bytes(pickle.dumps(dump))
+    return folder
+
+
+def test_a_collective_its_stream_never_started_points_at_that_rank_s_stream(tmp_path):
+    """Ranks 0, 2, 3 started all_reduce #12 on their devices; rank 1 enqueued it and its stream
+    never reached it (a kernel before it that never ends)."""
+    d = diagnose(load_run(_timed_dumps(tmp_path / "dumps", scheduled=1)))
+    assert (d.verdict, d.cause, d.culprit_ranks, d.waiting_ranks) == (
+        "hang",
+        "stream_stuck",
+        [1],
+        [0, 2, 3],
+    ), d.render()
+    # what the stream ran last, from the recorder
+    assert "its last completed collective: all_reduce #11 on group 0" in d.reason, d.reason
+    assert "never started" in d.reason and "CUDA_LAUNCH_BLOCKING" in d.fix
+
+
+def test_started_everywhere_completed_nowhere_is_not_a_stream(tmp_path):
+    d = diagnose(load_run(_timed_dumps(tmp_path / "dumps", scheduled=None)))
+    assert d.verdict == "hang" and d.cause != "stream_stuck", d.render()
+
+
+def test_the_entries_are_the_truth_where_the_counters_lag(tmp_path):
+    """Seen on an H100 (torch 2.11, NCCL 2.28.9): a dump right after a healthy job's last
+    collective had every entry completed while pg_status said last completed 4."""
+    folder = tmp_path / "dumps"
+    folder.mkdir()
+    for rank in range(2):
+        dump = make_dumps.build_dump(rank, world=2, entries=50, divergence="none")
+        for st in dump["pg_status"].values():
+            st["last_completed_collective"] = 4
+        (folder / f"{make_dumps.PREFIX}{rank}").write_bytes(pickle.dumps(dump))
+    d = diagnose(load_run(folder))
+    assert d.verdict == "ok", d.render()
+
+
+def test_one_rank_whose_stream_never_started_its_collective(tmp_path):
+    """One rank on nccl, a kernel spinning in front of its all_reduce: issued, never started."""
+    d = diagnose(load_run(_timed_dumps(tmp_path / "dumps", scheduled=0, world=1)))
+    assert (d.verdict, d.cause, d.culprit_ranks) == ("hang", "stream_stuck", [0]), d.render()

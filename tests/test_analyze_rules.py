@@ -216,6 +216,7 @@ def test_the_rules_run_in_their_documented_order_and_can_be_replaced():
         "reported_failure",
         "mismatch",
         "signal_death",
+        "stream_stuck",
         "waits",
         "errors_only",
         "bare_exit",
@@ -225,3 +226,49 @@ def test_the_rules_run_in_their_documented_order_and_can_be_replaced():
     run = run_of(rows, exits=dict.fromkeys(range(3)))
     assert diagnose(run).cause == "lagging_rank"  # rank 2 is alive; no stacks say where
     assert diagnose(run, rules=[rules.straggler]).verdict != "hang"
+
+
+def test_a_barrier_inside_the_loop_is_a_rank_conditional_call_not_running_out(tmp_path):
+    """The counts alone would say rank 1 ran out of iterations (3 all_reduces where rank 0 is
+    making its 4th, then a barrier); the source says the barrier is inside the loop, under a
+    condition: a branch, not the loop's end. Past the loop's end, it is uneven inputs."""
+    src = tmp_path / "train.py"
+    src.write_text(
+        "import torch.distributed as dist\n"
+        "for step in range(6):\n"
+        "    dist.all_reduce(w)\n"
+        "    if step == 2 and rank == 1:\n"
+        "        dist.barrier()\n"
+        "dist.barrier()\n"
+    )
+
+    def rows(barrier_line: int) -> list[dict]:
+        out = [
+            call(0, s, file=str(src), line=3, site="train.py:3", pg_ranks="0,1")
+            for s in range(1, 4)
+        ]
+        out += [call(0, 4, file=str(src), line=3, site="train.py:3", done=False, pg_ranks="0,1")]
+        out += [
+            call(1, s, file=str(src), line=3, site="train.py:3", pg_ranks="0,1")
+            for s in range(1, 4)
+        ]
+        out += [
+            call(
+                1,
+                4,
+                op="barrier",
+                file=str(src),
+                line=barrier_line,
+                site=f"train.py:{barrier_line}",
+                done=False,
+                pg_ranks="0,1",
+            )
+        ]
+        return out
+
+    inside = rules.mismatch(context(run_of(rows(5), exits={0: None, 1: None}, world=2)))
+    assert (inside.cause, inside.culprits) == ("rank_conditional_collective", [1])
+    past = rules.mismatch(context(run_of(rows(6), exits={0: None, 1: None}, world=2)))
+    assert (past.cause, past.culprits) == ("uneven_inputs", [1])
+    d = diagnose(run_of(rows(6), exits={0: None, 1: None}, world=2))
+    assert d.parting["source"] == "for step in range(6):" and d.parting["ranks_out"] == [1]

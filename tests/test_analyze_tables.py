@@ -758,3 +758,22 @@ def test_ddp_s_texts_name_the_rank_whose_model_differs():
     ]
     tied = diagnose(run_of([], exits={0: 1, 2: 1}, errors=pair, world=3))
     assert tied.cause != "ddp_model_mismatch"
+
+
+def test_an_exception_whose_text_makes_a_rank_a_victim_is_not_its_crash():
+    """DDP's bucket all_reduce, from C++, fails in ranks 0 and 1 when rank 2 exits: their
+    exception is raised outside any Python call, by a text whose role (a peer's exit) makes
+    them victims. They are not the culprits of a crash."""
+    rows = [dict(r, pg_ranks="0,1,2") for r in steps(range(3), 2)]
+    text = (
+        "RuntimeError: [../gloo/transport/tcp/pair.cc:553] Connection closed by peer "
+        "[127.0.0.1]:20632"
+    )
+    events = [{"rank": r, "ev": "exception", "t_s": T0 + 3, "message": text} for r in (0, 1)]
+    errors = [
+        {"rank": r, "kind": "gloo_connection_closed", "role": "peer_exit", "message": text}
+        for r in (0, 1)
+    ]
+    d = diagnose(run_of(rows, exits={0: 1, 1: 1, 2: 0}, events=events, errors=errors))
+    assert not {0, 1} & set(d.culprit_ranks), d.render()
+    assert d.cause != "rank_crashed", d.render()

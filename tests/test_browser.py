@@ -1,7 +1,10 @@
 """End to end in a real browser: JupyterLab started here, headless Debian Chromium driven by
 Playwright runs notebooks/01-workbench.ipynb, which launches a hanging job from the workbench;
-the diagnosis card must name the culprit rank and the timeline must render. A screenshot is
-saved under tests/artifacts/. Skips only where chromium cannot be installed."""
+the diagnosis card must name the culprit rank and the timeline must render. Legibility is
+measured, not assumed: nothing in a card or a table is wider than its box, table cells are
+padded, the live panel's columns keep their widths between refreshes, a job's status line stays
+with its job, the grid sorts on a header's text and shows its search box. Screenshots are kept
+under tests/artifacts/. Skips only where chromium cannot be installed."""
 
 from __future__ import annotations
 
@@ -190,6 +193,54 @@ def _page(chromium: str, tmp_path: Path, name: str) -> Iterator[Any]:
             browser.close()
 
 
+#: For every element under the locator's elements: those wider than their own box (their
+#: content cut off, spilling or scrolled sideways) or reaching past the right edge of the
+#: outermost box. Figures and preformatted text are not measured.
+OVERFLOWING = """
+(boxes) => {
+  const bad = [];
+  for (const box of boxes) {
+    // the box, and the output or page column it is in
+    const outer = box.parentElement.closest('.jp-OutputArea-output, article, .rs-showcase-card');
+    const right = Math.min(box.getBoundingClientRect().right,
+                           outer ? outer.getBoundingClientRect().right : Infinity);
+    for (const el of [box, ...box.querySelectorAll('*')]) {
+      if (el.closest('svg, .js-plotly-plot, pre')) continue;
+      const wider = el.scrollWidth > el.clientWidth + 1 && el.clientWidth > 0;
+      const past = el.getBoundingClientRect().right > right + 1;
+      // a cell may end in an ellipsis when its whole text shows on hover; a header may not
+      const cut = wider && (el.tagName === 'TH' || (el.tagName === 'TD' && !el.title));
+      if ((wider && !['TD', 'TH'].includes(el.tagName)) || past || cut) {
+        bad.push(el.tagName + ': ' + (el.innerText || '').slice(0, 60));
+      }
+    }
+  }
+  return bad;
+}
+"""
+#: Left and right padding (px) of every cell of the tables under the locator's elements.
+PADDING = """
+(boxes) => boxes.flatMap((box) => [...box.querySelectorAll('td, th')].map((c) => {
+  const style = getComputedStyle(c);
+  return Math.min(parseFloat(style.paddingLeft), parseFloat(style.paddingRight));
+}))
+"""
+#: Widths of the header cells of the first table under the locator.
+WIDTHS = (
+    "(table) => [...table.querySelectorAll('th')].map((th) => th.getBoundingClientRect().width)"
+)
+
+
+def assert_legible(boxes: Any, what: str) -> None:
+    """Nothing under ``boxes`` is wider than its box, and their tables' cells are padded
+    (short values such as ``0,1`` and ``2`` in neighbouring cells do not run together)."""
+    assert boxes.count(), f"no {what} on the page"
+    spilling = boxes.evaluate_all(OVERFLOWING)
+    assert not spilling, f"{what}: content wider than its box: {spilling}"
+    pads = boxes.evaluate_all(PADDING)
+    assert pads and min(pads) >= 4, f"{what}: table cells with less than 4 px of padding: {pads}"
+
+
 @pytest.mark.slow
 def test_workbench_notebook_in_jupyterlab(
     chromium: str, jupyter_lab: tuple[str, Path], tmp_path: Path
@@ -222,9 +273,22 @@ def test_workbench_notebook_in_jupyterlab(
         while diagnosis.stat().st_mtime_ns == before and time.monotonic() < deadline:
             time.sleep(0.2)
         assert diagnosis.stat().st_mtime_ns != before, "the Diagnose click did not arrive"
+        # the card is drawn again; the status line says when that is done
+        expect(page.locator(".rankscope-status")).to_contain_text("diagnosed at", timeout=30_000)
         card.scroll_into_view_if_needed()
         page.screenshot(path=str(ARTIFACTS / "workbench.png"))
         timeline.screenshot(path=str(ARTIFACTS / "workbench-timeline.png"))
+        assert_legible(page.locator(".rankscope-card"), "the diagnosis card")
+        assert_legible(page.locator("table.rankscope-ranks"), "the ranks table")
+        # The grid of the results area: a search box for any length, a sort on a header's text.
+        page.locator(".lm-TabBar-tab", has_text="tables").first.click()
+        grid = page.locator(".itables_anywidget").first
+        expect(grid.locator(".dt-search input")).to_be_visible(timeout=30_000)
+        header = grid.locator("th", has_text=re.compile(r"^rank$")).first
+        header.locator(".dt-column-title").click()
+        expect(header).to_have_attribute("aria-sort", re.compile("ascending|descending"))
+        grid.scroll_into_view_if_needed()
+        page.screenshot(path=str(ARTIFACTS / "workbench-grid.png"))
     assert json.loads(diagnosis.read_text())["culprit_ranks"] == [1]
     assert "1" in culprit
 
@@ -248,6 +312,23 @@ def test_the_quickstart_s_results_stay_after_run_all(
             timeout=30_000
         )
         expect(last.locator("table.rankscope-ranks")).to_be_visible()
+        # ... and the ranks table says how each rank ended, as the line below it does
+        expect(last.locator("table.rankscope-ranks")).to_contain_text("SIGTERM")
+        # The first answer a reader reaches: the card, under the cell that waited for it.
+        waited = page.locator(".jp-CodeCell", has_text="wait_for_diagnosis").first
+        expect(waited.locator(".jp-OutputArea .rankscope-card")).to_contain_text("Culprit rank")
+        # The closed workbench stays as it ended, never "starting" or empty.
+        bench = page.locator(".jp-CodeCell", has_text="rankscope.Workbench(runs_root").first
+        header = bench.locator(".jp-OutputArea .widget-html", has_text="ranks,").first
+        expect(header).to_contain_text("stopped", timeout=30_000)
+        launched = page.locator(".jp-CodeCell", has_text="wb.launch()").first
+        expect(launched.locator(".jp-OutputArea")).not_to_contain_text("starting")
+        for name, where in (("card", ".rankscope-card"), ("ranks", "table.rankscope-ranks")):
+            assert_legible(page.locator(where), f"the quickstart's {name}")
+        waited.scroll_into_view_if_needed()
+        page.screenshot(path=str(ARTIFACTS / "quickstart-card.png"))
+        bench.scroll_into_view_if_needed()
+        page.screenshot(path=str(ARTIFACTS / "quickstart-workbench-closed.png"))
         last.scroll_into_view_if_needed()
         page.screenshot(path=str(ARTIFACTS / "quickstart-after-run-all.png"))
 
@@ -282,18 +363,44 @@ def test_the_live_panel_and_the_controls_answer_in_the_browser(
         # rank 0 waits in the barrier; rank 1 sleeps at a line of its own
         expect(ranks).to_contain_text("waiting in barrier", timeout=90_000)
         expect(ranks).to_contain_text("at hang.py:")
+        # The columns keep their widths from one refresh to the next (every 0.5 s).
+        before, seconds = ranks.evaluate(WIDTHS), ranks.inner_text()
+        deadline = time.monotonic() + 10
+        while ranks.inner_text() == seconds and time.monotonic() < deadline:
+            page.wait_for_timeout(200)
+        assert ranks.inner_text() != seconds, "the live panel did not refresh"
+        assert ranks.evaluate(WIDTHS) == before, "the ranks table's columns moved"
+        assert_legible(ranks, "the live ranks table")
         page.screenshot(path=str(ARTIFACTS / "live-waiting.png"))
         page.locator("button", has_text="Capture evidence").click()
         status = page.locator(".rankscope-status")
         expect(status).to_contain_text("2 of 2 ranks answered", timeout=30_000)
         page.screenshot(path=str(ARTIFACTS / "live-captured.png"))
-        # a bad script path: the error shows beside the Launch button
+        # a bad script path: the error shows beside the Launch button, as its message alone
         field = page.locator(".widget-text", has_text="script").locator("input")
         field.fill(str(root / "no_such_script.py"))
         field.press("Enter")
         page.locator("button", has_text="Launch").click()
         launch_row = page.locator(".widget-hbox", has=page.locator("button", has_text="Launch"))
         expect(launch_row.last).to_contain_text("does not exist", timeout=30_000)
+        expect(launch_row.last).not_to_contain_text("ValueError")
         page.screenshot(path=str(ARTIFACTS / "live-bad-path.png"))
+        # A second job: the status line beside its buttons is its own, not the first job's.
+        field.fill(str(script))
+        field.press("Enter")
+        page.locator("button", has_text="Launch").click()
+        jobs = page.locator(".widget-select select").first
+        expect(jobs.locator("option")).to_have_count(2, timeout=60_000)
+        expect(page.locator(".widget-html", has_text="ranks,").first).to_contain_text(
+            "2 ranks", timeout=60_000
+        )
+        expect(status).not_to_contain_text("capture")
+        page.screenshot(path=str(ARTIFACTS / "live-second-job.png"))
+        jobs.select_option(index=0)  # back to the first: its capture is said again
+        expect(status).to_contain_text("2 of 2 ranks answered", timeout=30_000)
+        page.locator("button", has_text="Stop").first.click()
+        expect(status).to_contain_text("exit code", timeout=60_000)
+        jobs.select_option(index=1)
+        expect(status).not_to_contain_text("exit code", timeout=10_000)
         page.locator("button", has_text="Stop").first.click()
         expect(status).to_contain_text("exit code", timeout=60_000)

@@ -24,7 +24,8 @@ def _script(tmp_path, text: str):
 
 
 def _sides(culprits: dict[int, list], others: dict[int, list]):
-    return {"culprits": culprits, "others": others}
+    """find_parting's first three arguments from each side's paths."""
+    return sorted(culprits), sorted(others), {**culprits, **others}
 
 
 def test_a_barrier_under_an_if_in_the_loop_is_the_branch_not_running_out(tmp_path):
@@ -50,7 +51,7 @@ def test_a_barrier_under_an_if_in_the_loop_is_the_branch_not_running_out(tmp_pat
         }
     )
     p, why = find_parting(
-        _sides(
+        *_sides(
             {0: [(f, "<module>", at("barrier"))]},
             {1: [(f, "<module>", at("reduce"))], 2: [(f, "<module>", at("reduce"))]},
         ),
@@ -92,7 +93,7 @@ def test_a_helper_s_barrier_under_a_local_rank_condition(tmp_path):
     )
     culprit = [(f, "<module>", at("save")), (f, "save_checkpoint", at("barrier"))]
     other = [(f, "<module>", at("reduce"))]
-    p, why = find_parting(_sides({0: culprit, 2: culprit}, {1: other, 3: other}))
+    p, why = find_parting(*_sides({0: culprit, 2: culprit}, {1: other, 3: other}))
     assert p is not None, why
     assert (p.kind, p.site, p.source) == ("if", f"train.py:{at('decide')}", "if is_main:")
     assert (p.ranks_in, p.ranks_out) == ([0, 2], [1, 3])
@@ -120,7 +121,7 @@ def test_a_branch_in_the_loop_into_a_helper(tmp_path):
         """,
     )
     culprit = [(f, "<module>", at("save")), (f, "save_checkpoint", at("barrier"))]
-    p, why = find_parting(_sides({0: culprit}, {1: [(f, "<module>", at("reduce"))]}))
+    p, why = find_parting(*_sides({0: culprit}, {1: [(f, "<module>", at("reduce"))]}))
     assert p is not None, why
     assert (p.site, p.source, p.ranks_in) == (f"train.py:{at('decide')}", "if is_main:", [0])
     assert p.into == f"save_checkpoint → barrier (train.py:{at('barrier')})"
@@ -148,7 +149,7 @@ def test_a_rank_that_left_the_loop_of_a_function_the_others_are_still_in(tmp_pat
         """,
     )
     p, why = find_parting(
-        _sides(
+        *_sides(
             {1: [(f, "<module>", at("barrier"))]},
             {0: [(f, "<module>", at("call")), (f, "train", at("backward"))]},
         )
@@ -175,7 +176,7 @@ def test_a_loop_left_by_its_break_names_the_break(tmp_path):
         """,
     )
     p, why = find_parting(
-        _sides({3: [(f, "<module>", at("barrier"))]}, {0: [(f, "<module>", at("reduce"))]}),
+        *_sides({3: [(f, "<module>", at("barrier"))]}, {0: [(f, "<module>", at("reduce"))]}),
         pd.DataFrame(
             {
                 "rank": [0],
@@ -209,7 +210,7 @@ def test_a_rank_spinning_in_a_while_loop_the_others_left(tmp_path):
         """,
     )
     p, why = find_parting(
-        _sides({2: [(f, "<module>", at("spin"))]}, {0: [(f, "<module>", at("reduce"))]})
+        *_sides({2: [(f, "<module>", at("spin"))]}, {0: [(f, "<module>", at("reduce"))]})
     )
     assert p is not None, why
     assert (p.kind, p.source, p.ranks_in, p.ranks_out) == ("while", "while err > tol:", [2], [0])
@@ -228,7 +229,7 @@ def test_two_arms_of_one_if(tmp_path):
         """,
     )
     p, why = find_parting(
-        _sides({1: [(f, "<module>", at("poll"))]}, {0: [(f, "<module>", at("barrier"))]})
+        *_sides({1: [(f, "<module>", at("poll"))]}, {0: [(f, "<module>", at("barrier"))]})
     )
     assert p is not None, why
     assert (p.kind, p.site, p.ranks_in, p.ranks_out) == (
@@ -257,14 +258,14 @@ def test_no_parting_is_said_with_its_reason(tmp_path, culprit, other, why):
         """,
     )
     p, reason = find_parting(
-        _sides({1: [(f, "<module>", at(culprit))]}, {0: [(f, "<module>", at(other))]})
+        *_sides({1: [(f, "<module>", at(culprit))]}, {0: [(f, "<module>", at(other))]})
     )
     assert p is None and why in reason
 
 
 def test_an_unreadable_source_gives_no_parting(tmp_path):
     p, reason = find_parting(
-        _sides(
+        *_sides(
             {1: [("/nowhere/train.py", "<module>", 3)]}, {0: [("/nowhere/train.py", "<module>", 5)]}
         )
     )
@@ -329,3 +330,26 @@ def test_hostile_values_files_are_skipped_and_reported(tmp_path):
     assert problems.rows == [
         ("ranks/0/values.jsonl", "values", "4 line(s) are not a capture of values; skipped")
     ]
+
+
+def test_outside_any_loop_the_earlier_side_took_the_branch(tmp_path):
+    """No loop around: rank 0, at the earlier statement, took its branch (a barrier only it
+    makes); ranks 1 and 2 went past it to the else of a later if, not into a branch of their
+    own."""
+    f, at = _script(
+        tmp_path,
+        """
+        import torch.distributed as dist
+        if how == "barrier" and rank == 0:  # decide
+            dist.barrier()  # barrier
+        if how == "op" and odd:
+            dist.all_gather(out, x)
+        else:
+            dist.all_reduce(x)  # reduce
+        """,
+    )
+    p, why = find_parting(
+        *_sides({1: [(f, "<module>", at("reduce"))]}, {0: [(f, "<module>", at("barrier"))]})
+    )
+    assert p is not None, why
+    assert (p.kind, p.site, p.ranks_in, p.ranks_out) == ("if", f"train.py:{at('decide')}", [0], [1])

@@ -82,17 +82,24 @@ def test_rank_timeline_bars_in_flight_divergence_and_culprit() -> None:
         "calls",
         "divergence",
     }
-    # in flight: each op's own colour (barrier apart from all_reduce), with a red core
+    # in flight: each op's own colour (barrier apart from all_reduce), paler than a completed
+    # call's in the plot and the legend, with a red core
     assert traces["barrier, in flight"].line.color != traces["all_reduce, in flight"].line.color
-    assert traces["all_reduce, in flight"].line.color == traces["all_reduce"].line.color
+    assert traces["all_reduce"].line.color == "#1f77b4"
+    assert traces["all_reduce, in flight"].line.color == "rgba(31, 119, 180, 0.4)"
     assert all(t.type == "scattergl" for t in fig.data)
     # Nine completed all_reduces: segments x0, x1, NaN; rows are ranks.
     bars = traces["all_reduce"]
     assert np.isnan(bars.x[2::3]).all() and len(bars.x) == 27
     assert sorted(set(np.asarray(bars.y[0::3]).astype(int))) == [0, 1, 2]
-    # In flight: drawn up to now (10 s after T0; x counts from the first call at T0 + 1).
+    # In flight: drawn up to now (10 s after T0; x counts from the first call at T0 + 1). The
+    # 5.8 s wait, in which no call starts or ends, is drawn narrow and labelled: the three
+    # steps before it keep their width.
     flight = traces["in flight"]
-    assert np.allclose(flight.x[1::3], 9.0)
+    end = fig.layout.xaxis.tickvals[-1]
+    assert fig.layout.xaxis.ticktext[-1] == "9" and np.allclose(flight.x[1::3], end)
+    assert end < 3.2 + 0.1 * 3.2 and np.allclose(bars.x[1:6:3], [0.2, 1.2])
+    assert any("5.8 s" in a.text for a in fig.layout.annotations)
     assert sorted(np.asarray(flight.y[0::3]).astype(int)) == [0, 1, 2]
     # Only the odd call of the divergence is marked, with a line where the first call began.
     assert list(traces["divergence"].y) == [2]
@@ -100,18 +107,27 @@ def test_rank_timeline_bars_in_flight_divergence_and_culprit() -> None:
     assert any(s.line.color == ALERT and s.x0 == pytest.approx(3.0) for s in lines)
     assert any("first divergence: group 0 #4" in a.text for a in fig.layout.annotations)
     # The culprit row is shaded and its tick label red; rank 0 is on top.
-    rects = [s for s in fig.layout.shapes if s.type == "rect"]
+    rects = [s for s in fig.layout.shapes if s.type == "rect" and s.yref == "y"]
     assert [(r.y0, r.y1) for r in rects] == [(1.5, 2.5)]
     labels = dict(zip(fig.layout.yaxis.tickvals, fig.layout.yaxis.ticktext, strict=True))
     assert ALERT in labels[2] and labels[0] == "0"
     assert fig.layout.yaxis.range[0] > fig.layout.yaxis.range[1]
     # a short run opens whole, up to now
     left, right = fig.layout.xaxis.range
-    assert left <= 0 and right > 9.0
+    assert left <= 0 and right > end
     hover = list(traces["calls"].hovertext)
     barrier = next(h for h in hover if "barrier" in h)
     assert "rank 2" in barrier and "group 0 #4" in barrier and "shapes []" in barrier
     assert "train.py:30" in barrier and "in flight for 5.800 s" in barrier
+
+
+def test_an_async_call_returned_from_but_not_completed_is_in_flight() -> None:
+    """all_reduce #2 returned its Work at T0 + 2.1, and the backend never completed it: in
+    flight up to now, like a blocking call not returned."""
+    rows = [call(0, 1), call(0, 2, completed=False), call(0, 3, completed=False)]
+    fig = plot.rank_timeline(collectives(rows), now=T0 + 10)
+    flight = {t.name: t for t in fig.data}["in flight"]
+    assert np.allclose(flight.x[0::3], [1.0, 2.0]) and np.allclose(flight.x[1::3], 9.0)
 
 
 def test_rank_timeline_opens_around_the_divergence_with_every_call_visible() -> None:
@@ -147,10 +163,13 @@ def test_rank_timeline_opens_around_the_divergence_with_every_call_visible() -> 
     ]
     fig = plot.rank_timeline(collectives(rows), divergence={"pg": "0", "seq": 201}, now=T0 + 20)
     left, right = fig.layout.xaxis.range
-    assert 9.0 < left < 10.0 and right > 19.95  # four calls per rank before it, up to now
+    # four calls per rank before it, up to now; the 9.9 s wait is drawn narrow, labelled "20"
+    end = fig.layout.xaxis.tickvals[-1]
+    assert 9.0 < left < 10.0 and right > end and fig.layout.xaxis.ticktext[-1] == "20"
+    assert end < 10.1 + 0.1 * 10.1
     bars = next(t for t in fig.data if t.name == "all_reduce")
     widths = np.asarray(bars.x[1::3]) - np.asarray(bars.x[0::3])
-    assert widths.min() >= 0.003 * 19.95 * 0.99  # 10 µs calls still drawn 0.3 % of the run wide
+    assert widths.min() >= 0.003 * end * 0.99  # 10 µs calls still drawn 0.3 % of the run wide
 
 
 def test_rank_timeline_keeps_ranks_without_calls_and_explains_empty() -> None:
@@ -402,3 +421,35 @@ def test_every_plot_builds_within_budget_at_1024_ranks() -> None:
         took = time.perf_counter() - start
         assert took < bench.BUDGET_S, f"{name} took {took:.2f} s"
         assert len(fig.data) <= 20, f"{name}: {len(fig.data)} traces (one per rank?)"
+
+
+def test_merged_stacks_start_at_the_user_s_code() -> None:
+    """The runpy and bootstrap frames before the script's own are one box, listed on hover."""
+    from rankscope.collect import load_run
+
+    run = load_run(DATA / "gloo_barrier_hang" / "run")
+    (icicle,) = plot.merged_stacks(run.stacks, run.stack_summary).data
+    labels, parents = list(icicle.labels), list(icicle.parents)
+    (root,) = [i for i, p in enumerate(parents) if p == ""]
+    assert labels[root] == "⋯ 7 frames before your code"
+    assert "runpy" in icicle.customdata[root]
+    children = [labels[i] for i, p in enumerate(parents) if p == str(root)]
+    assert children and all("worker.py" in c for c in children)
+    assert not any("runpy" in label for label in labels)
+
+
+@pytest.mark.parametrize("per_rank", [1, 1000])
+def test_rank_timeline_gives_the_history_its_width_for_3_calls_and_3000(per_rank: int) -> None:
+    """3 ranks of ``per_rank`` quick calls, then a wait 100 times as long as the history: the
+    completed calls still span most of the axis, and the wait is one narrow, labelled stretch."""
+    rows = [
+        call(r, n, t_start_s=T0 + 0.01 * n, t_end_s=T0 + 0.01 * n + 0.004)
+        for r in range(3)
+        for n in range(1, per_rank + 1)
+    ]
+    history = 0.01 * per_rank
+    fig = plot.rank_timeline(collectives(rows), now=T0 + 100 * history + 1)
+    bars = next(t for t in fig.data if t.name == "all_reduce")
+    drawn = np.nanmax(np.asarray(bars.x, dtype=float)) - np.nanmin(np.asarray(bars.x, dtype=float))
+    assert drawn > 0.8 * fig.layout.xaxis.tickvals[-1]  # the wait takes the rest, under 20 %
+    assert sum("⋯" in (a.text or "") for a in fig.layout.annotations) == 1

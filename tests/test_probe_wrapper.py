@@ -18,7 +18,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from rankscope.probe import _core
-from rankscope.rundir import RunDir
+from rankscope.rundir import RankRecord, RunDir
 
 from .conftest import close_probes
 
@@ -89,6 +89,52 @@ def test_records_the_call_its_site_and_its_outcome(probe):
     assert [e["ok"] for e in exits] == [True] * 5 + [False]
     assert exits[5]["error"] == 'RuntimeError: empty "tensor"'
     assert all(x["dur_s"] >= 0 and x["t"] >= e["t"] for e, x in zip(enters, exits, strict=True))
+
+
+class Work(torch.distributed.Work):
+    """A Work as a custom backend makes one (torch's own subclassable class): the backend
+    completes it when ``done`` is set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.done = False
+
+    def is_completed(self) -> bool:
+        return self.done
+
+
+def all_reduce_async(tensor, op=None, group=None, async_op=False):
+    return Work() if async_op else None
+
+
+def test_an_async_call_stays_in_flight_until_the_backend_completes_its_work(probe):
+    """The wrapper hands the probe thread an async call's Work; its look writes a done event
+    only once the Work completes. An async call that returns no Work is done at its first
+    look; a blocking call is not followed."""
+    reduce = probe._wrap("all_reduce", all_reduce_async, None)
+    work = reduce(torch.ones(4), async_op=True)  # site: issued
+    reduce(torch.ones(4))
+    plain = probe._wrap("all_reduce", all_reduce, None)
+    plain(torch.ones(4), async_op=True)  # returns None: nothing to wait for
+    # the wrapper only hands the Work to the thread; its look follows it
+    assert [(cid, async_op) for cid, _, async_op in probe._returned] == [(1, True), (3, True)]
+    probe._look_works()
+    assert list(probe._works) == [1] and not probe._returned
+    assert [e["ids"] for e in records(probe) if e["ev"] == "done"] == [[3]]
+    work.done = True
+    probe._look_works()
+    assert not probe._works
+    evs = records(probe)
+    done = [e for e in evs if e["ev"] == "done"]
+    assert [(e["ids"], e["failed"]) for e in done] == [([3], []), ([1], [])]
+    # the tracker's record: issued at its line until done, then the last completed
+    record = RankRecord(rank=0)
+    for e in evs[: evs.index(done[1])]:
+        record.apply(e)
+    assert list(record.issued) == [1]
+    assert record.issued[1][3] == f"test_probe_wrapper.py:{line_of('# site: issued')}"
+    assert record.apply(done[1]) is True and not record.issued
+    assert record.last_done == "all_reduce (group None #1)"
 
 
 def test_a_call_site_records_each_calls_own_shape_and_dtype(probe):
@@ -307,7 +353,8 @@ def test_c_lines_match_python_lines(tmp_path, monkeypatch):
         call, _, ok, error = queued[0]
         for t, t_end in TIMES:  # the times' formatting, at its edges
             queued.append((call._replace(t=t), t_end, ok, error))
-        entered = {queued[5][0].cid}  # as if the thread had written this enter line early
+        # as if the thread had written this call's enter line early
+        entered = {next(item for item in queued[5:] if len(item) == 4)[0].cid}
         c_lines = lines_of(p)
         c_state = _core._fast.State(_core._Call, None, c_lines)
         for item in queued:

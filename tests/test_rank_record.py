@@ -140,3 +140,117 @@ def test_exit_codes_name_their_signal():
     assert (exit_text(0), exit_text(1), exit_text(None)) == ("0", "1", "")
     assert exit_text(-15) == "SIGTERM (-15)" and exit_text(-9) == "SIGKILL (-9)"
     assert exit_text(-200) == "signal 200 (-200)"
+
+
+def _async_record() -> RankRecord:
+    r = RankRecord(rank=0)
+    r.apply({**START, "pid": os.getpid()})  # a live process
+    site = {"file": "/x/train.py", "line": 41, "async_op": True, "op": "all_reduce", "pg": "0"}
+    for cid, seq in ((7, 6), (8, 7)):
+        assert not r.apply({"ev": "enter", "t": 20.0 + cid / 10, "id": cid, "seq": seq, **site})
+        assert r.apply({"ev": "exit", "t": 20.1 + cid / 10, "id": cid, "op": "all_reduce"})
+    r.apply({"ev": "heartbeat", "t": 21.0, "at": ["/x/train.py", 50, "<module>"]})
+    return r
+
+
+def test_an_async_call_waits_from_its_call_until_the_backend_completes_it():
+    """Returned from, an async call is issued, not completed: the rank waits in the oldest one
+    (its line, and the line where it waits), and nothing counts it as the last completed."""
+    r = _async_record()
+    assert in_collective(r) and r.last_done is None and sorted(r.issued) == [7, 8]
+    snap = snapshot(r, now=32.4)
+    assert snap["status"] == "waiting" and snap["waiting"]["seq"] == 6
+    assert doing_now(snap) == (
+        "waiting in all_reduce (group 0 #6) issued at train.py:41 11.7 s ago, not completed, "
+        "waited at train.py:50"
+    )
+    # the done of #7 may come before its exit line; #6's is progress, then the last completed
+    assert r.apply({"ev": "done", "t": 33.0, "ids": [7], "failed": []})
+    assert r.last_done == "all_reduce (group 0 #6)" and list(r.issued) == [8]
+    assert r.apply({"ev": "done", "t": 33.1, "ids": [8, "junk"], "failed": []})
+    assert not in_collective(r) and snapshot(r, now=34.0)["status"] == "running"
+    # a failed completion (a group aborted under it) is no completion
+    r = _async_record()
+    r.apply({"ev": "done", "t": 33.0, "ids": [7], "failed": [7]})
+    assert r.last_done is None and list(r.issued) == [8]
+
+
+def test_the_recorder_s_state_says_whether_the_device_started_it():
+    """nccl with timing: the recorder's entry of the same group and number says scheduled (the
+    stream has not reached it) or started; an entry no Python call made is torch's own."""
+    r = _async_record()
+    entry = ["0", 6, "all_reduce", "scheduled", 20.5, None]
+    r.apply({"ev": "heartbeat", "t": 22.0, "at": ["/x/train.py", 50, "f"], "fr_active": [entry]})
+    text = doing_now(snapshot(r, now=32.4))
+    assert ", not started (the stream is still busy with earlier work), waited at" in text
+    entry[3:] = ["started", 20.5, 30.0]
+    r.apply({"ev": "heartbeat", "t": 22.5, "at": ["/x/train.py", 50, "f"], "fr_active": [entry]})
+    assert ", started 2.4 s ago, not completed, waited at train.py:50" in doing_now(
+        snapshot(r, now=32.4)
+    )
+    # DDP's bucket all_reduce, from C++: no Python call of the rank's made it
+    ddp = RankRecord(rank=1)
+    ddp.apply({**START, "pid": os.getpid()})
+    beat = {"ev": "heartbeat", "t": 22.0, "at": ["/x/train.py", 21, "<module>"]}
+    assert ddp.apply({**beat, "fr": {"0": [8, 7]}}) is True
+    assert doing_now(snapshot(ddp, now=23.0)) == (
+        "waiting in a collective (group 0 #8, issued by torch), not completed, "
+        "waited at train.py:21"
+    )
+    ddp.apply(
+        {**beat, "fr": {"0": [8, 7]}, "fr_active": [["0", 8, "all_reduce", None, 21.0, None]]}
+    )
+    assert doing_now(snapshot(ddp, now=23.0)) == (
+        "waiting in all_reduce (group 0 #8, issued by torch) 2.0 s ago, not completed, "
+        "waited at train.py:21"
+    )
+    # the entries are the truth: nccl's counters lag behind them (all completed, counters not)
+    ddp.apply({**beat, "fr": {"0": [8, 7]}, "fr_active": []})
+    assert not in_collective(ddp)
+
+
+def test_an_nccl_blocking_call_that_returned_at_enqueue_is_waited_in_at_its_line():
+    """nccl returns from a blocking all_reduce once it is enqueued: the recorder's entry of
+    that call (same group, number and op) says it never started, and where it was issued."""
+    r = RankRecord(rank=0)
+    r.apply({**START, "pid": os.getpid()})
+    call = {"op": "all_reduce", "pg": "0", "seq": 6, "id": 9, "file": "/x/train.py", "line": 13}
+    r.apply({"ev": "enter", "t": 20.0, **call})
+    r.apply({"ev": "exit", "t": 20.001, "id": 9})
+    assert r.last_done == "all_reduce (group 0 #6)" and not in_collective(r)
+    entry = ["0", 6, "all_reduce", "scheduled", 20.0, None]
+    beat = {"ev": "heartbeat", "t": 21.0, "at": ["/x/train.py", 14, "<module>"]}
+    r.apply({**beat, "fr": {"0": [6, 5]}, "fr_active": [entry]})
+    assert doing_now(snapshot(r, now=32.4)) == (
+        "waiting in all_reduce (group 0 #6) issued at train.py:13 12.4 s ago, not started "
+        "(the stream is still busy with earlier work), waited at train.py:14"
+    )
+    assert snapshot(r, now=32.4)["last_done"] is None  # returned from at enqueue, not completed
+
+
+def test_a_waiting_rank_names_the_members_that_have_not_called_its_collective(tmp_path):
+    """Ranks 0 and 1 issued all_reduce #6 of group 0 [0, 1, 2] and wait on its Work; rank 2
+    called #5 last: the live view says whom they wait for."""
+    import json
+
+    from rankscope.launch.tracker import RankTracker
+    from rankscope.rundir import RunDir
+
+    run = RunDir(tmp_path / "run")
+    for rank, last in ((0, 6), (1, 6), (2, 5)):
+        run.rank_dir(rank).mkdir(parents=True)
+        evs = [{**START, "pid": os.getpid(), "rank": rank}]
+        for seq in range(5, last + 1):
+            call = {"id": seq, "op": "all_reduce", "pg": "0", "seq": seq, "pg_ranks": [0, 1, 2]}
+            call |= {"file": "/x/train.py", "line": 41, "async_op": seq == 6}
+            evs += [
+                {"ev": "enter", "t": 20.0 + seq, **call},
+                {"ev": "exit", "t": 20.1 + seq, "id": seq},
+            ]
+        run.events(rank).write_text("".join(json.dumps(e) + "\n" for e in evs))
+    tracker = RankTracker(run)
+    tracker.update()
+    snaps = {s["rank"]: s for s in tracker.snapshots(now=40.0)}
+    assert snaps[0]["waiting"]["waiting_for"] == [2]
+    assert "not completed, waiting for rank 2" in doing_now(snaps[0])
+    assert snaps[2]["waiting"] is None

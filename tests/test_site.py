@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from docs.make_site import DOCS, HTML, ROOT
 
-from .test_browser import ARTIFACTS, _page
+from .test_browser import ARTIFACTS, _page, assert_legible
 
 
 @pytest.fixture(scope="module")
@@ -80,6 +80,64 @@ def test_the_site_shows_the_quickstart_and_a_recipe_with_their_figures(
         if str(ROOT) in p.read_text() or "pytest-of-" in p.read_text()
     ]
     assert not local, f"pages that show a local folder: {local}"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_the_site_reads_at_a_glance(chromium: str, served: str, tmp_path: Path) -> None:
+    """The landing page says what rankscope is, shows a card and a timeline and links in; a
+    page has one search box and a contents list that follows the reading; cards and tables
+    fit their boxes with padded cells; a grid's caption has its rows under it; text output
+    wraps; a closed workbench's snapshot says how its job ended; no link to a placeholder."""
+    from playwright.sync_api import expect
+
+    with _page(chromium, tmp_path, "site-legible") as page:
+        page.set_viewport_size({"width": 1400, "height": 1000})
+        page.goto(f"{served}/index.html")
+        article = page.locator("article")
+        expect(article).to_contain_text("workbench for distributed PyTorch hangs")
+        for link in ("Quickstart", "Recipes", "Reference"):
+            expect(article.locator(".rs-links a", has_text=link)).to_be_visible()
+        card = article.locator(".rankscope-card")
+        expect(card).to_contain_text("Culprit rank")
+        timeline = article.locator(".js-plotly-plot", has_text="Rank timeline")
+        expect(timeline).to_be_visible(timeout=30_000)
+        # one screen: the card and the timeline begin within the first 1000 px
+        assert card.bounding_box()["y"] < 1000 and timeline.bounding_box()["y"] < 1000
+        page.screenshot(path=str(ARTIFACTS / "site-landing.png"))
+        assert_legible(card, "the landing page's card")
+        search = page.locator("input[type=search], .search-button-field, .search-button")
+        assert search.locator("visible=true").count() == 1, "more than one search box"
+
+        page.goto(f"{served}/notebooks/00-quickstart.html")
+        expect(page.locator(".rankscope-card").first).to_contain_text("Culprit rank")
+        assert_legible(page.locator(".rankscope-card"), "the quickstart's cards")
+        assert_legible(page.locator("table.rankscope-ranks"), "the quickstart's ranks tables")
+        # the workbench's snapshot: how the job ended, above rows that say the same
+        snapshot = page.locator("table.rankscope-ranks").first
+        expect(snapshot).to_contain_text("SIGTERM")
+        header = page.locator("div", has_text="waiting in a collective").last.inner_text()
+        assert "stopped" in header and "running" not in header, header
+        # the diagnosis in plain text wraps instead of being cut off
+        pres = page.locator("div.cell_output pre")
+        wide = pres.evaluate_all("ps => ps.filter(p => p.scrollWidth > p.clientWidth + 1).length")
+        assert wide == 0, f"{wide} text outputs cut off on the right"
+        # a grid's caption has its rows under it
+        for caption in page.locator(".rankscope-grid caption").all():
+            grid = caption.locator("xpath=ancestor::table[1]")
+            assert grid.locator("tbody tr").count() > 0, caption.inner_text()
+        # the contents list follows the reading: at section 6, section 6 is marked
+        heading = page.locator("h2", has_text="6. Stop").first
+        heading.evaluate("h => h.scrollIntoView({block: 'start'})")  # at the top of the window
+        page.mouse.wheel(0, 200)  # and read on
+        page.wait_for_timeout(500)
+        active = page.locator("nav.page-toc a.active")
+        expect(active.last).to_contain_text("6. Stop")
+        page.screenshot(path=str(ARTIFACTS / "site-quickstart-section-6.png"))
+
+        page.goto(f"{served}/cli.html")
+        assert page.locator("a[href*='HOST']").count() == 0, "a link to http://HOST:PORT"
+        expect(page.locator("article")).to_contain_text("http://HOST:PORT")
 
 
 @pytest.mark.slow

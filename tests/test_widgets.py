@@ -296,6 +296,8 @@ def test_the_rank_table_marks_culprits_and_names_signals() -> None:
     text = ranks_html(rows, culprits=[1])
     assert "SIGTERM (-15)" in text and "1 ⚑ culprit" in text and "at t.py:14" in text
     assert "<th>now</th>" in text and "<th>last completed</th>" in text
+    # every column a fixed width but "now", which takes what is left
+    assert "padding" in text and text.count("<col style='width:") == 7 and "<col>" in text
     assert "<th>node</th>" not in text  # no SLURM node to show
 
 

@@ -376,7 +376,7 @@ def _print_stall(job: Job, stall: dict[str, Any], out: TextIO) -> None:
     where = ", ".join(
         f"rank {r['rank']} in {r['op']} ({r['site']})"
         if r.get("in_collective_since")
-        else f"rank {r['rank']} {r['status']}"
+        else f"rank {r['rank']} {doing_now(r) or r['status']}"
         for r in stall.get("ranks", [])
     )
     took = stall["evidence_complete_at"] - stall["detected_at"]

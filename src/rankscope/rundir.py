@@ -407,7 +407,22 @@ class RankRecord:
     in_collective_since: float | None = None
     """When it entered the (blocking) collective it has not returned from yet."""
     last_done: str | None = None
-    """The last collective it returned from: ``all_reduce (group 0 #3)``."""
+    """The last collective completed: ``all_reduce (group 0 #3)`` (a blocking call when it
+    returned, an async one when the backend completed it)."""
+    issued: dict[int, list[Any]] = dataclasses.field(default_factory=dict)
+    """Async calls (``async_op=True``, isend, ...) returned from but not completed by the
+    backend, by call id: ``[op, pg, seq, site, issued at]``."""
+    fr_active: list[list[Any]] | None = None
+    """The flight recorder's uncompleted entries at its last heartbeat that read them:
+    ``[group, seq, op, state, created_s, started_s]`` (see the probe's ``_fr_active_entries``)."""
+    issued_seqs: dict[str, int] = dataclasses.field(default_factory=dict)
+    """Per group, the number of the last collective it called (the probe's numbering)."""
+    members: dict[str, list[int]] = dataclasses.field(default_factory=dict)
+    """Per group it called on, the group's ranks."""
+    _async: dict[int, list[Any]] = dataclasses.field(default_factory=dict, repr=False)
+    """Async calls entered, not yet returned from (their facts, for ``issued``)."""
+    _completed: dict[int, bool] = dataclasses.field(default_factory=dict, repr=False)
+    """Async calls whose done event came before their exit line."""
     at: str | None = None
     """Where its main thread was at its last heartbeat, in the user's code: ``train.py:14``."""
     fr: dict[str, list[int]] | None = None
@@ -446,6 +461,8 @@ class RankRecord:
                 if self.cpu_at is not None and t > self.cpu_at[0]:
                     self.cpu_share = max(0.0, cpu - self.cpu_at[1]) / (t - self.cpu_at[0])
                 self.cpu_at = (t, cpu)
+            active = ev.get("fr_active")
+            self.fr_active = active if isinstance(active, list) else None
             fr = ev.get("fr")
             if not isinstance(fr, dict) or not all(_pair(v) for v in fr.values()):
                 return False
@@ -459,12 +476,40 @@ class RankRecord:
             )
             self.site = _site(ev.get("file"), as_int(ev.get("line")))
             self.in_collective_since = None if ev.get("async_op") else t
+            ranks = ev.get("pg_ranks")
+            if self.pg is not None and self.seq is not None and ev.get("op") not in P2P_OPS:
+                self.issued_seqs[self.pg] = self.seq
+                if isinstance(ranks, list) and all(type(r) is int for r in ranks):
+                    self.members[self.pg] = ranks
+            cid = as_int(ev.get("id"))
+            if ev.get("async_op") is True and cid is not None:
+                self._async[cid] = [self.op, self.pg, self.seq, self.site, t]
             return False
         if kind == "exit":
             self.done += 1
             self.in_collective_since = None
-            if self.op is not None:
+            cid = as_int(ev.get("id"))
+            call = self._async.pop(cid, None) if cid is not None else None
+            if cid is not None and call is not None and ev.get("ok") is not False:
+                # It returned its Work: in flight until its done event (which may come first).
+                if not self._completed.pop(cid, False):
+                    self.issued[cid] = call
+            elif self.op is not None:
                 self.last_done = f"{self.op} (group {self.pg} #{self.seq})"
+            return True
+        if kind == "done":  # async calls the backend completed: {"ids": [...], "failed": [...]}
+            ids, failed = ev.get("ids"), ev.get("failed")
+            failed = {x for x in failed if type(x) is int} if isinstance(failed, list) else set()
+            for cid in ids if isinstance(ids, list) else ():
+                if type(cid) is not int:
+                    continue
+                call = self.issued.pop(cid, None)
+                if call is None:
+                    self._completed[cid] = True  # its exit line is still to come
+                elif cid not in failed:  # not failed (a group aborted under it)
+                    self.last_done = f"{call[0]} (group {call[1]} #{call[2]})"
+            if len(self._completed) > 1024:
+                self._completed.clear()
             return True
         if kind == "step":
             self.step = as_int(ev.get("step"))
@@ -492,6 +537,8 @@ class RankRecord:
             self.ended, self.ended_at, self.exit_code = True, t, as_int(ev.get("code"))
             self.end_reason = as_str(ev.get("reason"))
             self.in_collective_since = None
+            self.issued.clear()
+            self.fr_active = None
             return True
         return False
 

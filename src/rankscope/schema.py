@@ -38,7 +38,7 @@ RANKS: Columns = {
 #: The probe's events, one row per line of ranks/<rank>/events.jsonl.
 EVENTS: Columns = {
     "rank": "Int64",
-    "ev": "category",  # start heartbeat enter exit step warmup exception capture end
+    "ev": "category",  # start heartbeat enter exit done step warmup exception capture end
     "t_s": "Float64",
     "coll_id": "Int64",  # enter/exit: the rank's call counter
     "op": "category",
@@ -72,9 +72,10 @@ COLLECTIVES: Columns = {
     "site": "string",  # "train.py:12"
     "thread": "string",  # the calling thread's ident as faulthandler prints it: "0x00007f..."
     "t_start_s": "Float64",
-    "t_end_s": "Float64",  # null while in flight
+    "t_end_s": "Float64",  # when the call returned; null while in flight
+    "t_done_s": "Float64",  # when the backend completed it: an async call's Work, later
     "duration_s": "Float64",
-    "completed": "boolean",
+    "completed": "boolean",  # by the backend: an async call when its Work completed
     "ok": "boolean",  # null while in flight
     "error": "string",
 }

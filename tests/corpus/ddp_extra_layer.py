@@ -1,7 +1,7 @@
 """DDP over a model that one rank builds differently: a config flag read from the rank's own
 environment gives rank 2 an extra layer. DDP's constructor compares the parameters across ranks
 and every rank raises; the texts name rank 2's count against the others'."""
-# expect: {"ranks": 3, "verdict": "crash", "cause": "ddp_model_mismatch", "culprits": [2]}
+# expect: {"ranks": 3, "verdict": "crash", "cause": "ddp_model_mismatch", "recipe": "D19", "culprits": [2]}
 
 import torch
 import torch.distributed as dist

@@ -43,10 +43,13 @@ class Case:
     """Simulated nodes (``ranks`` per node)."""
 
     def line(self, tag: str) -> str:
-        for no, text in enumerate(self.path.read_text().splitlines(), 1):
-            if f"# site: {tag}" in text:
-                return f"{self.path.name}:{no}"
-        raise AssertionError(f"no line marked 'site: {tag}' in {self.path.name}")
+        """``file.py:N`` of the line marked ``# site: <tag>``: in the script, or in the small
+        library the corpus scripts import (``corpus_lib``)."""
+        for path in [self.path, *sorted((HERE / "corpus_lib").glob("*.py"))]:
+            for no, text in enumerate(path.read_text().splitlines(), 1):
+                if f"# site: {tag}" in text:
+                    return f"{path.name}:{no}"
+        raise AssertionError(f"no line marked 'site: {tag}' in {self.path.name} or corpus_lib")
 
 
 def cases() -> list[Case]:

@@ -151,13 +151,26 @@ def find_divergences(
 
 
 def last_calls(calls: pd.DataFrame) -> pd.DataFrame:
-    """Each rank's most recent call (collective or point-to-point), indexed by rank."""
+    """Each rank's most recent call (collective or point-to-point), indexed by rank; or, where
+    a call before it has not completed, the oldest such call: an async call (``async_op=True``,
+    a collective torch issued from C++) that the backend never completed holds the rank
+    however many calls it issued after it (it waits in ``work.wait()``, a synchronize, a
+    backward)."""
     if calls.empty:
         return calls.set_index("rank")
     rank = calls["rank"].to_numpy(dtype=np.int64)
     order = calls["order"].to_numpy(dtype=np.int64)
     slot, slots = _dense(rank, int(rank.max()) + 1)
-    _, latest = _min_max(slot, order, len(slots) if slots is not None else int(rank.max()) + 1)
+    n = len(slots) if slots is not None else int(rank.max()) + 1
+    _, latest = _min_max(slot, order, n)
+    open_ = ~calls["completed"].fillna(False).to_numpy(dtype=bool)
+    open_ &= ~calls["ok"].eq(False).fillna(False).to_numpy(dtype=bool)
+    open_ &= order < latest[slot]
+    if open_.any():
+        first, _ = _min_max(slot[open_], order[open_], n)
+        held = np.zeros(n, dtype=bool)
+        held[slot[open_]] = True
+        latest = np.where(held, first, latest)
     last = calls[order == latest[slot]]
     return last.drop_duplicates("rank", keep="last").set_index("rank")
 

@@ -118,7 +118,7 @@ _CAUSES = (
     Cause(
         name="ddp_model_mismatch",
         verdict="crash",
-        recipe=None,
+        recipe="D19",
         title="DDP was given a different model on some rank",
         reason="{culprits} built a model with {culprit_model} where {others} have "
         "{other_model}{culprit_at}: {error}",
@@ -148,6 +148,20 @@ _CAUSES = (
         "({collective}); last seen: {culprit_doing}",
         fix="Look at what that rank was doing instead (its stacks, its last log lines): it is "
         "stuck or busy outside the collective; TORCH_DISTRIBUTED_DEBUG=DETAIL names it at once.",
+    ),
+    Cause(
+        name="stream_stuck",
+        verdict="hang",
+        recipe="D19",
+        title="a rank's stream never reached the collective",
+        reason="{culprits} issued {culprit_op} ({collective}) but the GPU stream never "
+        "started it ({others_started}): the stream is still busy with earlier "
+        "work (a kernel that never ends, a wait on an event never recorded); its last completed "
+        "collective: {stream_last}; last seen: {culprit_doing}",
+        fix="Find what that rank's stream runs before the collective: a kernel that never ends "
+        "(a spin on a flag, a device-side deadlock), a wait on an event or a stream never "
+        "recorded, a custom op that blocks. py-spy dump --native shows the host side; "
+        "CUDA_LAUNCH_BLOCKING=1 makes the stuck kernel show at its launch.",
     ),
     Cause(
         name="rank_crashed",
@@ -277,6 +291,17 @@ _CAUSES = (
         "torch.cuda.set_device(int(os.environ['LOCAL_RANK'])).",
     ),
     Cause(
+        name="duplicate_gpu",
+        verdict="launch_error",
+        recipe="D3",
+        title="two ranks on one GPU",
+        reason="{culprits} found another rank of its node on the same GPU: {error}",
+        fix="Start at most as many ranks per node as it has GPUs (--nproc-per-node no more "
+        "than torch.cuda.device_count()) and give each its own before the process group "
+        "exists: torch.cuda.set_device(int(os.environ['LOCAL_RANK'])), not RANK and not a "
+        "fixed index. rankscope run refuses more nccl ranks per node than visible GPUs.",
+    ),
+    Cause(
         name="rendezvous_timeout",
         verdict="launch_error",
         recipe="D2",
@@ -315,6 +340,7 @@ LAUNCH_KINDS: Mapping[str, str] = {
     "env_missing": "env_contract_missing",
     "address_in_use": "address_in_use",
     "invalid_device_ordinal": "invalid_device_ordinal",
+    "nccl_duplicate_gpu": "duplicate_gpu",
     "deepspeed_hostfile": "hostfile_invalid",
     "rendezvous_timeout": "rendezvous_timeout",
 }
@@ -322,6 +348,7 @@ LAUNCH_KINDS: Mapping[str, str] = {
 #: Error kinds that are a primary failure of the rank that logged them, by cause.
 FAILURE_KINDS: Mapping[str, str] = {
     "cuda_oom": "oom",
+    "cuda_error": "rank_crashed",
     "ddp_unused_parameters": "ddp_unused_parameters",
 }
 

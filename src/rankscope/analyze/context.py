@@ -166,24 +166,20 @@ class Context:
         is none when there is none (:func:`~rankscope.analyze.parting.find_parting`)."""
         key = (tuple(sorted(culprits)), tuple(sorted(others)))
         if key not in self._partings:
-            stacks = self.ev.table("stacks")
-            # each rank's rows split once: a 16k-rank side must not filter the table per rank
-            by_rank = dict(list(stacks.groupby("rank", sort=False))) if len(stacks) else {}
-            sides: dict[str, dict[int, list[Frame]]] = {"culprits": {}, "others": {}}
-            for side, ranks in zip(sides, key, strict=True):
-                for r in ranks:
-                    w = self.graph.waits.get(r)
-                    f = self.facts.get(r)
-                    thread = w.thread if w is not None and w.thread else None
-                    thread = thread or (f.main_thread if f is not None else None)
-                    mine = by_rank.get(r)
-                    path = None if mine is None else rank_path(mine, r, thread=thread)
-                    if not path and f is not None and f.exception:
-                        # it raised: where it was is its traceback, not its exit's stacks
-                        path = without_machinery(self.ev.traceback_path(r, f.exception))
+            paths: dict[int, list[Frame]] = {}
+            for ranks in key:
+                for r in ranks[:SITE_SAMPLE]:  # one path a side is read; a few tries for it
+                    path = self._path(r)
                     if path:
-                        sides[side][r] = path
-            found = find_parting(sides, self.ev.table("values"))
+                        paths[r] = path
+                        break
+            found = find_parting(
+                list(key[0]),
+                list(key[1]),
+                paths,
+                self.ev.table("values"),
+                same_pass=self._same_call(*paths) if len(paths) == 2 else False,
+            )
             if found[0] is None and key[0] and key[1]:
                 # no stacks that part: the calls' own lines may show a loop left
                 own, theirs = self.call_frame(key[0][0]), self.call_frame(key[1][0])
@@ -205,6 +201,28 @@ class Context:
             if loop is not None:
                 self._partings[key] = (loop, "")
         return left_loop_by_sites(their_frame, own_frame)
+
+    def _same_call(self, a: int, b: int) -> bool:
+        """Whether ranks ``a`` and ``b`` wait at the same collective of one group (its number)."""
+        wa, wb = self.graph.waits.get(a), self.graph.waits.get(b)
+        return (
+            wa is not None
+            and wb is not None
+            and wa.seq is not None
+            and (wa.pg, wa.seq) == (wb.pg, wb.seq)
+        )
+
+    def _path(self, rank: int) -> list[Frame] | None:
+        """``rank``'s frames in its latest stacks (its thread that waits in a call, else its
+        main thread), or its traceback's when it raised and its stacks show no code of its."""
+        w = self.graph.waits.get(rank)
+        f = self.facts.get(rank)
+        thread = w.thread if w is not None and w.thread else None
+        thread = thread or (f.main_thread if f is not None else None)
+        path = rank_path(self.ev.table("stacks"), rank, thread=thread)
+        if not path and f is not None and f.exception:
+            path = without_machinery(self.ev.traceback_path(rank, f.exception))
+        return path
 
     def call_frame(self, rank: int) -> Frame:
         """(file, function, line) of ``rank``'s latest call as the probe recorded it; blanks

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import html
 import os
+import re
 import time
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
@@ -32,6 +33,25 @@ VERDICT_COLOURS = {
     "launch_error": "#ff7f0e",
     "unknown": "#7f7f7f",
 }
+#: How the card and its table look, wherever they are shown (a notebook, a widget, the site):
+#: nothing wider than its box, cells padded, short values on one line.
+CARD_CSS = (
+    ".rankscope-card{box-sizing:border-box;max-width:100%;overflow-x:auto;"
+    "overflow-wrap:anywhere;line-height:1.45}"
+    ".rankscope-card p{margin:0.35em 0}"
+    ".rankscope-card code{font-size:0.92em;background:rgba(0,0,0,0.05);padding:0 3px;"
+    "border-radius:3px;overflow-wrap:anywhere}"
+    "table.rankscope-collective{border-collapse:collapse;margin:4px 0;width:auto;"
+    "max-width:100%}"
+    "table.rankscope-collective th,table.rankscope-collective td{padding:3px 8px;"
+    "text-align:left;white-space:nowrap;border:none;border-bottom:1px solid #e4e4e4;"
+    "vertical-align:top}"
+)
+#: The same for one cell, inline: a notebook's own table style (right-aligned, unpadded in
+#: some front ends) and a sanitiser that drops ``<style>`` cannot undo it.
+COLLECTIVE_COLUMNS = ("rank", "called", "at", "shapes", "state")
+CELL_STYLE = "padding:3px 8px;text-align:left;white-space:nowrap;border-bottom:1px solid #e4e4e4"
+_BACKTICKS = re.compile(r"`([^`]+)`")
 
 
 @dataclass(kw_only=True)
@@ -156,23 +176,23 @@ class Diagnosis:
         if self.parting:
             parts.append(
                 "<div class='rankscope-parting' style='font-size:1.1em;margin:6px 0'>"
-                f"<b>Where they parted:</b> {html.escape(self.parting['text'])}</div>"
+                f"<b>Where they parted:</b> {_inline(self.parting['text'])}</div>"
             )
-        parts.append(f"<p>{html.escape(self.summary)}</p>")
+        parts.append(f"<p>{_inline(self.summary)}</p>")
         if self.collective is not None:
             parts.append(self._collective_html())
         for label, text in (("Why", self.reason), ("Fix", self.fix)):
             if text and text not in self.summary:
-                parts.append(f"<p><b>{label}:</b> {html.escape(text)}</p>")
-        parts += [f"<p style='color:#555'>note: {html.escape(n)}</p>" for n in self.notes]
-        parts += [f"<p style='color:#555'>missing: {html.escape(m)}</p>" for m in self.missing]
+                parts.append(f"<p><b>{label}:</b> {_inline(text)}</p>")
+        parts += [f"<p style='color:#555'>note: {_inline(n)}</p>" for n in self.notes]
+        parts += [f"<p style='color:#555'>missing: {_inline(m)}</p>" for m in self.missing]
         parts.append(
             f"<p class='rankscope-provenance' style='color:#777;font-size:0.85em'>"
             f"{html.escape(self.provenance())}</p>"
         )
         return (
-            f"<div class='rankscope-card' style='border-left:6px solid {colour};"
-            f"padding:4px 12px;margin:4px 0'>{''.join(parts)}</div>"
+            f"<style>{CARD_CSS}</style><div class='rankscope-card' style='border-left:6px solid "
+            f"{colour};padding:4px 12px;margin:4px 0'>{''.join(parts)}</div>"
         )
 
     def _repr_html_(self) -> str:
@@ -214,14 +234,19 @@ class Diagnosis:
             style = " style='color:#d62728;font-weight:bold'" if culprit else ""
             rows.append(
                 f"<tr{style}>"
-                + "".join(f"<td>{html.escape(str(x))}</td>" for x in [compact_ranks(ranks), *cells])
+                + "".join(
+                    f"<td style='{CELL_STYLE}'>{_inline(str(x))}</td>"
+                    for x in [compact_ranks(ranks), *cells]
+                )
                 + "</tr>"
             )
         number = f"#{c.seq} " if c.seq is not None else ""
         return (
             f"<div>Collective {number}on group {html.escape(c.pg)}{desc}, ranks "
             f"{compact_ranks(c.pg_ranks)}</div><table class='rankscope-collective'>"
-            "<tr><th>rank</th><th>called</th><th>at</th><th>shapes</th><th>state</th></tr>"
+            + "<tr>"
+            + "".join(f"<th style='{CELL_STYLE}'>{h}</th>" for h in COLLECTIVE_COLUMNS)
+            + "</tr>"
             + "".join(rows)
             + "</table>"
         )
@@ -273,6 +298,11 @@ class Diagnosis:
         lines += [f"note: {n}" for n in self.notes]
         lines += [f"missing: {m}" for m in self.missing]
         return "\n".join(lines)
+
+
+def _inline(text: str) -> str:
+    """Text for the card: escaped, what is in backticks shown as code."""
+    return _BACKTICKS.sub(r"<code>\1</code>", html.escape(text))
 
 
 def _ranks(ranks: list[int]) -> str:

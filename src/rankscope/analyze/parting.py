@@ -130,14 +130,21 @@ class Parting:
         """``is_main = True on ranks 0, 2 (from LOCAL_RANK), False on 1, 3``."""
         parts = []
         for name, by in self.values.items():
+            origin = f" (from {self.env[name]})" if name in self.env else ""
+            if len(by) > 1 and all(value == rank for rank, value in by.items()):
+                parts.append(f"{name} = each rank's own number{origin}")
+                continue
             alike: dict[str, list[int]] = {}
             for rank, value in sorted(by.items()):
                 alike.setdefault(repr(value), []).append(rank)
+            # the outliers first; a few values, then how many more (16k ranks, 16k values)
+            ordered = sorted(alike.items(), key=lambda kv: len(kv[1]))
             sides = [
                 f"{value} on {'rank' if len(r) == 1 else 'ranks'} {compact_ranks(r)}"
-                for value, r in alike.items()
+                for value, r in ordered[:MAX_SAID]
             ]
-            origin = f" (from {self.env[name]})" if name in self.env else ""
+            more = len(ordered) - MAX_SAID
+            sides += [f"{more} other values"] if more > 0 else []
             parts.append(f"{name} = " + ", ".join(sides) + origin)
         for name, var in self.env.items():
             if name not in self.values:
@@ -146,6 +153,8 @@ class Parting:
 
 
 _LOOP_KINDS = ("for", "while")
+#: Distinct values of one name said in words; the rest are counted.
+MAX_SAID = 4
 
 
 def rank_path(stacks: pd.DataFrame, rank: int, *, thread: str | None = None) -> list[Frame] | None:
@@ -168,35 +177,40 @@ def without_machinery(path: list[Frame]) -> list[Frame]:
 
 
 def find_parting(
-    sides: dict[str, dict[int, list[Frame]]],
+    culprits: list[int],
+    others: list[int],
+    paths: dict[int, list[Frame]],
     values: pd.DataFrame | None = None,
+    *,
+    same_pass: bool = False,
 ) -> tuple[Parting | None, str]:
-    """The decision that separates ``sides["culprits"]`` from ``sides["others"]`` (each: rank ->
-    path), and why there is none when there is none (``(None, reason)``)."""
-    if not sides["culprits"] or not sides["others"]:
-        which = "culprits" if not sides["culprits"] else "other ranks"
+    """The decision that separates ``culprits`` from ``others``, read from the paths (rank ->
+    frames, outermost first) of one rank of each side (the lowest that has one), and why there
+    is none when there is none (``(None, reason)``). ``same_pass``: those two ranks wait at the
+    same call of one group (see :func:`_decide`)."""
+    c_rank = next((r for r in sorted(culprits) if paths.get(r)), None)
+    o_rank = next((r for r in sorted(others) if paths.get(r)), None)
+    if c_rank is None or o_rank is None:
+        which = "culprits" if c_rank is None else "other ranks"
         return None, f"no stacks of the {which} were captured"
-    c_path = sides["culprits"][min(sides["culprits"])]
-    o_path = sides["others"][min(sides["others"])]
-    found = _decide(c_path, o_path)
+    found = _decide(paths[c_rank], paths[o_rank], same_pass=same_pass)
     if isinstance(found, str):
         return None, found
     decision, culprit_in, arms = found
-    ranks = {r: "c" for r in sides["culprits"]} | {r: "o" for r in sides["others"]}
-    inn = sorted(r for r, s in ranks.items() if (s == "c") == culprit_in)
-    out = sorted(r for r, s in ranks.items() if (s == "c") != culprit_in)
+    inn, out = (culprits, others) if culprit_in else (others, culprits)
     names = decision.names
+    ranks = sorted({*culprits, *others})
     return (
         Parting(
             site=short_site(decision.file, decision.line),
             source=decision.source,
             kind=decision.kind,
-            ranks_in=inn,
-            ranks_out=out,
+            ranks_in=sorted(inn),
+            ranks_out=sorted(out),
             into=decision.into,
             left_loop=decision.kind in (*_LOOP_KINDS, "break", "return"),
             arms=arms,
-            values=_values_of(values, decision, names, sorted(ranks)) if values is not None else {},
+            values=_values_of(values, decision, names, ranks) if values is not None else {},
             env={n: v for n in names if (v := env_origin(decision.file, n)) is not None},
         ),
         "",
@@ -214,9 +228,12 @@ class _Decision:
     names: list[str]
 
 
-def _decide(c: list[Frame], o: list[Frame]) -> tuple[_Decision, bool, bool] | str:
+def _decide(
+    c: list[Frame], o: list[Frame], *, same_pass: bool = False
+) -> tuple[_Decision, bool, bool] | str:
     """(the decision, whether the culprits' side took it, whether both sides are in arms of
-    it), or why none is found."""
+    it), or why none is found. ``same_pass``: the two sides wait at the same call of their
+    group (the same collective's number), so neither is a pass of a loop ahead."""
     i = 0
     while i < min(len(c), len(o)) and c[i] == o[i]:
         i += 1
@@ -244,6 +261,14 @@ def _decide(c: list[Frame], o: list[Frame]) -> tuple[_Decision, bool, bool] | st
     loop = _outermost_loop(file, early_chain[k:], early, i)
     if loop is not None:  # a loop's side is the one still in it; a break's, the one that left
         return loop, c_first == (loop.kind in _LOOP_KINDS), False
+    # Within a loop, the earlier side may be a pass ahead, past a branch the later one took;
+    # outside any, or where both wait at the same call of their group (the same pass), it has
+    # not reached the later statement yet: the later side went past the earlier one's
+    # statement, without the branch the earlier side took there.
+    if same_pass or not _looping(cc[:k], c[:i]):
+        branch = _innermost_branch(file, early_chain[k:], early, i)
+        if branch is not None:
+            return branch, c_first, False
     branch = _innermost_branch(file, late_chain[k:], late, i)
     if branch is not None:
         return branch, not c_first, False
@@ -257,6 +282,20 @@ def _decide(c: list[Frame], o: list[Frame]) -> tuple[_Decision, bool, bool] | st
 
 
 Chain = list[tuple[ast.AST, str]]
+
+
+def _looping(chain: Chain, outer: list[Frame]) -> bool:
+    """Whether the statements of ``chain`` run in a loop: one of them is a loop, or one of the
+    frames that called this function is inside one."""
+    if any(isinstance(node, _LOOPS) for node, _arm in chain):
+        return True
+    for file, func, line in outer:
+        tree = _tree(file)
+        if tree is not None and any(
+            isinstance(node, _LOOPS) for node, _arm in _chain(_body_of(tree, func, line), line)
+        ):
+            return True
+    return False
 
 
 def _chain(body: list[ast.stmt], line: int) -> Chain:
@@ -328,26 +367,35 @@ def _arm_decision(file: str, node: ast.AST, arm: str, path: list[Frame], i: int)
 def _outermost_loop(file: str, chain: Chain, path: list[Frame], i: int) -> _Decision | None:
     """The first loop on ``path`` from frame ``i``'s ``chain`` down, in the user's frames: the
     side on ``path`` is still in it, and the other side, past it, left it (through its
-    ``break`` or ``return``, where the loop has one)."""
-    for depth, frame_chain in _frame_chains(file, chain, path, i, user_only=True):
-        for node, _arm in frame_chain:
-            if isinstance(node, _LOOPS):
-                f = path[depth]
-                exit_ = _exit_of(f[0], node)
-                if exit_ is not None:
-                    return exit_
-                kind = "while" if isinstance(node, ast.While) else "for"
-                names = _names(node.test if isinstance(node, ast.While) else node.iter)
-                return _Decision(
-                    f[0],
-                    f[1],
-                    node.lineno,
-                    _header(f[0], node.lineno),
-                    kind,
-                    _into(path, depth),
-                    names,
-                )
-    return None
+    ``break`` or ``return``, where the loop has one). A loop over ``range`` of constants runs
+    as often on every rank: the first loop whose count can differ is named before it."""
+    loops = [
+        (depth, node)
+        for depth, frame_chain in _frame_chains(file, chain, path, i, user_only=True)
+        for node, _arm in frame_chain
+        if isinstance(node, _LOOPS)
+    ]
+    if not loops:
+        return None
+    depth, node = next(((d, n) for d, n in loops if not _fixed_count(n)), loops[0])
+    f = path[depth]
+    exit_ = _exit_of(f[0], node)
+    if exit_ is not None:
+        return exit_
+    kind = "while" if isinstance(node, ast.While) else "for"
+    names = _names(node.test if isinstance(node, ast.While) else node.iter)  # type: ignore[attr-defined]
+    head = _header(f[0], node.lineno)
+    return _Decision(f[0], f[1], node.lineno, head, kind, _into(path, depth), names)
+
+
+def _fixed_count(loop: ast.AST) -> bool:
+    """``for _ in range(2):``: a loop whose count is written as constants."""
+    it = getattr(loop, "iter", None)
+    return (
+        isinstance(it, ast.Call)
+        and getattr(it.func, "id", None) == "range"
+        and all(isinstance(a, ast.Constant) for a in it.args)
+    )
 
 
 def _innermost_branch(file: str, chain: Chain, path: list[Frame], i: int) -> _Decision | None:
@@ -421,12 +469,13 @@ def _exit_of(file: str, loop: ast.AST) -> _Decision | None:
 
 
 def _into(path: list[Frame], depth: int) -> str:
-    """``save_checkpoint → barrier (train.py:11)``: the functions below the decision's frame,
-    down to the innermost frame's line."""
-    names = [f[1] for f in path[depth + 1 :]]
-    last = path[-1]
+    """``save_checkpoint → barrier (train.py:11)``: the user's functions below the decision's
+    frame, down to the innermost user frame's line and the call it makes there."""
+    user = [f for f in path[depth + 1 :] if is_user_file(f[0])]
+    last = user[-1] if user else path[depth]
+    names = [f[1] for f in user if f[1] != "<module>"]
     code = _code_call(last[0], last[2])
-    steps = [n for n in names if n != "<module>"] + ([code] if code else [])
+    steps = names + ([code] if code else [])
     where = f"({short_site(last[0], last[2])})"
     return " → ".join(steps) + f" {where}" if steps else where
 
@@ -496,12 +545,30 @@ def env_origin(file: str, name: str, depth: int = 3) -> str | None:
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             if not any(isinstance(t, ast.Name) and t.id == name for t in targets):
                 continue
-            var = _env_read(node.value)
+            var = _env_read(node.value) or _env_of_calls(tree, node.value)
             if var is not None:
                 return var
             for other in _names(node.value):
                 if other != name and (var := env_origin(file, other, depth - 1)) is not None:
                     return var
+    return None
+
+
+def _env_of_calls(tree: ast.Module, expr: ast.AST) -> str | None:
+    """The environment variable a function of the same file returns, for a call to it in
+    ``expr`` (``leader = is_leader()`` with ``return os.environ.get("LOCAL_RANK") == "0"``)."""
+    called = {
+        n.func.id
+        for n in ast.walk(expr)
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
+    }
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name in called:
+            for ret in ast.walk(node):
+                if isinstance(ret, ast.Return) and ret.value is not None:
+                    var = _env_read(ret.value)
+                    if var is not None:
+                        return var
     return None
 
 

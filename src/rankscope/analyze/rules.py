@@ -13,15 +13,18 @@ that answers with a :class:`Finding` or passes (``None``).
    receives more bytes than it expects), which is then its victim.
 5. ``signal_death``: a rank died of a signal (SIGKILL, SIGSEGV, SIGABRT, ...) that no text of
    its own blames on a peer.
-6. ``waits``: the wait-for graph across every group leads to the culprit: a rank waited on that
+6. ``stream_stuck``: a collective that some ranks' devices started and others' never did
+   (nccl with timing, from the recorder's entry states): those ranks' streams are held by
+   earlier work.
+7. ``waits``: the wait-for graph across every group leads to the culprit: a rank waited on that
    waits for nobody (what was it doing instead: exited, crashed, out of data, blocked on a lock
    or a sleep, busy elsewhere, silent), or, where every rank waits, the rank of a cycle that left
    the program order the others share (a skipped call, a point-to-point cycle), or every rank
    stuck in one collective.
-7. ``errors_only``: no record of calls says anything, the error texts may (DETAIL fingerprints,
+8. ``errors_only``: no record of calls says anything, the error texts may (DETAIL fingerprints,
    monitored_barrier, timeouts in foreign logs).
-8. ``bare_exit``: a rank exited non-zero and nothing else says why.
-9. ``straggler``: every collective completed, but one rank arrived far behind (``ok``).
+9. ``bare_exit``: a rank exited non-zero and nothing else says why.
+10. ``straggler``: every collective completed, but one rank arrived far behind (``ok``).
 
 A rule is a plain function: test it on a context built from tables (see the tests).
 """
@@ -56,7 +59,7 @@ from rankscope.analyze.context import (
 from rankscope.analyze.diagnosis import CollectiveInfo, EvidenceRef
 from rankscope.analyze.evidence import SIGNAL_TEXT, RankFacts, crash_cause
 from rankscope.analyze.waits import Wait, departed
-from rankscope.collect import short_site
+from rankscope.collect import VICTIM_ROLES, short_site
 
 
 @dataclass(kw_only=True)
@@ -191,7 +194,7 @@ def model_mismatch(ctx: Context) -> Finding | None:
     )
 
 
-# --- 2. a failure a rank reported -------------------------------------------------------------
+# --- 3. a failure a rank reported -------------------------------------------------------------
 def failures(ctx: Context) -> list[Failure]:
     """Every rank's own failure that it reported (not a collective that failed because of a
     peer), earliest first: an exception raised outside any collective, or an error of its own
@@ -206,6 +209,9 @@ def failures(ctx: Context) -> list[Failure]:
     for rank, f in ctx.facts.items():
         if f.exception is None or any(r == rank and f.exception in e for r, e in raised_in_call):
             continue
+        if _victims_text(errors, rank, f.exception):
+            continue  # raised outside the Python calls (a backward's bucket all_reduce, a
+            # wait on a Work) by a text that makes it a victim: the waits say for whom
         note = "exception outside any collective"
         out.append(
             Failure(
@@ -235,6 +241,14 @@ def failures(ctx: Context) -> list[Failure]:
 
 def reported_failure(ctx: Context) -> Finding | None:
     return crash(ctx, failures(ctx))
+
+
+def _victims_text(errors: pd.DataFrame, rank: int, exception: str) -> bool:
+    """The rank's exception is an error text whose role makes it a victim (a peer's exit or
+    timeout, NCCL's remote error), as its logs show it."""
+    mine = errors[(errors["rank"] == rank) & errors["role"].isin(list(VICTIM_ROLES))]
+    head = exception.split("\n", 1)[0]
+    return any(head[:80] in str(m) or str(m)[:80] in exception for m in mine["message"])
 
 
 def deaths(ctx: Context, *, bare: bool = False) -> list[Failure]:
@@ -611,7 +625,7 @@ def _thread_notes(ctx: Context, rows: pd.DataFrame) -> list[str]:
     return notes
 
 
-# --- 5-6. the waits -----------------------------------------------------------------------------
+# --- 7. the waits -----------------------------------------------------------------------------
 def waits(ctx: Context) -> Finding | None:
     """Follow the wait-for graph to its roots (or its cycle) and say what the culprit was
     doing."""
@@ -876,7 +890,68 @@ def _all_stuck(ctx: Context) -> Finding | None:
     )
 
 
-# --- 7. the error texts alone -----------------------------------------------------------------
+# --- 6. a stream that never reached the collective ------------------------------------------
+def stream_stuck(ctx: Context) -> Finding | None:
+    """The first collective (by group and number) that the device of some ranks started while
+    on others it stayed ``scheduled``: enqueued on the stream, never started. That rank's
+    stream is busy with earlier work (a kernel that never ends, a wait on an event never
+    recorded). Only where the recorder says when entries start (nccl with
+    ``TORCH_NCCL_ENABLE_TIMING``): without it every entry reads ``scheduled`` until it
+    completes, and its start time is None, started or not."""
+    fr = ctx.ev.table("flight_recorder")
+    if fr.empty:
+        return None
+    coll = fr[fr["collective_seq_id"].notna() & ~fr["is_p2p"].fillna(False).astype(bool)]
+    coll = coll[coll["backend"].astype(str) == "nccl"]
+    timed = set(coll.loc[coll["time_discovered_started_ns"].notna(), "rank"].astype(int))
+    state = coll["state"].astype(str)
+    began = state.isin(["started", "completed"]) | coll["time_discovered_started_ns"].notna()
+    waiting = coll[(state == "scheduled") & coll["rank"].isin(list(timed)) & ~began]
+    for (pg, seq), rows in waiting.groupby(["pg_name", "collective_seq_id"], observed=True):
+        same = coll[(coll["pg_name"] == pg) & (coll["collective_seq_id"] == seq)]
+        started = same[began.loc[same.index] & (same["state"].astype(str) != "completed")]
+        if started.empty and coll["rank"].nunique() > 1:
+            continue  # on one rank alone, a collective never started is its stream's too
+        culprits = sorted(set(rows["rank"].astype(int)))
+        others = sorted(set(started["rank"].astype(int)) - set(culprits))
+        culprit = culprits[0]
+        mine = coll[(coll["rank"] == culprit) & (state == "completed")]
+        earlier = mine[mine["record_id"] < rows["record_id"].min()]
+        ran = (
+            f"{earlier['op'].iloc[-1]} #{int(earlier['collective_seq_id'].iloc[-1])} on group "
+            f"{earlier['pg_name'].iloc[-1]}"
+            if len(earlier)
+            else None
+        )
+        op = str(rows["op"].iloc[0])
+        where = ctx.whereabouts(culprits).get(culprit)
+        return Finding(
+            cause="stream_stuck",
+            culprits=culprits,
+            waiting=others,
+            facts={
+                "culprit_op": op,
+                "collective": f"group {pg}, collective #{int(seq)}",
+                "others_started": f"{who_of(others)} started it and wait"
+                if others
+                else "no other rank takes part",
+                "stream_last": ran or "nothing the recorder kept",
+                "culprit_doing": (where.note if where is not None else None) or "unknown",
+            },
+            refs=[
+                EvidenceRef(
+                    table="flight_recorder",
+                    row=int(pos),
+                    rank=int(r),
+                    note="issued, never started on its stream",
+                )
+                for pos, r in zip(rows.index, rows["rank"], strict=True)
+            ],
+        )
+    return None
+
+
+# --- 8. the error texts alone -----------------------------------------------------------------
 def errors_only(ctx: Context) -> Finding | None:
     """No record of calls says anything; the error messages may (foreign logs)."""
     errors = ctx.ev.table("errors")
@@ -999,7 +1074,7 @@ def _log_site(ctx: Context, errors: pd.DataFrame) -> str | None:
     return None
 
 
-# --- 9. slow but not stuck --------------------------------------------------------------------
+# --- 10. slow but not stuck --------------------------------------------------------------------
 def straggler(ctx: Context) -> Finding | None:
     spread = align.arrival_spread(ctx.calls, members=ctx.members)
     if spread.empty or spread["late_s"].iloc[0] < ctx.straggler_s:
@@ -1036,6 +1111,7 @@ RULES: tuple[Rule, ...] = (
     reported_failure,
     mismatch,
     signal_death,
+    stream_stuck,
     waits,
     errors_only,
     bare_exit,

@@ -293,14 +293,27 @@ def _foreign_file(inv: Inventory, path: Path, name: str, problems: Problems) -> 
             problems.add(name, "run", "not a recognised artifact (skipped)")
     elif kind == "error_file":
         inv.logs.append(Source(path, name, rank=rank, stream="error_file"))
-    elif kind == "log":
+    elif kind == "log" or (kind == "stacks" and _also_a_log(path, head)):
+        # A log holds several kinds of text at once (a rank's output with NCCL's lines, the
+        # watchdog's C++ stack, a faulthandler dump): every reader that knows one gets it.
         has_nccl = _NCCL_LINE.search(head) is not None
         if has_nccl or "nccl" in path.name.lower():
             inv.nccl.append(Source(path, name, rank=rank))
         if not ("nccl" in path.name.lower() and has_nccl):  # an NCCL_DEBUG_FILE is only that
             inv.logs.append(Source(path, name, rank=rank, stream=stream_of(path.name)))
+        if kind == "stacks":  # as a log: the stacks reader does not ask it to hold a dump
+            inv.stacks.append(Source(path, name, rank=rank, stream=stream_of(path.name)))
     else:
         getattr(inv, kind).append(Source(path, name, rank=rank))
+
+
+def _also_a_log(path: Path, head: bytes) -> bool:
+    """A text file whose content looked like stacks and that is a log as well: named as logs
+    are, not as stacks, and not a dump from its first line (faulthandler's, py-spy's)."""
+    if path.suffix.lower() not in _LOG_SUFFIXES or _kind_by_name(path.name.lower()):
+        return False
+    first = head.lstrip()[:40]
+    return not first.startswith((b"Current thread", b"Thread 0x", b"Process ", b"# rankscope"))
 
 
 def _kind_by_name(name: str) -> str | None:

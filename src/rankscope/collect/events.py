@@ -42,6 +42,7 @@ _ENTER_COLUMNS += ("peer", "shapes", "dtypes", "async_op", "file", "line", "func
 _ENTER_COLUMNS += ("thread", "t_start_s")
 _EXIT_COLUMNS = ("rank", "life", "coll_id", "x_op", "x_pg", "x_seq", "duration_s", "t_end_s")
 _EXIT_COLUMNS += ("ok", "error")
+_DONE_COLUMNS = ("rank", "life", "coll_id", "t_done_s", "done_ok")
 
 
 def read_events(sources: Iterable[SourceLike], *, problems: Problems | None = None) -> pd.DataFrame:
@@ -92,6 +93,7 @@ def parse_events(
     events: list[tuple[Any, ...]] = []
     enters: list[tuple[Any, ...]] = []
     exits: list[tuple[Any, ...]] = []
+    dones: list[tuple[Any, ...]] = []
     lives: dict[int | None, list[_Life]] = {}
     for source in as_sources(sources):
         data = read_bytes(source, problems, READER)
@@ -115,6 +117,7 @@ def parse_events(
             rank = source.rank if rank is None else rank
             if kind == "start":
                 life = _Life(number=life.number + 1, pid=as_int(ev.get("pid")), rank=rank)
+                life.works = ev.get("works") is True
                 lives.setdefault(source.rank, []).append(life)
             if kind == "facts":
                 fid = as_int(ev.get("facts"))
@@ -128,6 +131,8 @@ def parse_events(
             elif kind == "exit":
                 exits.append(_exit(ev, rank, life.number))
                 life.exited.add(as_int(ev.get("id")))
+            elif kind == "done":
+                dones.extend(_dones(ev, rank, life.number))
         if bad:
             problems.add(
                 source,
@@ -147,9 +152,15 @@ def parse_events(
                 enters.append(_enter(ev, ev["rank"], life.number))
             else:
                 exits.append(_exit(ev, ev["rank"], life.number))
+    follows = {(life.rank, life.number) for mine in lives.values() for life in mine if life.works}
     return (
         finish("events", columns(_EVENT_COLUMNS, events)),
-        _pair(columns(_ENTER_COLUMNS, enters), columns(_EXIT_COLUMNS, exits)),
+        _pair(
+            columns(_ENTER_COLUMNS, enters),
+            columns(_EXIT_COLUMNS, exits),
+            columns(_DONE_COLUMNS, dones),
+            follows,
+        ),
     )
 
 
@@ -163,6 +174,8 @@ class _Life:
     facts: dict[int, dict[str, Any]] = field(default_factory=dict)
     entered: set[int | None] = field(default_factory=set)
     exited: set[int | None] = field(default_factory=set)
+    works: bool = False
+    """Its probe follows async calls' Works to completion (``done`` events)."""
 
 
 #: A ring slot as NumPy reads it (``rankscope.rundir.RING_SLOT``).
@@ -319,6 +332,15 @@ def _event(ev: dict[str, Any], kind: str | None, rank: Any) -> tuple[Any, ...]:
     )
 
 
+def _dones(ev: dict[str, Any], rank: Any, life: int) -> list[tuple[Any, ...]]:
+    """A done event's rows: (rank, life, call id, time, ok) for each async call it completes."""
+    ids, failed = ev.get("ids"), ev.get("failed")
+    failed = {x for x in failed if type(x) is int} if isinstance(failed, list) else set()
+    t = as_float(ev.get("t"))
+    ids = ids if isinstance(ids, list) else []
+    return [(rank, life, cid, t, cid not in failed) for cid in ids if type(cid) is int]
+
+
 def _enter(ev: dict[str, Any], rank: Any, life: int) -> tuple[Any, ...]:
     ranks = ev.get("pg_ranks")
     ranks = [r for r in ranks if type(r) is int] if isinstance(ranks, list) else None
@@ -361,12 +383,23 @@ def _exit(ev: dict[str, Any], rank: Any, life: int) -> tuple[Any, ...]:
     )
 
 
-def _pair(enters: dict[str, list[Any]], exits: dict[str, list[Any]]) -> pd.DataFrame:
-    """Join each exit to its enter by (rank, process lifetime, call id); keep the unmatched."""
+def _pair(
+    enters: dict[str, list[Any]],
+    exits: dict[str, list[Any]],
+    dones: dict[str, list[Any]],
+    follows: set[tuple[Any, int]],
+) -> pd.DataFrame:
+    """Join each exit and done to its enter by (rank, process lifetime, call id); keep the
+    unmatched. A blocking call is completed when it returned; an async one (it returned a Work)
+    when its done event says the backend completed it, in a process whose probe follows Works
+    (``follows``: (rank, life)); in an older one, when it returned."""
     keys = ["rank", "life", "coll_id"]
-    enter = pd.DataFrame(enters).astype({"rank": "Int64", "life": "int64", "coll_id": "Int64"})
-    leave = pd.DataFrame(exits).astype({"rank": "Int64", "life": "int64", "coll_id": "Int64"})
+    types = {"rank": "Int64", "life": "int64", "coll_id": "Int64"}
+    enter = pd.DataFrame(enters).astype(types)
+    leave = pd.DataFrame(exits).astype(types)
+    done = pd.DataFrame(dones).astype(types).drop_duplicates(keys, keep="last")
     both = enter.merge(leave, on=keys, how="outer", indicator=True, sort=False)
+    both = both.merge(done, on=keys, how="left", sort=False)
     exited = both["_merge"] != "left_only"
     for col in ("op", "pg", "seq"):
         both[col] = both[col].astype(object).where(both[col].notna(), both[f"x_{col}"])
@@ -374,11 +407,21 @@ def _pair(enters: dict[str, list[Any]], exits: dict[str, list[Any]]) -> pd.DataF
     both.loc[missing_duration, "duration_s"] = (both["t_end_s"] - both["t_start_s"])[
         missing_duration
     ]
-    both["completed"] = exited
+    followed = pd.Series(
+        [(r, life) in follows for r, life in zip(both["rank"], both["life"], strict=True)],
+        index=both.index,
+        dtype=bool,
+    )
+    pending = both["async_op"].eq(True).fillna(False).astype(bool) & followed & exited
+    pending &= both["ok"].ne(False).fillna(True).astype(bool)
+    both["completed"] = exited & ~(pending & both["t_done_s"].isna())
+    both["t_done_s"] = both["t_done_s"].where(pending, both["t_end_s"])
+    failed = pending & both["done_ok"].eq(False).fillna(False).astype(bool)
+    both["ok"] = both["ok"].astype("boolean").mask(failed, False)
     both = both.sort_values(["rank", "life", "coll_id"], kind="stable", ignore_index=True)
     return finish(
         "collectives",
-        both.drop(columns=["life", "x_op", "x_pg", "x_seq", "_merge"]),
+        both.drop(columns=["life", "x_op", "x_pg", "x_seq", "_merge", "done_ok"]),
     )
 
 

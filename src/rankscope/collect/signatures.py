@@ -79,6 +79,8 @@ INT_FIELDS = frozenset(
         "count_a",
         "count_b",
         "param",
+        "first_rank",
+        "second_rank",
     }
 )
 
@@ -118,13 +120,34 @@ SIGNATURES: tuple[Signature, ...] = (
         literal="Watchdog caught collective operation timeout",
         role="timeout",
         regex=_re(
-            r"(?:\[Rank (?P<reporting_rank>\d+)\] )?Watchdog caught collective operation timeout: "
+            r"(?:\[(?:PG (?:ID )?(?P<pg>\d+)[^\]]*? )?Rank (?P<reporting_rank>\d+)\] )?"
+            r"Watchdog caught collective operation timeout: "
             r"WorkNCCL\((?:SeqNum=(?P<seq>\d+), )?OpType=(?P<op_type>\w+)"
             r"(?:, NumelIn=(?P<numel_in>\d+), NumelOut=(?P<numel_out>\d+))?"
             r"(?:, TensorShape=(?P<shape>\[[^\]]*\]))?, Timeout\(ms\)=(?P<timeout_ms>\d+)\)"
             r"(?: ran for (?P<ran_for_ms>\d+) milliseconds)?"
         ),
         doc="an NCCL collective ran past its timeout and the watchdog caught it",
+    ),
+    # [rank0]:[E1127 06:40:01.1 ProcessGroupNCCL.cpp:2057] [PG ID 0 PG GUID 0(default_pg) Rank 0]
+    # failure detected by watchdog at work sequence id: 6 PG status: last enqueued work: 6, last
+    # completed work: 5
+    # [PG ID 2 PG GUID 9 Rank 4] Exception (either an error or timeout) detected by watchdog at
+    # work: 610, last enqueued NCCL work: 616, last completed NCCL work: 609.
+    Signature(
+        kind="nccl_watchdog_failure",
+        recipe="D19",
+        literal="detected by watchdog at work",
+        role="abort",
+        regex=_re(
+            r"(?:\[(?:PG (?:ID )?(?P<pg>\d+)[^\]]*? )?Rank (?P<reporting_rank>\d+)\] )?"
+            r"(?:failure|Exception \(either an error or timeout\)) detected by watchdog at work"
+            r"(?: sequence id)?: (?P<seq>\d+)"
+            r"(?:,? (?:PG status: )?last enqueued (?:NCCL )?work: (?P<last_enqueued>-?\d+), "
+            r"last completed (?:NCCL )?work: (?P<last_completed>-?\d+))?"
+        ),
+        doc="NCCL's watchdog found the collective at this sequence number failed or timed out "
+        "(the lines around it say which)",
     ),
     # RuntimeError: Detected mismatch between collectives on ranks. Rank 0 is running collective:
     # CollectiveFingerPrint(SequenceNumber=1, OpType=ALLGATHER, ...), but Rank 1 is running
@@ -240,7 +263,7 @@ SIGNATURES: tuple[Signature, ...] = (
     # 0 has inconsistent 4 params.
     Signature(
         kind="ddp_model_mismatch",
-        recipe=None,
+        recipe="D19",
         literal="DDP expects same model across all ranks",
         role="report",
         regex=_re(
@@ -254,7 +277,7 @@ SIGNATURES: tuple[Signature, ...] = (
     # of the same param in process 0.
     Signature(
         kind="ddp_param_shape_mismatch",
-        recipe=None,
+        recipe="D19",
         literal="appears not to match",
         role="report",
         regex=_re(
@@ -362,6 +385,33 @@ SIGNATURES: tuple[Signature, ...] = (
         role="launch",
         regex=_re(r"(?:CUDA|HIP) error: invalid device ordinal"),
         doc="a process asked for a GPU index the node does not have (RANK used for LOCAL_RANK)",
+    ),
+    # torch.distributed.DistBackendError: NCCL error in: .../ProcessGroupNCCL.cpp:..., invalid
+    # usage (run with NCCL_DEBUG=WARN for details), NCCL version 2.28.9 ... Last error:
+    # Duplicate GPU detected : rank 1 and rank 0 both on CUDA device 1a000
+    Signature(
+        kind="nccl_duplicate_gpu",
+        recipe="D3",
+        literal="Duplicate GPU detected",
+        role="launch",
+        regex=_re(
+            r"Duplicate GPU detected : rank (?P<first_rank>\d+) and rank (?P<second_rank>\d+) "
+            r"both on CUDA device (?P<bus_id>\w+)"
+        ),
+        doc="two ranks of a node use the same GPU: more ranks on the node than GPUs, or a "
+        "set_device that maps two ranks to one device",
+    ),
+    # torch.AcceleratorError: CUDA error: an illegal memory access was encountered
+    # [E ProcessGroupNCCL.cpp:1537] [PG 0 Rank 1] Process group watchdog thread terminated with
+    # exception: CUDA error: an illegal memory access was encountered
+    Signature(
+        kind="cuda_error",
+        recipe="D20",
+        literal="CUDA error: ",
+        role="own",
+        regex=_re(r"CUDA error: (?!invalid device ordinal|out of memory)(?P<what>[^.\n]+[^.\s])"),
+        doc="a CUDA error in the rank's own work (an illegal memory access, a device-side "
+        "assert): it fails, and the others wait for it",
     ),
     # [2026-01-02 10:11:12] gpu-a017:41281:41290 [3] transport/net.cc:1143 NCCL WARN Socket recv
     # failed while polling for opId=0x7fb582222f90

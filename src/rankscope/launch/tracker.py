@@ -1,6 +1,11 @@
 """Every rank of a running job, as its events arrive: one :class:`~rankscope.rundir.RankRecord`
 per rank, kept up to date from its ``events.jsonl``, and what the processes show that the events
-cannot (alive or dead, working or idle)."""
+cannot (alive or dead, working or idle).
+
+A rank waits in a collective from its call until the backend completes it
+(:func:`waiting_in`): a blocking call not returned, an async call whose Work has not completed,
+a flight-recorder entry not completed (nccl's blocking calls, DDP's buckets from C++), each with
+its state (issued, started on the device) and the line where the rank waits."""
 
 from __future__ import annotations
 
@@ -36,7 +41,7 @@ def rank_status(record: RankRecord) -> str:
         and RankProc(record.pid, record.node, record.slurm_job).alive() is False
     ):
         return "dead"
-    return "waiting" if record.in_collective_since is not None else "running"
+    return "waiting" if in_collective(record) else "running"
 
 
 def snapshot(
@@ -49,18 +54,29 @@ def snapshot(
     growing. A rank of a stopped job that ended of the stop's SIGTERM is ``stopped`` too.
     """
     now = time.time() if now is None else now
-    d = dataclasses.asdict(record)
+    d = {k: v for k, v in dataclasses.asdict(record).items() if not k.startswith("_")}
     d["status"] = rank_status(record)
     d["heartbeat_age_s"] = None if record.last_event_at is None else now - record.last_event_at
     d["in_collective_s"] = (
         None if record.in_collective_since is None else now - record.in_collective_since
     )
+    waits = waiting_in(record)
+    if waits is not None and waits["since"] is not None:
+        waits["for_s"] = max(0.0, now - waits["since"])
+    if waits is not None and waits["started_s"] is not None:
+        waits["started_for_s"] = max(0.0, now - waits["started_s"])
+    d["waiting"] = waits
+    if (
+        waits is not None
+        and d["last_done"] == f"{waits['op']} (group {waits['pg']} #{waits['seq']})"
+    ):
+        d["last_done"] = None  # nccl returned from it at enqueue: not completed
     stopped = job_ended is not None and job_ended.get("state") == "stopped"
     if job_ended is not None and not record.ended:
         info = (job_ended.get("ranks") or {}).get(str(record.rank), {})
         d["exit_code"] = info.get("exit_code")
         d["status"] = "stopped" if stopped else "dead"
-        d["heartbeat_age_s"] = d["in_collective_s"] = None
+        d["heartbeat_age_s"] = d["in_collective_s"] = d["waiting"] = None
     elif stopped and record.end_reason == "SIGTERM":
         d["status"] = "stopped"  # ended by the stop's SIGTERM, not a failure of its own
     return d
@@ -90,16 +106,110 @@ def doing_now(snap: dict[str, Any]) -> str:
             f"waiting in {snap['op']} (group {snap['pg']} #{snap['seq']}) at {snap['site']} "
             f"for {snap['in_collective_s']:.1f} s"
         )
+    waits = snap.get("waiting")
+    if waits and snap.get("status") == "waiting":
+        return waiting_text(waits, at=snap.get("at"))
     if snap.get("status") == "running" and snap.get("at"):
         return f"at {snap['at']}"
     return ""
 
 
+def waiting_text(waits: dict[str, Any], *, at: str | None) -> str:
+    """A collective the backend has not completed, in words (see :func:`waiting_in`):
+    ``waiting in all_reduce (group 0 #6) issued at train.py:41 12.4 s ago, not started (the
+    stream is still busy with earlier work), waited at train.py:50``."""
+    what = f"{waits['op'] or 'a collective'} (group {waits['pg']} #{waits['seq']}"
+    what += ", issued by torch)" if waits["site"] is None else ")"
+    text = f"waiting in {what}"
+    if waits["site"] is not None:
+        text += f" issued at {waits['site']}"
+    if waits.get("for_s") is not None:
+        text += f" {waits['for_s']:.1f} s ago"
+    state = waits["state"]
+    late = waits.get("waiting_for")
+    if state == "started":
+        started = waits.get("started_for_s")
+        text += ", started" + (f" {started:.1f} s ago" if started is not None else "")
+        text += f", waiting for {_ranks(late)}" if late else ", not completed"
+    elif state == "scheduled":
+        text += ", not started (the stream is still busy with earlier work)"
+    else:
+        text += f", not completed, waiting for {_ranks(late)}" if late else ", not completed"
+    return text + (f", waited at {at}" if at else "")
+
+
+def _ranks(ranks: list[int]) -> str:
+    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
+
+
+def waiting_in(record: RankRecord) -> dict[str, Any] | None:
+    """The collective a live rank waits in, or None: its blocking call in flight; else the
+    oldest async call it issued that the backend has not completed (its Work); else the oldest
+    entry of the flight recorder not completed (issued from C++: DDP's buckets, FSDP), or a
+    group whose recorder counts fewer collectives completed than enqueued.
+
+    A dict: op, pg, seq, site (the line that issued it; None for torch's own), since (when it
+    was issued), state (the recorder's ``scheduled`` = not started on the device, or
+    ``started``; None where the backend does not say: gloo, or nccl without timing) and
+    started_s. Where the recorder's entries were read, they are the truth: its per-group
+    counters lag behind them on nccl."""
+    if record.ended:
+        return None
+    if record.in_collective_since is not None:
+        return _waits(record.op, record.pg, record.seq, record.site, record.in_collective_since)
+    active = [e for e in record.fr_active or () if _entry(e)]
+    if record.issued:
+        op, pg, seq, site, since = record.issued[min(record.issued)]
+        # The probe's numbering is the recorder's where the group has no collective from C++.
+        same = next((e for e in active if e[0] == pg and e[1] == seq and e[2] == op), None)
+        if same is None:
+            return _waits(op, pg, seq, site, since)
+        return _waits(op, pg, seq, site, since, state=same[3], started=same[5])
+    if active:
+        pg, seq, op, state, created, started = active[0][:6]
+        # nccl's blocking calls return at enqueue: the recorder's entry of the rank's last call
+        # (same group, number and op) is that call's, issued at its line.
+        mine = (pg, seq, op) == (record.pg, record.seq, record.op)
+        site = record.site if mine else None
+        return _waits(op, pg, seq, site, created, state=state, started=started)
+    if record.fr_active is None:  # not read: the counters are all there is
+        for pg, (enqueued, completed) in (record.fr or {}).items():
+            if enqueued > completed:
+                return _waits(None, pg, completed + 1, None, None)
+    return None
+
+
+def _waits(
+    op: Any,
+    pg: Any,
+    seq: Any,
+    site: Any,
+    since: Any,
+    *,
+    state: Any = None,
+    started: Any = None,
+) -> dict[str, Any]:
+    return {
+        "op": op,
+        "pg": pg,
+        "seq": seq,
+        "site": site,
+        "since": since,
+        "state": state if state in ("scheduled", "started") else None,
+        "started_s": started if isinstance(started, (int, float)) else None,
+    }
+
+
+def _entry(e: Any) -> bool:
+    """A well-formed entry of a heartbeat's ``fr_active`` (it comes from a file)."""
+    return isinstance(e, list) and len(e) >= 6 and isinstance(e[0], str) and type(e[1]) is int
+
+
 def in_collective(record: RankRecord) -> bool:
-    """Inside a collective: one the probe saw it enter, or one the flight recorder has enqueued
-    but not completed (issued from C++: DDP, FSDP)."""
-    fr = record.fr or {}
-    return record.in_collective_since is not None or any(e > c for e, c in fr.values())
+    """Waiting in a collective the backend has not completed: a blocking call it is inside, an
+    async call's Work, or what the flight recorder has enqueued but not completed (issued from
+    C++: DDP, FSDP). See :func:`waiting_in`."""
+    return waiting_in(record) is not None
 
 
 class RankTracker:
@@ -163,7 +273,22 @@ class RankTracker:
     def snapshots(
         self, now: float | None = None, *, job_ended: dict[str, Any] | None = None
     ) -> list[dict[str, Any]]:
-        return [snapshot(self.records[r], now, job_ended=job_ended) for r in sorted(self.records)]
+        snaps = [snapshot(self.records[r], now, job_ended=job_ended) for r in sorted(self.records)]
+        for snap in snaps:
+            waits = snap.get("waiting")
+            if waits is not None and waits["site"] is not None:
+                waits["waiting_for"] = self.not_issued(snap["rank"], waits["pg"], waits["seq"])
+        return snaps
+
+    def not_issued(self, rank: int, pg: str | None, seq: int | None) -> list[int] | None:
+        """The members of ``rank``'s group ``pg`` that have not called its collective ``seq``
+        yet (by the probe's numbering), or None where the members are not known."""
+        members = self.records[rank].members.get(pg) if pg is not None else None
+        if members is None or seq is None:
+            return None
+        return [
+            r for r in members if r in self.records and self.records[r].issued_seqs.get(pg, 0) < seq
+        ]
 
     def procs(self, *, alive_only: bool = True) -> dict[int, RankProc]:
         """Where each rank's process runs; with ``alive_only``, those not ended (and, on this

@@ -151,6 +151,12 @@ def add_segments(
     )
 
 
+def translucent(colour: str, alpha: float) -> str:
+    """``#rrggbb`` as ``rgba(r, g, b, alpha)``: the same hue, paler."""
+    r, g, b = (int(colour[i : i + 2], 16) for i in (1, 3, 5))
+    return f"rgba({r}, {g}, {b}, {alpha})"
+
+
 def floats(s: pd.Series) -> np.ndarray:
     """A nullable numeric column as float64 with NaN for nulls."""
     return s.astype("Float64").to_numpy(dtype=float, na_value=np.nan)

@@ -110,6 +110,8 @@ def merged_stacks(
 ) -> go.Figure:
     """Every rank's latest stack merged into one tree (outermost frame on top): a frame is as
     wide as the number of ranks that passed through it, so ranks that went elsewhere branch off.
+    A stack starts at the first frame of the user's code; the frames before it (runpy, the
+    probe's bootstrap) are one box on top, which lists them on hover.
 
     Args:
         stacks: the run's ``stacks`` table (every frame).
@@ -130,8 +132,21 @@ def merged_stacks(
     frames = frames.assign(
         label=text_or(frames["func"]) + " · " + base + ":" + text_or(frames["line"])
     )
+    # A stack starts at the first frame of the user's code: the launcher's frames before it
+    # (runpy, rankscope's bootstrap) fold into one box, whose hover lists them.
+    user = frames["is_user"].fillna(False).astype(bool)
+    by_rank = user.groupby(frames["rank"])
+    before = ((by_rank.cumsum() == 0) & by_rank.transform("any")).to_numpy(dtype=bool)
+    hidden = frames[before].groupby("rank", sort=True)["label"].agg(list)
+    frames = frames[~before]
+    folded: dict[str, list[str]] = {}
     by_path: dict[tuple[str, ...], list[int]] = {}
     for rank, path in frames.groupby("rank", sort=True)["label"].agg(tuple).items():
+        skipped = hidden.get(rank, [])
+        if skipped:
+            name = f"⋯ {len(skipped)} frames before your code"
+            folded[name] = skipped
+            path = (name, *path)
         by_path.setdefault(path, []).append(int(rank))
     ids: dict[tuple[str, ...], int] = {}
     labels: list[str] = []
@@ -157,8 +172,11 @@ def merged_stacks(
             values=[len(m) for m in members],
             branchvalues="total",
             text=[f"{len(m)} rank{'s' if len(m) > 1 else ''}: {compact_ranks(m)}" for m in members],
+            customdata=[
+                "<br>".join(html.escape(f) for f in folded.get(label, ())) for label in labels
+            ],
             textinfo="label+text",
-            hovertemplate="%{label}<br>%{text}<extra></extra>",
+            hovertemplate="%{label}<br>%{text}<br>%{customdata}<extra></extra>",
             marker={"colors": [ALERT if bad and set(m) <= bad else PALETTE[0] for m in members]},
             tiling={"orientation": "v"},
             sort=False,

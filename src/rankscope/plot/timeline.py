@@ -23,6 +23,7 @@ from rankscope.plot._common import (
     rows_height,
     text_or,
     time_origin,
+    translucent,
 )
 
 TITLE = "Rank timeline"
@@ -33,6 +34,15 @@ HOVER_BUDGET = 20_000
 MIN_WIDTH = 0.003
 #: Calls per rank shown before the divergence when the figure opens.
 CONTEXT_CALLS = 4
+#: A stretch in which no call starts or ends, longer than this share of the run (and than
+#: :data:`COLLAPSE_MEDIAN` times the usual, shorter, such stretch), is drawn narrow: a hang's long wait
+#: does not squeeze the calls before it into a sliver.
+COLLAPSE_SHARE = 0.2
+COLLAPSE_MEDIAN = 5.0
+#: The width a collapsed stretch is drawn with, as a share of the rest of the run.
+COLLAPSED_WIDTH = 0.08
+#: How much of its op's colour a call in flight keeps (it has a red core besides).
+INFLIGHT_ALPHA = 0.4
 
 
 def rank_timeline(
@@ -80,12 +90,16 @@ def rank_timeline(
     latest = float(np.nanmax(np.concatenate([start, end])))
     now = latest if now is None else max(float(now), latest)
     t0 = float(start.min())
-    inflight = np.isnan(end) & ~table["completed"].fillna(False).to_numpy(dtype=bool)
-    end = np.where(np.isnan(end), np.where(inflight, now, start), end)
+    # Not completed by the backend is in flight, returned from or not (an async call, an nccl
+    # call returned from at enqueue): drawn up to now.
+    inflight = ~table["completed"].fillna(False).to_numpy(dtype=bool)
+    end = np.where(inflight, now, np.where(np.isnan(end), start, end))
     rank = table["rank"].to_numpy(dtype=float)
-    x0, x1 = start - t0, end - t0
+    took = end - start
+    axis = _TimeAxis(np.concatenate([start, end[~inflight]]) - t0, now - t0)
+    x0, x1 = axis.shown(start - t0), axis.shown(end - t0)
     # A call of a few microseconds is still a visible mark: a 0.3 % sliver of the run at least.
-    x1 = np.maximum(x1, x0 + MIN_WIDTH * max(now - t0, 1e-3))
+    x1 = np.maximum(x1, x0 + MIN_WIDTH * max(axis.width, 1e-3))
 
     fig = go.Figure()
     height = rows_height(len(all_ranks))
@@ -94,12 +108,15 @@ def rank_timeline(
     group, colours = _op_groups(op)
     for name, colour in colours.items():
         of_op = (group == name).to_numpy()
-        for pick, label in ((~inflight & of_op, name), (inflight & of_op, f"{name}, in flight")):
+        for pick, label, shade in (
+            (~inflight & of_op, name, colour),
+            (inflight & of_op, f"{name}, in flight", translucent(colour, INFLIGHT_ALPHA)),
+        ):
             if pick.any():
                 add_segments(
-                    fig, x0[pick], x1[pick], rank[pick], name=label, colour=colour, width=width
+                    fig, x0[pick], x1[pick], rank[pick], name=label, colour=shade, width=width
                 )
-    if inflight.any():  # in flight: the op's colour, with a red core
+    if inflight.any():  # in flight: the op's colour, paler, with a red core
         add_segments(
             fig,
             x0[inflight],
@@ -117,30 +134,42 @@ def rank_timeline(
             mode="markers",
             # Invisible: the bars are drawn by the line traces, these only carry the hover.
             marker={"size": width, "color": "rgba(0, 0, 0, 0)", "symbol": "square"},
-            hovertext=_hover(table[shown], op[shown], (x1 - x0)[shown], inflight[shown]),
+            hovertext=_hover(table[shown], op[shown], took[shown], inflight[shown]),
             hoverinfo="text",
             name="calls",
             showlegend=False,
         )
     )
-    first = _mark_divergence(fig, table, divergence, t0=t0, end=now - t0)
-    _draw_chain(fig, chain, x=now - t0)
+    right = axis.width
+    first = _mark_divergence(fig, table, divergence, x=x0, end=right)
+    _draw_chain(fig, chain, x=right)
     highlight_ranks(fig, culprits, axis="y")
+    axis.mark_breaks(fig)
     fig.add_vline(
-        x=now - t0,
+        x=right,
         line={"color": "black", "dash": "dot", "width": 1},
         annotation_text="now",
         annotation_position="bottom right",
     )
     fig.update_layout(
-        title={"text": f"{TITLE}: {len(all_ranks)} ranks, {len(table)} calls"},
+        # the title at the top, the legend under it (it may wrap to two rows when narrow)
+        title={
+            "text": f"{TITLE}: {len(all_ranks)} ranks, {len(table)} calls",
+            "yref": "container",
+            "y": 0.99,
+            "yanchor": "top",
+        },
         height=height,
-        xaxis={"title": {"text": time_origin(t0)}, **_around(x0, first, now - t0, all_ranks)},
+        xaxis={
+            "title": {"text": time_origin(t0) + axis.note},
+            **axis.ticks(),
+            **_around(x0, first, right, all_ranks),
+        },
         yaxis=rank_axis(all_ranks, culprits=culprits, top_down=True),
         # above the plot, clear of the x-axis title
         legend={"orientation": "h", "y": 1.0, "yanchor": "bottom", "x": 1, "xanchor": "right"},
         hovermode="closest",
-        margin={"l": 60, "r": 20, "t": 80, "b": 40},
+        margin={"l": 60, "r": 20, "t": 100, "b": 40},
     )
     return fig
 
@@ -206,20 +235,22 @@ def _mark_divergence(
     table: pd.DataFrame,
     divergence: Mapping[str, Any] | None,
     *,
-    t0: float,
+    x: np.ndarray,
     end: float,
 ) -> float | None:
-    """Mark the calls of the collective where the ranks part; return when the first began
-    (seconds after ``t0``; ``end``: where the time axis ends)."""
+    """Mark the calls of the collective where the ranks part; return where the first began
+    (``x``: where each call of ``table`` begins on the time axis; ``end``: where it ends)."""
     if not divergence or divergence.get("seq") is None:
         return None
     pg, seq = str(divergence.get("pg")), int(divergence["seq"])
-    rows = table[(table["pg"].astype(str) == pg).to_numpy() & (table["seq"] == seq).fillna(False)]
+    pick = (table["pg"].astype(str) == pg).to_numpy() & (table["seq"] == seq).fillna(False)
+    pick = pick.to_numpy(dtype=bool)
+    rows = table[pick]
     label = f"first divergence: group {pg} #{seq}"
     if rows.empty:
         fig.add_annotation(text=label, xref="paper", yref="paper", x=0, y=1.06, showarrow=False)
         return None
-    x = floats(rows["t_start_s"]) - t0
+    x = x[pick]
     first = float(x.min())
     # Mark the odd calls (op, shapes or dtypes unlike most), or all when they agree and the
     # divergence is a rank that never made the call.
@@ -286,3 +317,77 @@ def _draw_chain(fig: go.Figure, chain: Sequence[Mapping[str, Any]], *, x: float)
                     f"for rank {target}",
                 )
                 drawn += 1
+
+
+class _TimeAxis:
+    """Seconds since the first call, drawn linearly except across long stretches in which no
+    call starts or ends (:data:`COLLAPSE_SHARE`): each of those is drawn
+    :data:`COLLAPSED_WIDTH` of the rest wide, shaded, and labelled with its length."""
+
+    def __init__(self, events: np.ndarray, end: float) -> None:
+        times = np.unique(np.concatenate([[0.0, end], events[np.isfinite(events)]]))
+        times = times[(times >= 0) & (times <= end)]
+        gaps = np.diff(times)
+        short = gaps[gaps <= COLLAPSE_SHARE * end]
+        usual = float(np.median(short)) if len(short) else np.inf
+        long = (gaps > COLLAPSE_SHARE * end) & (gaps > COLLAPSE_MEDIAN * usual)
+        rest = float(gaps[~long].sum())
+        narrow = COLLAPSED_WIDTH * max(rest, 1e-3)
+        self.real = times
+        self.drawn = np.concatenate([[0.0], np.cumsum(np.where(long, narrow, gaps))])
+        self.breaks = [(float(times[i]), float(times[i + 1])) for i in np.flatnonzero(long)]
+        self.width = float(self.drawn[-1]) if len(self.drawn) else end
+        self.note = " (shaded: a long wait, drawn narrow)" if self.breaks else ""
+
+    def shown(self, seconds: np.ndarray) -> np.ndarray:
+        """Where times (seconds since the first call) are on the axis."""
+        if not self.breaks:
+            return seconds
+        return np.interp(seconds, self.real, self.drawn)
+
+    def ticks(self) -> dict[str, Any]:
+        """Tick positions labelled with real seconds (none to set on a linear axis)."""
+        if not self.breaks:
+            return {}
+        edges = [0.0, *(t for gap in self.breaks for t in gap), float(self.real[-1])]
+        spans = list(zip(edges[0::2], edges[1::2], strict=True))
+        step = nice_seconds(sum(b - a for a, b in spans) / 6)
+        real = [float(self.real[-1])]
+        for a, b in spans:
+            real += list(np.arange(np.ceil(a / step) * step, b + 1e-9, step))
+            real.append(a)
+        real = sorted(set(np.round(real, 6)))
+        # no two labels on top of each other: drop a tick too close to the one before
+        at = self.shown(np.asarray(real))
+        keep = [0]
+        for i in range(1, len(real)):
+            if at[i] - at[keep[-1]] >= 0.06 * self.width:
+                keep.append(i)
+        digits = max(0, -int(np.floor(np.log10(step))))
+        return {
+            "tickvals": [float(at[i]) for i in keep],
+            "ticktext": [f"{real[i]:.{digits}f}" for i in keep],
+        }
+
+    def mark_breaks(self, fig: go.Figure) -> None:
+        """Shade each collapsed stretch and say how long it really is."""
+        for a, b in self.breaks:
+            x0, x1 = (float(v) for v in self.shown(np.asarray([a, b])))
+            fig.add_vrect(
+                x0=x0,
+                x1=x1,
+                fillcolor="rgba(120, 120, 120, 0.12)",
+                line={"width": 0},
+                layer="below",
+                annotation_text=f"⋯ {b - a:.1f} s ⋯",
+                annotation_position="bottom",
+                annotation_font={"size": 11, "color": "#555"},
+            )
+
+
+def nice_seconds(rough: float) -> float:
+    """The smallest of ..., 0.1, 0.2, 0.5, 1, 2, 5, 10, ... seconds at least ``rough``."""
+    if rough <= 0:
+        return 1.0
+    power = 10.0 ** np.floor(np.log10(rough))
+    return float(next(f * power for f in (1, 2, 5, 10) if f * power >= rough))

@@ -30,6 +30,14 @@ in flight, and between heartbeats a call in flight at two looks in a row gets it
 so a blocked rank is visible within ``HEARTBEAT_S``. Capture, exception and exit flush the
 queue first.
 
+A collective is in flight until the backend completes it, not until the call returns. An
+async call's Work (``async_op=True``, isend, ...) is appended by the wrapper to ``_returned``
+(in C, with no Python call); the thread follows it with ``is_completed()`` at every wake-up and
+writes one ``done`` event a look with the ids completed. What no Python call returns (nccl's
+blocking calls, the collectives torch issues from C++) is read from the flight recorder: the
+per-group counters at every heartbeat, and the uncompleted entries (``fr_active``) while
+something stays uncompleted from one heartbeat to the next (see ``Probe._fr_active``).
+
 Evidence survives any death. Every call is also written, as it is entered and as it returns, into
 a ring of fixed-size slots in a file the probe maps shared (``calls-<pid>.ring``, layout in
 :mod:`rankscope.rundir`): a store into that memory is in the kernel's page cache at once, so the
@@ -206,6 +214,12 @@ class Probe:
         self._capture_lock = threading.Lock()
         self._end_lock = threading.RLock()  # a second end() waits for the first to finish
         self._entered: set[int] = set()  # calls whose enter line is written, exit not yet
+        # Calls that returned a Work (async_op=True, isend, ...) the backend has not completed:
+        # the thread looks at them at every wake-up (see _returned, _look_works).
+        self._works: dict[int, tuple[Any, ...]] = {}  # call id -> its Works
+        self._returned: list[tuple[int, Any, bool]] = []  # see _take_returned
+        self._no_work: list[int] = []  # async calls that returned no Work: done at once
+        self._fr_seen: tuple[Any, Any] = (None, None)  # (what was uncompleted, its entries)
         # JSON fragments of lines: a facts id's enter fragment, (op, pg)'s exit fragment.
         self._static: dict[Any, str] = {}
         lines = _Lines(
@@ -339,6 +353,7 @@ class Probe:
             torch=torch.__version__,
             main_tid=threading.main_thread().ident,
             env=env,
+            works=True,  # async calls stay in flight until a "done" event (see _returned)
         )
         self.flush()
         # A fatal signal (abort, segfault, bus error, illegal instruction) leaves every
@@ -486,15 +501,19 @@ class Probe:
                 self._warmup = warmup  # published only once started: end() joins it
             now = time.monotonic()
             beat = now >= next_beat
+            if self._returned or self._works:
+                self._look_works()
             if beat:
                 cur = self._state.current
+                fr = _fr_progress() if fr_on and c10d.is_initialized() else None
                 self.emit(
                     "heartbeat",
                     done=self._state.done,
                     step=self._step,
                     coll=cur.cid if cur else None,
                     op=cur.op if cur else None,
-                    fr=_fr_progress() if fr_on and c10d.is_initialized() else None,
+                    fr=fr,
+                    fr_active=self._fr_active(fr),
                     cpu=_main_cpu(main_clock),
                     at=self._main_at(),
                 )
@@ -509,6 +528,82 @@ class Probe:
                 self.flush()
             busy, done = self._state.done != done, self._state.done
             self._stop.wait(max(next_beat - now, 0.0) if busy else POLL_S)
+
+    def _take_returned(self) -> None:
+        """Follow the async calls the wrappers put in ``_returned`` since the last look: each
+        (call id, what it returned, async_op). A call that returned a Work, or a list of them
+        (``batch_isend_irecv``), stays in flight until the backend completes them; an async
+        call that returned no Work (a rank outside the group) is done at once.
+
+        The wrappers only append to that list (in C, without calling Python: about 0.1 us);
+        calling a Python method for each async call measured a few per cent on a gloo loop of
+        ``all_reduce(async_op=True).wait()``."""
+        returned = self._returned
+        n = len(returned)
+        if not n:
+            return
+        batch = returned[:n]
+        del returned[:n]  # the wrappers append behind, under the GIL: nothing is lost
+        for cid, result, async_op in batch:
+            if type(result) is list:
+                if result and all(isinstance(w, _WORK) for w in result):
+                    self._works[cid] = tuple(result)
+                    continue
+            elif isinstance(result, _WORK):
+                self._works[cid] = (result,)
+                continue
+            if async_op:
+                self._no_work.append(cid)
+
+    def _look_works(self) -> None:
+        """The thread's look at the async calls: one ``done`` event for those the backend has
+        completed since the last look, their ids and those that failed (one line a look, not
+        one a call). ``is_completed()`` costs about 0.15 us (gloo: a flag under a mutex; nccl:
+        a CUDA event query). Only this thread touches ``_works``."""
+        self._take_returned()
+        done: list[int] = []
+        failed: list[int] = []
+        for cid, works in list(self._works.items()):
+            try:
+                if not all(w.is_completed() for w in works):
+                    continue
+                if any(w.exception() is not None for w in works):
+                    failed.append(cid)
+            except Exception:  # a Work torn down with its group: completed, not by us
+                failed.append(cid)
+            del self._works[cid]
+            done.append(cid)
+        done += self._no_work
+        self._no_work.clear()
+        if done:
+            self.emit("done", ids=done, failed=failed)
+
+    def _fr_active(self, fr: dict[str, list[int]] | None) -> list[list[Any]] | None:
+        """The flight recorder's entries not yet completed, while something stays uncompleted
+        from one heartbeat to the next: a group whose last completed collective is behind its
+        last enqueued one (collectives torch issued from C++ included), or a followed Work.
+
+        On nccl the read (``onlyActive``, no stack traces) holds only the uncompleted entries
+        and is repeated at every such heartbeat, for their state (scheduled, started). gloo
+        counts every entry as active (a read of 500 entries measured 15 ms on 2 cores) and
+        never changes their state, so there it is read once per uncompleted set."""
+        oldest = min(self._works, default=None)
+        key = (
+            tuple(sorted((pg, c) for pg, (e, c) in (fr or {}).items() if e > c)),
+            oldest,
+        )
+        last_key, last = self._fr_seen
+        if key == ((), None):
+            self._fr_seen = (key, None)
+            return None
+        if key != last_key:  # newly uncompleted: read at the next heartbeat if it stays
+            self._fr_seen = (key, None)
+            return None
+        if last is not None and not _backend_is_nccl():
+            return last
+        entries = _fr_active_entries()
+        self._fr_seen = (key, entries)
+        return entries
 
     def _poll_request(self) -> None:
         # open, not stat: on NFS an open revalidates the file's attributes (close-to-open
@@ -627,6 +722,7 @@ class Probe:
         local = self._local
         state = self._state
         ring = self._ring
+        returned = self._returned
         clock = time.time
 
         def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -642,9 +738,10 @@ class Probe:
                     state.current = call
                 except Exception:  # the probe must never break the user's collective
                     call = None
-                error = None
+                error = result = None
                 try:
-                    return fn(*args, **kwargs)
+                    result = fn(*args, **kwargs)
+                    return result
                 except BaseException as exc:
                     error = f"{type(exc).__name__}: {exc}"
                     raise
@@ -657,6 +754,8 @@ class Probe:
                         if state.current is call:
                             state.current = None
                         state.done += 1
+                        if result is not None or call.async_op:
+                            returned.append((call.cid, result, call.async_op))
                         state.append((call, t_end, error is None, error))
             finally:
                 local.busy = False
@@ -1076,6 +1175,61 @@ def _fr_progress() -> dict[str, list[int]] | None:
     return out or None
 
 
+#: What an async call returns: the backend's handle on the collective it enqueued.
+_WORK = c10d.Work
+
+#: Entries of a live read of the flight recorder kept in a heartbeat: the oldest uncompleted.
+FR_ACTIVE_MAX = 8
+
+
+def _fr_active_entries() -> list[list[Any]]:
+    """The flight recorder's uncompleted entries, oldest first: ``[group, seq, op, state,
+    created_s, started_s]`` with the group's name as the probe records it, ``seq`` the
+    recorder's ``collective_seq_id``, ``op`` without its backend prefix and ``state`` the
+    recorder's (``scheduled``, ``started``; gloo stays ``scheduled``). No stack traces."""
+    out: list[list[Any]] = []
+    timing = os.environ.get("TORCH_NCCL_ENABLE_TIMING", "").lower() in ("1", "true", "yes", "on")
+    for _, fn in _DUMPS:
+        try:
+            dump = pickle.loads(
+                fn(includeCollectives=True, includeStackTraces=False, onlyActive=True)
+            )
+        except Exception:
+            continue
+        for e in dump.get("entries") or ():
+            if e.get("retired") or e.get("state") == "completed" or e.get("is_p2p"):
+                continue
+            pg = e.get("process_group")
+            name = pg[0] if isinstance(pg, (list, tuple)) and pg else e.get("pg_id")
+            started = e.get("time_discovered_started_ns")
+            backend, _, op = str(e.get("profiling_name") or "").rpartition(":")
+            # gloo never moves an entry past "scheduled", nor nccl without its timing events:
+            # there "scheduled" says nothing about whether the device started it.
+            state = e.get("state") if backend == "nccl" and timing else None
+            out.append(
+                [
+                    str(name),
+                    e.get("collective_seq_id"),
+                    op,
+                    state,
+                    _ns_to_s(e.get("time_created_ns")),
+                    _ns_to_s(started),
+                ]
+            )
+    return out[:FR_ACTIVE_MAX]
+
+
+def _ns_to_s(ns: Any) -> float | None:
+    return round(ns / 1e9, 6) if type(ns) is int else None
+
+
+def _backend_is_nccl() -> bool:
+    try:
+        return "nccl" in str(c10d.get_backend())
+    except Exception:
+        return False
+
+
 def _pending_capture_id(run: RunDir) -> int:
     try:
         return int(json.loads(run.capture_request.read_text()).get("id", 0))
@@ -1128,6 +1282,9 @@ def install(run_dir: str | os.PathLike[str] | None = None, *, rank: int | None =
         run.rank_dir(rank).mkdir(parents=True, exist_ok=True)
         os.environ["NCCL_DEBUG_FILE"] = str(run.nccl_log(rank))
     os.environ.setdefault("TORCH_FR_DUMP_TEMP_FILE", str(run.rank_dir(rank) / "torch_fr_rank_"))
+    # nccl records an event as each collective starts on its stream only with timing on: the
+    # recorder's "started" state (a collective issued but not started: its stream is busy).
+    os.environ.setdefault("TORCH_NCCL_ENABLE_TIMING", "1")
     _one_buffer_size_name()
     _probe = Probe(run, rank)
     _probe.start()

@@ -268,6 +268,8 @@ typedef struct {
     PyObject *pg_cache, *describe_group, *seqs, *sites, *call_site, *facts_id, *ids;
     PyObject *tensor_type;
     PyObject *before, *after;  /* hooks: before(args, kwargs) and after(), or NULL */
+    PyObject *returned;        /* probe._returned: (cid, result, async_op) of calls that
+                                * returned a Work, for the probe thread */
     PyObject *dict;            /* __wrapped__, __name__, __rankscope__, ... */
     vectorcallfunc vectorcall; /* wrapper_vectorcall for the one-tensor calls, else NULL */
     Getter shape, dtype;       /* torch.Tensor's getters of .shape and .dtype */
@@ -755,6 +757,17 @@ finish(Wrapper *w, Record *r, PyObject *result)
         PyErr_Fetch(&exc_type, &exc_value, &exc_tb);
     if (w->after != NULL)
         Py_XDECREF(PyObject_CallNoArgs(w->after));
+    if (r->what != NULL && result != NULL &&
+        (result != Py_None || FACT(r->what, F_ASYNC) == Py_True)) {
+        /* An async call (async_op=True, isend, batch_isend_irecv) returned its Work: the probe
+         * follows it until the backend completes it (one that returned None, a rank outside
+         * the group, is done at once). Blocking calls return None: no cost. */
+        PyObject *cid = PyLong_FromLongLong(r->cid), *item = NULL;
+        if (cid != NULL && (item = PyTuple_Pack(3, cid, result, FACT(r->what, F_ASYNC))) != NULL)
+            PyList_Append(w->returned, item);
+        Py_XDECREF(item);
+        Py_XDECREF(cid);
+    }
     if (r->what != NULL)
         push(st, r);
     PyErr_Clear();
@@ -1318,7 +1331,8 @@ static PyMethodDef state_methods[] = {
 /* Every object a wrapper holds (its site slots too): its traverse and clear walk this list. */
 #define WRAPPER_REFS(X)                                                                        \
     X(fn) X(spec) X(name) X(peer) X(state) X(enter) X(pg_cache) X(describe_group) X(seqs)      \
-    X(sites) X(call_site) X(facts_id) X(ids) X(tensor_type) X(before) X(after) X(dict)         \
+    X(sites) X(call_site) X(facts_id) X(ids) X(tensor_type) X(before) X(after) X(returned)    \
+    X(dict)                                                                                    \
     for (int i = 0; i < SITE_SLOTS; i++) {                                                     \
         X(sites_seen[i].code) X(sites_seen[i].info) X(sites_seen[i].counter)                   \
         X(sites_seen[i].facts)                                                                 \
@@ -1406,6 +1420,7 @@ wrapper_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
         {&w->call_site, "_call_site"},
         {&w->facts_id, "_facts_id"},
         {&w->ids, "_ids"},
+        {&w->returned, "_returned"},
     };
     for (size_t i = 0; i < sizeof shared / sizeof *shared; i++) {
         if ((*shared[i].slot = PyObject_GetAttrString(probe, shared[i].name)) == NULL) {
@@ -1414,9 +1429,11 @@ wrapper_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
         }
     }
     if (!PyObject_TypeCheck(w->state, &StateType) || !PyDict_Check(w->pg_cache) ||
-        !PyDict_Check(w->seqs) || !PyDict_Check(w->sites) || !PyIter_Check(w->ids)) {
+        !PyDict_Check(w->seqs) || !PyDict_Check(w->sites) || !PyIter_Check(w->ids) ||
+        !PyList_Check(w->returned)) {
         PyErr_SetString(PyExc_TypeError,
-                        "Wrapper: the probe's state must be a State and its caches dicts");
+                        "Wrapper: the probe's state must be a State, its caches dicts and "
+                        "_returned a list");
         Py_DECREF(w);
         return NULL;
     }

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import functools
+import html
 import json
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from typing import Any
 
@@ -17,12 +18,67 @@ PLOTLY_MIME = "application/vnd.plotly.v1+json"
 USER_ERRORS = (ValueError, FileNotFoundError, RuntimeError, TimeoutError)
 
 
+#: Width of each column kind of the rank tables (the live panel's, a closed workbench's), in
+#: em: fixed, so that a refresh or a culprit's mark never moves a column. The columns of
+#: :data:`FLEXIBLE` share what is left of the width (at least :data:`FLEXIBLE_EM` each).
+COLUMN_WIDTHS = {
+    "rank": 7,
+    "node": 7,
+    "status": 5.5,
+    "step": 4.5,
+    "done": 4.5,
+    "last completed": 14,
+    "heartbeat s": 8,
+    "exit": 9,
+    "host": 9,
+    "pid": 6,
+    "exit_code": 7.5,
+    "signal": 7.5,
+}
+FLEXIBLE = ("now", "end_reason")
+FLEXIBLE_EM = 10
+#: The rank tables: fixed layout, padded cells, one line per row (the long ones end in "…").
+TABLE_CSS = (
+    "table.rankscope-ranks{border-collapse:collapse;table-layout:fixed;width:100%;"
+    "margin:2px 0}"
+    "table.rankscope-ranks th,table.rankscope-ranks td{padding:3px 8px;text-align:left;"
+    "white-space:nowrap;overflow:hidden;text-overflow:ellipsis;border:none;"
+    "border-bottom:1px solid #e4e4e4}"
+    "table.rankscope-ranks th{font-weight:600;border-bottom:1px solid #999}"
+)
+
+
+def table_head(columns: Iterable[str], *, css_class: str, style: str = "") -> str:
+    """The opening of a table with :data:`TABLE_CSS`, a fixed width per column kind
+    (:data:`COLUMN_WIDTHS`) and a header row (its cells' ``style`` inline); rows and
+    ``</table>`` follow."""
+    columns = list(columns)
+    widths = [None if c in FLEXIBLE else COLUMN_WIDTHS.get(c, 8) for c in columns]
+    least = sum(w or FLEXIBLE_EM for w in widths)
+    cols = "".join("<col>" if w is None else f"<col style='width:{w}em'>" for w in widths)
+    inline = f" style='{style};font-weight:600'" if style else ""
+    head = "".join(f"<th{inline}>{html.escape(c)}</th>" for c in columns)
+    return (
+        f"<style>{TABLE_CSS}</style><table class='{css_class}' style='min-width:{least}em'>"
+        f"<colgroup>{cols}</colgroup><tr>{head}</tr>"
+    )
+
+
+def cell(value: Any, *, style: str = "") -> str:
+    """A table cell; its whole text on hover, for one cut short by its column's width;
+    ``style`` inline (for a notebook's output, whose own table style would win)."""
+    text = html.escape("" if value is None else str(value))
+    inline = f" style='{style}'" if style else ""
+    return f"<td title='{text}'{inline}>{text}</td>"
+
+
 def report(errors: widgets.Output, exc: BaseException) -> None:
     """Show ``exc`` in ``errors``: its message, and the traceback for an unexpected one.
 
     ``append_stderr`` sets the Output's state directly, so this works from any thread.
     """
-    text = "".join(traceback.format_exception_only(type(exc), exc))
+    # bad input: its message, which says what to change (no "ValueError:" before it)
+    text = f"{exc}\n"
     if not isinstance(exc, USER_ERRORS):
         text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
     errors.append_stderr(text)

@@ -42,9 +42,17 @@ class LaunchForm(widgets.VBox):
                 *((f"{s.id}: {s.title}", s.id) for s in self._scenarios.values()),
             ],
             description="scenario",
+            # wide enough for a scenario's title, a path's whole name
+            layout=widgets.Layout(width="min(100%, 44em)"),
         )
-        self.script = widgets.Text(placeholder="path/to/train.py", description="script")
-        self.args = widgets.Text(placeholder="--lr 0.1", description="args")
+        self.script = widgets.Text(
+            placeholder="path/to/train.py",
+            description="script",
+            layout=widgets.Layout(width="min(100%, 44em)"),
+        )
+        self.args = widgets.Text(
+            placeholder="--lr 0.1", description="args", layout=widgets.Layout(width="22em")
+        )
         self.fix = widgets.Checkbox(value=False, description="with --fix", indent=False)
         self.nproc_per_node = widgets.BoundedIntText(
             value=2, min=1, max=256, description="ranks/node"
@@ -89,7 +97,10 @@ class LaunchForm(widgets.VBox):
         )
         super().__init__(
             [
-                widgets.HBox([self.scenario, self.script, self.args, self.fix]),
+                self.scenario,
+                widgets.HBox(
+                    [self.script, self.args, self.fix], layout=widgets.Layout(flex_flow="row wrap")
+                ),
                 widgets.HBox(
                     [self.nproc_per_node, self.nnodes, self.backend, self.stall_timeout_s]
                 ),

@@ -14,6 +14,7 @@ from rankscope.launch import Job
 from rankscope.launch.job import state_text
 from rankscope.launch.tracker import doing_now, exit_text
 from rankscope.rundir import FINAL_STATES
+from rankscope.widgets._common import cell, table_head
 
 #: Row colours by rank status (rankscope.launch.tracker.rank_status).
 STATUS_COLOURS = {"waiting": "#fdd9a0", "dead": "#f4b6b6", "failed": "#f4b6b6", "exited": "#e6e6e6"}
@@ -28,13 +29,15 @@ COLUMNS = (
     "exit",
 )
 LOG_LINES = 40
+NO_JOB = "<i>no job selected</i>"
 
 
 def ranks_html(rows: list[dict[str, Any]], *, culprits: Iterable[int] = ()) -> str:
     """One table row per rank snapshot of :meth:`rankscope.launch.Job.ranks`: what it does now
     (waiting in a collective since when, or the line its main thread is at) apart from the
     last collective it completed; a ``node`` column where the ranks run on SLURM nodes; the
-    ``culprits`` of a diagnosis marked."""
+    ``culprits`` of a diagnosis marked. Every column has a fixed width, so the table does not
+    move between refreshes; a long value ends in an ellipsis and shows whole on hover."""
     nodes = any(r.get("node") for r in rows)
     bad = set(culprits)
     body = []
@@ -52,16 +55,11 @@ def ranks_html(rows: list[dict[str, Any]], *, culprits: Iterable[int] = ()) -> s
         )
         colour = STATUS_COLOURS.get(r["status"], "white")
         mark = f";outline:2px solid {plot.ALERT}" if r["rank"] in bad else ""
-        body.append(
-            f"<tr style='background:{colour}{mark}'>"
-            + "".join(f"<td>{html.escape(str(c))}</td>" for c in cells)
-            + "</tr>"
-        )
+        body.append(f"<tr style='background:{colour}{mark}'>" + "".join(map(cell, cells)) + "</tr>")
     columns = (COLUMNS[0], "node", *COLUMNS[1:]) if nodes else COLUMNS
-    head = "".join(f"<th>{c}</th>" for c in columns)
     return (
-        "<div style='max-height:360px;overflow:auto'><table class='rankscope-ranks'>"
-        f"<tr>{head}</tr>{''.join(body)}</table></div>"
+        "<div style='max-height:360px;overflow:auto'>"
+        f"{table_head(columns, css_class='rankscope-ranks')}{''.join(body)}</table></div>"
     )
 
 
@@ -90,7 +88,7 @@ class LivePanel(widgets.VBox):
     """
 
     def __init__(self) -> None:
-        self.header = widgets.HTML("<i>no job selected</i>")
+        self.header = widgets.HTML(NO_JOB)
         self.ranks = widgets.HTML()
         # Buttons keep their width when the status line beside them grows.
         fixed = {"flex": "0 0 auto", "width": "auto"}
@@ -117,12 +115,22 @@ class LivePanel(widgets.VBox):
             ]
         )
 
+    def clear(self, text: str) -> None:
+        """Show no job, only ``text`` (a job being launched): nothing of the last one lingers."""
+        self.header.value = text
+        self.ranks.value = self.status.value = ""
+        self.errors.outputs = ()
+        self.rows = []
+        self.logs.children = []
+        self.stop.disabled = self.capture.disabled = True
+
     def update(self, job: Job) -> None:
         """Show what ``job`` is doing now (called from the workbench's refresh thread)."""
+        # The rows first, then the state: a header read after the rows is never older than them.
+        self.rows = job.ranks()
         job.status()  # reconciles a job whose supervisor vanished
         info = job.info()  # run.json, read once for the whole refresh
         state = state_text(info)
-        self.rows = job.ranks()
         waiting = sum(r["status"] == "waiting" for r in self.rows)
         countdown = ""
         idle = job.idle_s()

@@ -13,16 +13,42 @@ from itables.widget import ITable
 
 from rankscope import plot
 from rankscope.analyze import Diagnosis, diagnose
+from rankscope.analyze.diagnosis import CELL_STYLE
 from rankscope.collect import Run, load_run
 from rankscope.replay import REPRO_NAME
 from rankscope.replay import build as build_replay
-from rankscope.widgets._common import figure_output, guarded, html_output, set_figure
+from rankscope.widgets._common import (
+    cell,
+    figure_output,
+    guarded,
+    html_output,
+    set_figure,
+    table_head,
+)
 
 #: Tabs of the results area, in order; NCCL only when the run has NCCL logs.
 NO_DIAGNOSIS = "<i>no diagnosis yet: it comes when the job stalls or ends, or on Diagnose</i>"
 PLOTS = ("sequence ladder", "where is everyone", "merged stacks", "progress", "NCCL")
+#: The grid's settings, given at every update (itables computes the others again): a click
+#: anywhere on a header sorts; the search box first, for a table of any length (itables drops
+#: its default layout's controls for a table that fits a page; the caption promises one).
+GRID: dict[str, Any] = {
+    "scrollX": True,
+    "pageLength": 15,
+    "lengthMenu": [15, 50, 200],
+    "classes": "display nowrap cell-border",
+    "text_in_header_can_be_selected": False,
+    "layout": {
+        "topStart": "search",
+        "topEnd": "pageLength",
+        "bottomStart": "info",
+        "bottomEnd": "paging",
+    },
+}
 #: The ranks table's columns in a static snapshot (:meth:`ResultsPanel.static`).
 STATIC_RANK_COLUMNS = ("rank", "host", "pid", "exit_code", "signal", "end_reason")
+#: Its cells' style, inline: a notebook's own table style would otherwise win there.
+STATIC_CELL = f"{CELL_STYLE};overflow:hidden;text-overflow:ellipsis"
 
 
 def rank_list(text: str) -> list[int]:
@@ -73,9 +99,7 @@ class ResultsPanel(widgets.VBox):
         self.show_table = widgets.Button(description="Show rows", icon="table")
         self.table_info = widgets.HTML("")
         # A grid made for DataFrames: scrolls sideways, sorts and filters in the browser.
-        self.table = ITable(
-            scrollX=True, pageLength=15, lengthMenu=[15, 50, 200], classes="display compact nowrap"
-        )
+        self.table = ITable(**GRID)
         self.show_table.on_click(lambda _: guarded(self.table_errors, self.show_rows)())
         self.table_name.observe(
             lambda _: guarded(self.table_errors, self._columns_of)(), names="value"
@@ -174,14 +198,22 @@ class ResultsPanel(widgets.VBox):
         widget behind them: the card, the timeline, every rank's row of the ranks table."""
         if self.run is None or self.diagnosis is None:
             return []
-        ranks = self.run.ranks
+        # how each rank ended, read now: the run shown may have been read while it ran
+        ranks = load_run(self.run.path).ranks
         keep = [c for c in STATIC_RANK_COLUMNS if c in ranks.columns]
         shown = ranks[keep].astype(object)
-        table = shown.where(shown.notna(), "").to_html(index=False, classes="rankscope-ranks")
+        rows = shown.where(shown.notna(), None).itertuples(index=False)
+        body = "".join(
+            "<tr>" + "".join(cell(v, style=STATIC_CELL) for v in row) + "</tr>" for row in rows
+        )
         return [
             html_output(self.diagnosis.to_html()),
             figure_output(self.timeline_figure),
-            html_output(f"<div style='overflow-x:auto'>{table}</div>"),
+            html_output(
+                "<div style='overflow-x:auto'>"
+                f"{table_head(keep, css_class='rankscope-ranks', style=STATIC_CELL)}{body}"
+                "</table></div>"
+            ),
         ]
 
     def write_replay(self) -> Path:
@@ -210,11 +242,9 @@ class ResultsPanel(widgets.VBox):
             columns=self.table_columns.value,
         )
         more = f", the first {len(rows)} shown" if matched > len(rows) else ""
-        self.table_info.value = (
-            f"<b>{html.escape(name)}</b>: {matched} rows{more} (sort by a column's header, "
-            "filter with the search box)"
-        )
-        self.table.update(rows, caption=name)
+        # no promise of a search box or sorting: a saved page shows the first rows only
+        self.table_info.value = f"<b>{html.escape(name)}</b>: {matched} rows{more}"
+        self.table.update(rows, caption=name, **GRID)
 
     def _columns_of(self) -> None:
         """The column choice offers the chosen table's columns (kept if they are the same)."""

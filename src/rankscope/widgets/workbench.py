@@ -24,7 +24,7 @@ from rankscope.launch import Job
 from rankscope.rundir import FINAL_STATES, RunDir, RunDirError, new_run_dir
 from rankscope.widgets._common import guarded, report, report_failure
 from rankscope.widgets.form import LaunchForm
-from rankscope.widgets.live import LivePanel
+from rankscope.widgets.live import NO_JOB, LivePanel
 from rankscope.widgets.results import ResultsPanel
 
 #: Job states that call for a diagnosis as soon as the workbench sees them.
@@ -57,6 +57,14 @@ def _created(run: RunDir) -> float:
         return 0.0
 
 
+def _freeze(widget: widgets.Widget) -> None:
+    """Disable every control under ``widget``: a closed workbench has no kernel side."""
+    if hasattr(widget, "disabled"):
+        widget.disabled = True
+    for child in getattr(widget, "children", ()):
+        _freeze(child)
+
+
 @dataclass
 class _Entry:
     """One job of the list and what the workbench knows about it."""
@@ -67,6 +75,9 @@ class _Entry:
     """Seen running by this workbench: it is diagnosed when it first stalls or ends."""
     diagnosis: Diagnosis | None = None
     run: Run | None = None
+    said: str = ""
+    """What the last of Stop, Capture and Diagnose did to this job (the live panel's status
+    line while it is selected)."""
 
 
 class Workbench(widgets.VBox):
@@ -160,11 +171,17 @@ class Workbench(widgets.VBox):
         """
         spec = self.form.spec()
         detached = self.form.detached.value
-        return self._submit(
+        with self._lock:
+            self.jobs.value = None  # the panel shows the new job, never the last one meanwhile
+            self.live.clear(f"<i>launching {html.escape(str(spec.script))}</i>")
+        future = self._submit(
             lambda: self._add(
                 Job(spec, runs_root=self.runs_root, detached=detached).start(), select=True
-            )
+            ),
+            errors=self.form.errors,
         )
+        future.add_done_callback(lambda f: f.exception() and self.live.clear(NO_JOB))
+        return future
 
     def attach(self, run_dir: str | os.PathLike[str]) -> Job:
         """List and select the job of a run directory (a live one is watched again)."""
@@ -217,30 +234,27 @@ class Workbench(widgets.VBox):
 
     def stop(self) -> Future[int]:
         """Stop the selected job in the background; the future holds its exit code."""
-        job = self._require_selected()
-        self.live.status.value = (
-            "<i>stopping: SIGTERM to every rank, SIGKILL after the grace period</i>"
-        )
+        entry = self._require_selected()
+        job = entry.job
+        self._say(entry, "<i>stopping: SIGTERM to every rank, SIGKILL after the grace period</i>")
         return self._submit(
             job.stop,
-            errors=self.live.errors,
+            entry=entry,
             done=lambda code: f"stopped {job.run.path.name}: exit code {code}",
         )
 
     def capture(self) -> Future[dict[str, Any]]:
         """Capture evidence from every rank of the selected job now; the future holds the
         capture's manifest."""
-        job = self._require_selected()
-        self.live.status.value = "<i>capturing evidence from every rank</i>"
-        return self._submit(job.capture, errors=self.live.errors, done=_capture_said)
+        entry = self._require_selected()
+        self._say(entry, "<i>capturing evidence from every rank</i>")
+        return self._submit(entry.job.capture, entry=entry, done=_capture_said)
 
     def diagnose(self) -> Future[Diagnosis]:
         """Diagnose the selected job in the background and show the result."""
-        entry = self._selected_entry()
-        if entry is None:
-            raise ValueError("no job selected: launch one or pick one in the list")
-        self.live.status.value = "<i>diagnosing</i>"
-        return self._submit(self._diagnose, entry, errors=self.live.errors, done=_diagnosis_said)
+        entry = self._require_selected()
+        self._say(entry, "<i>diagnosing</i>")
+        return self._submit(self._diagnose, entry, entry=entry, done=_diagnosis_said)
 
     # --- for scripts and notebooks ---------------------------------------------------------
     def wait_for_diagnosis(self, *, timeout_s: float = 120.0) -> Diagnosis:
@@ -280,17 +294,25 @@ class Workbench(widgets.VBox):
     def close(self, *, keep: bool = True) -> None:
         """Stop refreshing and finish pending actions; jobs keep running (see ``stop_all``).
 
-        With ``keep``, what the results area showed stays in the output of the cell that
-        closes it (:meth:`keep`). Closing again does nothing.
+        With ``keep``, the workbench stays on screen as it last was, its controls disabled, the
+        live panel showing the selected job's final state; and what the results area showed
+        stays in the output of the cell that closes it (:meth:`keep`), for a saved notebook.
+        Without, its widgets are removed. Closing again does nothing.
         """
         if self._closing.is_set():
             return
         self._closing.set()
         self._refresher.join(timeout=10)
         self._actions.shutdown(wait=True)
-        if keep:
-            self.keep()
-        super().close()
+        if not keep:
+            super().close()
+            return
+        entry = self._selected_entry()
+        if entry is not None:
+            with contextlib.suppress(Exception):  # the last look; a job gone leaves the one before
+                self.live.update(entry.job)
+        _freeze(self)
+        self.keep()
 
     def __del__(self) -> None:
         # Garbage collection (or the interpreter's end) is no cell to leave a snapshot in.
@@ -303,20 +325,22 @@ class Workbench(widgets.VBox):
         action: Callable[..., Any],
         *args: Any,
         errors: widgets.Output | None = None,
+        entry: _Entry | None = None,
         done: Callable[[Any], str] | None = None,
     ) -> Future[Any]:
         """Run ``action`` on the action thread; its failure is shown in ``errors`` (beside the
-        control that asked for it; the workbench's own by default), and ``done`` says in the
-        live panel's status line what it did."""
+        control that asked for it; the workbench's own by default). An action on a job's
+        ``entry`` (Stop, Capture, Diagnose) reports beside the live panel's buttons, and
+        ``done`` says in that job's status line what it did."""
         future = self._actions.submit(action, *args)
+        if entry is not None:
+            errors = self.live.errors
         future.add_done_callback(lambda f: report_failure(errors or self.errors, f))
-        if done is not None:
+        if entry is not None and done is not None:
 
             def said(f: Future[Any]) -> None:
-                if f.exception() is None:
-                    self.live.status.value = html.escape(done(f.result()))
-                else:
-                    self.live.status.value = ""
+                text = html.escape(done(f.result())) if f.exception() is None else ""
+                self._say(entry, text)
 
             future.add_done_callback(said)
         return future
@@ -336,11 +360,18 @@ class Workbench(widgets.VBox):
         index = self.jobs.value
         return None if index is None else self._entries[index]
 
-    def _require_selected(self) -> Job:
-        job = self.selected
-        if job is None:
+    def _require_selected(self) -> _Entry:
+        entry = self._selected_entry()
+        if entry is None:
             raise ValueError("no job selected: launch one or pick one in the list")
-        return job
+        return entry
+
+    def _say(self, entry: _Entry, text: str) -> None:
+        """``entry``'s status line: shown beside the buttons while it is the job selected."""
+        with self._lock:
+            entry.said = text
+            if entry is self._selected_entry():
+                self.live.status.value = text
 
     def _relabel(self) -> None:
         """Job labels carry the state; keep the selection while options are replaced."""
@@ -359,6 +390,8 @@ class Workbench(widgets.VBox):
         if self._relabelling or change["new"] is None:
             return
         entry = self._entries[change["new"]]
+        self.live.status.value = entry.said  # this job's status line, not the last job's
+        self.live.errors.outputs = ()
         self.live.culprits = set(entry.diagnosis.culprit_ranks) if entry.diagnosis else set()
         if entry.diagnosis is not None:
             self._submit(self.results.show, entry.run, entry.diagnosis)
