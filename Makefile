@@ -22,6 +22,9 @@ $(STAMP): pyproject.toml setup.py $(PROBE_C) Makefile
 	$(PY) -m pip install -q --no-build-isolation -e ".[dev,lab,deepspeed,docs]"
 	# DeepSpeed compiles its CPU communication op on first use (a minute or more on 2 cores):
 	# once here, cached in ~/.cache/torch_extensions, rather than inside a job's time limit.
+	# torch waits without end on a build's lock file that a killed build left behind: one older
+	# than 15 minutes is such a leftover.
+	-find "$${TORCH_EXTENSIONS_DIR:-$$HOME/.cache/torch_extensions}" -name lock -mmin +15 -delete 2>/dev/null
 	DS_ACCELERATOR=cpu $(PY) -c "from deepspeed.ops.op_builder.cpu import ShareMemCommBuilder as B; B().load()" >/dev/null
 	touch $(STAMP)
 
