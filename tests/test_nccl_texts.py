@@ -4,12 +4,8 @@ notes on artifacts), in a plain folder as a bug report would attach them."""
 
 from __future__ import annotations
 
-import sys
-
 from rankscope.analyze import diagnose
 from rankscope.collect import load_run
-
-sys.modules["ipywidgets"] = None  # type: ignore[assignment]  # the layers below widgets only
 
 PG = "[PG ID 0 PG GUID 0(default_pg) Rank 1]"
 HEAD = "[rank1]:[E1127 06:40:01.792630246 ProcessGroupNCCL.cpp:{}] "
