@@ -5,7 +5,6 @@ by object identity."""
 from __future__ import annotations
 
 import copy
-import json
 import os
 import pickle
 from pathlib import Path
@@ -14,19 +13,12 @@ import pandas as pd
 
 from rankscope.collect.flight_recorder import read_flight_recorder, read_fr_frames
 from rankscope.launch.tracker import RankTracker
-from rankscope.rundir import EventTail, RunDir
+from rankscope.rundir import EventTail, RunDir, event_lines
 
 
 def _line_by_line(data: bytes) -> list[dict]:
-    out = []
-    for line in data.split(b"\n")[:-1]:
-        try:
-            ev = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(ev, dict):
-            out.append(ev)
-    return out
+    """Every complete line parsed on its own: what the batch parse must give."""
+    return event_lines(data.split(b"\n")[:-1])
 
 
 def test_the_events_tail_reads_a_batch_as_it_reads_each_line(tmp_path: Path) -> None:

@@ -290,15 +290,22 @@ class EventTail:
         except ValueError:
             out = None
         if out is None or len(out) != len(lines) or not all(type(ev) is dict for ev in out):
-            out = []  # a damaged line (or two values on one): line by line, skipping it
-            for line in lines:
-                try:
-                    ev = json.loads(line)
-                except ValueError:
-                    continue
-                if isinstance(ev, dict):
-                    out.append(ev)
+            out = event_lines(lines)  # a damaged line (or two values on one): one by one
         return out
+
+
+def event_lines(lines: list[bytes]) -> list[dict[str, Any]]:
+    """The JSON objects of ``lines``, each parsed on its own; a line that is not one is
+    skipped."""
+    out = []
+    for line in lines:
+        try:
+            ev = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(ev, dict):
+            out.append(ev)
+    return out
 
 
 def atomic_write_json(path: Path, data: Any) -> None:
