@@ -456,6 +456,8 @@ def format_rank(r: dict[str, Any]) -> str:
     node = f"  {r['node']}" if r.get("node") else ""
     now = doing_now(r)
     last = f"  (last completed {r['last_done']})" if r.get("last_done") else ""
+    if r.get("unfinished"):
+        last += f"  (ended with {', '.join(r['unfinished'])} never completed)"
     code = exit_text(r.get("exit_code"))
     return (
         f"  rank {r['rank']:>3}{node}  pid {r['pid'] or '-':>7}  {r['status']:<8} "

@@ -445,6 +445,9 @@ class RankRecord:
     warming: bool = False
     """The probe is importing what torch's stack traces need (a second or two after the first
     process group); a computing main thread gets little CPU meanwhile."""
+    unfinished: list[str] = dataclasses.field(default_factory=list)
+    """Collectives it issued and the backend never completed before its end:
+    ``all_reduce (group 0 #5)`` (nccl returns at enqueue, so it had returned from them)."""
     last_event_at: float | None = None
     exception: str | None = None
     ended: bool = False
@@ -544,10 +547,24 @@ class RankRecord:
             self.ended, self.ended_at, self.exit_code = True, t, as_int(ev.get("code"))
             self.end_reason = as_str(ev.get("reason"))
             self.in_collective_since = None
+            self.unfinished = self.uncompleted()
+            if self.last_done in self.unfinished:
+                self.last_done = None
             self.issued.clear()
             self.fr_active = None
             return True
         return False
+
+    def uncompleted(self) -> list[str]:
+        """``all_reduce (group 0 #5)`` for each call returned from that the backend has not
+        completed: its followed Works, and the recorder's uncompleted entries at its last read."""
+        calls = [(c[0], c[1], c[2]) for c in self.issued.values()]
+        calls += [
+            (e[2], e[0], e[1])
+            for e in self.fr_active or ()
+            if isinstance(e, list) and len(e) >= 3 and (e[2], e[0], e[1]) not in calls
+        ]
+        return [f"{op} (group {pg} #{seq})" for op, pg, seq in calls]
 
     def summary(self) -> dict[str, Any]:
         """What ``run.json`` keeps of it: who it was and how it ended."""

@@ -569,9 +569,29 @@ class Context:
             if note:
                 early.setdefault(note, []).append(rank)
         notes += [f"{who_of(ranks)}: {note}" for note, ranks in early.items()]
+        untimed = self._untimed_nccl()
+        if untimed:
+            notes.append(
+                f"{who_of(untimed)}: the flight recorder kept no start times (nccl without "
+                "TORCH_NCCL_ENABLE_TIMING=1), so whether an uncompleted collective started on "
+                "the device is unknown; rankscope run and rankscope.probe.install() turn it on"
+            )
         if notes:
             notes += [f"could not read {text}" for text in self.unreadable()]
         return notes + self.notes_of_sites
+
+    def _untimed_nccl(self) -> list[int]:
+        """Ranks with an uncompleted nccl entry and no start time on any of their entries."""
+        fr = self.ev.table("flight_recorder")
+        if fr.empty or "time_discovered_started_ns" not in fr:
+            return []
+        nccl = fr[fr["backend"].astype(str) == "nccl"]
+        if nccl.empty:
+            return []
+        done = nccl["retired"].fillna(False).astype(bool) | (nccl["state"] == "completed")
+        timed = nccl["time_discovered_started_ns"].notna().groupby(nccl["rank"]).any()
+        open_ = (~done).groupby(nccl["rank"]).any()
+        return sorted(int(r) for r in timed.index if open_[r] and not timed[r])
 
     def _early_stop(self, f: RankFacts) -> str | None:
         """Why a rank's evidence may stop before its end, if it may."""

@@ -56,7 +56,9 @@ def snapshot(
     now = time.time() if now is None else now
     d = {k: v for k, v in dataclasses.asdict(record).items() if not k.startswith("_")}
     d["status"] = rank_status(record)
-    d["heartbeat_age_s"] = None if record.last_event_at is None else now - record.last_event_at
+    # an ended rank beats no more: the age of its last event says nothing
+    ended = record.ended or record.last_event_at is None
+    d["heartbeat_age_s"] = None if ended else now - record.last_event_at
     d["in_collective_s"] = (
         None if record.in_collective_since is None else now - record.in_collective_since
     )
@@ -66,10 +68,7 @@ def snapshot(
     if waits is not None and waits["started_s"] is not None:
         waits["started_for_s"] = max(0.0, now - waits["started_s"])
     d["waiting"] = waits
-    if (
-        waits is not None
-        and d["last_done"] == f"{waits['op']} (group {waits['pg']} #{waits['seq']})"
-    ):
+    if d["last_done"] in record.uncompleted():
         d["last_done"] = None  # nccl returned from it at enqueue: not completed
     stopped = job_ended is not None and job_ended.get("state") == "stopped"
     if job_ended is not None and not record.ended:
