@@ -88,8 +88,32 @@ class Context:
 
     @cached_property
     def calls(self) -> pd.DataFrame:
-        """Every rank's calls, the probe's and the flight recorder's as one sequence per rank."""
-        return merge_calls(self.probe_calls, calls_from_flight_recorder(self.fr))
+        """Every rank's calls, the probe's and the flight recorder's as one sequence per rank.
+
+        gloo's recorder retires a collective that failed as it retires one that completed, with
+        no completion time for either. A rank that raised a victim's error (a peer gone, a
+        timeout) outside its Python calls raised it from a collective torch issued (a
+        backward's bucket all_reduce, a Work waited on): its last such entry did not complete,
+        and it waited there."""
+        calls = merge_calls(self.probe_calls, calls_from_flight_recorder(self.fr))
+        probe = self.ev.table("collectives")
+        raised_in_call = set(probe.loc[failed(probe), "rank"].dropna().astype(int).tolist())
+        victims = [
+            r
+            for r in self.ev.waiters - raised_in_call
+            if (f := self.facts.get(r)) is not None and f.exception is not None
+        ]
+        if not victims or calls.empty:
+            return calls
+        last = calls[calls["rank"].isin(victims)].groupby("rank")["order"].idxmax()
+        rows = last[
+            (calls.loc[last, "source"] == "flight_recorder").to_numpy()
+            & calls.loc[last, "t_end_s"].isna().to_numpy()
+        ]
+        if len(rows):
+            calls = calls.copy()
+            calls.loc[rows.to_numpy(), "completed"] = False
+        return calls
 
     @cached_property
     def source(self) -> str:
