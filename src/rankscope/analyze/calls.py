@@ -29,6 +29,7 @@ import pandas as pd
 from rankscope.collect import is_user_file
 from rankscope.rundir import P2P_OPS  # only two ranks take part: not aligned by position
 from rankscope.schema import CALLS
+from rankscope.waitfor import UNEVEN_OPS  # the same-call rule: waitfor.differs, vectorised
 
 #: Recorded calls that are not collectives: process-group set-up and teardown.
 MANAGEMENT_OPS = frozenset(
@@ -38,22 +39,6 @@ MANAGEMENT_OPS = frozenset(
         "new_group",
         "new_subgroups",
         "new_subgroups_by_enumeration",
-    }
-)
-#: Collectives whose tensors differ between ranks by design (the root's list, uneven splits).
-UNEVEN_OPS = frozenset(
-    {
-        "gather",
-        "scatter",
-        "gather_object",
-        "scatter_object_list",
-        "all_gather_object",
-        "broadcast_object_list",
-        "all_to_all",
-        "all_to_all_single",
-        "all_to_all_v_single",
-        "all_gather_v",
-        "reduce_scatter_v",
     }
 )
 #: Collectives with a root (src or dst), which every rank must name alike.

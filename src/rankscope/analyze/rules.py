@@ -40,7 +40,7 @@ import pandas as pd
 
 from rankscope.analyze import align
 from rankscope.analyze.activity import WAITS, passed, user_path
-from rankscope.analyze.calls import BARRIER_OPS, MANAGEMENT_OPS, UNEVEN_OPS
+from rankscope.analyze.calls import BARRIER_OPS, MANAGEMENT_OPS
 from rankscope.analyze.catalogue import FAILURE_KINDS, LAUNCH_KINDS
 from rankscope.analyze.context import (
     MAX_REFS,
@@ -60,6 +60,7 @@ from rankscope.analyze.diagnosis import CollectiveInfo, EvidenceRef
 from rankscope.analyze.evidence import SIGNAL_TEXT, RankFacts, crash_cause
 from rankscope.analyze.waits import Wait, departed
 from rankscope.collect import VICTIM_ROLES, short_site
+from rankscope.waitfor import Call, differs
 
 
 @dataclass(kw_only=True)
@@ -416,7 +417,8 @@ def _mismatch(ctx: Context, d: align.Divergence) -> Finding:
         "collective": ctx.label(d),
     }
     notes = _tie_note(ctx, d, groups, tied, norm_key)
-    if o["op"] != n["op"]:
+    differ = differs(_call(o), _call(n))
+    if differ == "op":
         # Out of data: the odd ranks left a loop the others are still in, for the barrier that
         # follows it (a data collective elsewhere is a different call, not the loop's end).
         if _ran_out(ctx, culprits, norm, o, facts, notes):
@@ -431,9 +433,9 @@ def _mismatch(ctx: Context, d: align.Divergence) -> Finding:
     elif _extra_call(ctx, culprits, norm_ranks):
         # the same op with other tensors, but made from a branch the others passed by
         cause = "rank_conditional_collective"
-    elif o["shapes"] != n["shapes"] and str(o["op"]) not in UNEVEN_OPS:
+    elif differ == "shapes":
         cause = "shape_mismatch"
-    elif o["dtypes"] != n["dtypes"] and str(o["op"]) not in UNEVEN_OPS:
+    elif differ == "dtypes":
         cause = "dtype_mismatch"
     else:
         cause = "root_mismatch"
@@ -458,6 +460,12 @@ def _mismatch(ctx: Context, d: align.Divergence) -> Finding:
         refs=ctx.call_refs(d) + error_refs(detail, "DETAIL mismatch"),
         notes=notes,
     )
+
+
+def _call(row: pd.Series) -> Call:
+    root = row["root"]
+    root = None if pd.isna(root) else int(root)
+    return Call(op=str(row["op"]), shapes=row["shapes"], dtypes=row["dtypes"], root=root)
 
 
 def _tie_note(
