@@ -4,12 +4,17 @@ each rule on a context of its own."""
 
 from __future__ import annotations
 
+import ast
+from pathlib import Path
+
 import pandas as pd
+import pytest
 
 from rankscope import schema
 from rankscope.analyze import diagnose, merge_calls, rules, wait_graph
 from rankscope.analyze.activity import rank_activity
 from rankscope.analyze.calls import calls_from_flight_recorder, calls_from_probe
+from rankscope.analyze.causes import DRIVER_FACTS, ENTRIES, FAILURE_KINDS, LAUNCH_KINDS, Cause
 from rankscope.analyze.context import Context
 from rankscope.analyze.evidence import Evidence
 from rankscope.analyze.waits import departed
@@ -226,6 +231,54 @@ def test_the_rules_run_in_their_documented_order_and_can_be_replaced():
     run = run_of(rows, exits=dict.fromkeys(range(3)))
     assert diagnose(run).cause == "lagging_rank"  # rank 2 is alive; no stacks say where
     assert diagnose(run, rules=[rules.straggler]).verdict != "hang"
+
+
+def _facts_set_and_causes_named(path: Path) -> tuple[set[str], set[Cause]]:
+    """The fact keys a rules module writes (``{"key": ...}``, ``facts["key"] = ...``,
+    ``update(key=...)``) and the causes it names (``Cause.x``, or through the error kinds' maps
+    and ``crash_cause``)."""
+    source = path.read_text()
+    keys: set[str] = set()
+    causes: set[Cause] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Dict):
+            keys |= {k.value for k in node.keys if isinstance(k, ast.Constant)}
+        elif isinstance(node, ast.Assign):
+            for t in node.targets:
+                if isinstance(t, ast.Subscript) and isinstance(t.slice, ast.Constant):
+                    keys.add(t.slice.value)
+        elif isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "update":
+            keys |= {k.arg for k in node.keywords if k.arg}
+        elif isinstance(node, ast.Attribute) and getattr(node.value, "id", None) == "Cause":
+            causes.add(Cause[node.attr])
+    if "LAUNCH_KINDS" in source:
+        causes |= set(LAUNCH_KINDS.values())
+    if "FAILURE_KINDS" in source:
+        causes |= set(FAILURE_KINDS.values())
+    if "crash_cause(" in source:
+        causes |= {Cause.oom, Cause.nan, Cause.rank_crashed}
+    return keys, causes
+
+
+def test_every_cause_is_decided_by_a_rule_that_sets_the_facts_its_templates_name():
+    """Each cause's reason and fix name only facts that the rules deciding it set (or the driver
+    adds): a misspelt key in a template or in a rule fails here, not as "unknown" in a card."""
+    assert set(ENTRIES) == set(Cause)
+    modules = sorted(Path(rules.__file__).parent.glob("*.py"))
+    found = {m.stem: _facts_set_and_causes_named(m) for m in modules}
+    for cause in Cause:
+        homes = [name for name, (_, causes) in found.items() if cause in causes]
+        assert homes, f"no rule decides {cause}"
+        written = set().union(*(found[name][0] for name in homes))
+        assert cause.facts - DRIVER_FACTS <= written, (cause, homes)
+    # and at run time: a finding without a fact its templates name is refused when made
+    with pytest.raises(ValueError, match=r"straggler lacks the facts \['culprit_op'\]"):
+        rules.Finding(
+            cause=Cause.straggler,
+            culprits=[1],
+            waiting=[0],
+            facts={"culprit_opp": "all_reduce", "late": "2.0 s", "collective": "group 0"},
+        )
 
 
 def test_a_barrier_inside_the_loop_is_a_rank_conditional_call_not_running_out(tmp_path):

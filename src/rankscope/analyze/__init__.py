@@ -29,7 +29,7 @@ from rankscope.analyze.calls import (
     fr_sites,
     merge_calls,
 )
-from rankscope.analyze.catalogue import CAUSES, VERDICTS, Cause
+from rankscope.analyze.causes import CAUSES, VERDICTS, Cause
 from rankscope.analyze.diagnose import diagnose
 from rankscope.analyze.diagnosis import CollectiveInfo, Diagnosis, EvidenceRef, write_diagnosis
 from rankscope.analyze.parting import Parting, find_parting

@@ -20,7 +20,7 @@ from typing import Any
 
 import pandas as pd
 
-from rankscope.analyze.catalogue import CAUSES, Verdict
+from rankscope.analyze.causes import CAUSES, Verdict
 from rankscope.rundir import RunDir, atomic_write_json
 
 #: Version of the JSON layout written to diagnosis.json.

@@ -16,6 +16,7 @@ from typing import Any
 import pandas as pd
 
 from rankscope import schema
+from rankscope.analyze.causes import Cause
 from rankscope.collect import SIGNATURES, VICTIM_ROLES, is_user_file, latest_captures, short_site
 from rankscope.rundir import signal_name
 
@@ -40,14 +41,14 @@ _TRACE_FILE = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+)(?:, in
 _PROBE_FILE = re.compile(r"rankscope[/\\]probe[/\\]_core\.py$")
 
 
-def crash_cause(message: str | None) -> str:
-    """``oom``, ``nan`` or ``rank_crashed`` from an exception's text."""
+def crash_cause(message: str | None) -> Cause:
+    """Decides ``oom``, ``nan`` or ``rank_crashed`` from an exception's text."""
     text = message or ""
     if _OOM.search(text):
-        return "oom"
+        return Cause.oom
     if _NAN.search(text):
-        return "nan"
-    return "rank_crashed"
+        return Cause.nan
+    return Cause.rank_crashed
 
 
 class Evidence:
