@@ -440,3 +440,28 @@ def fr_sites(fr_frames: pd.DataFrame, calls: pd.DataFrame, fr: pd.DataFrame) -> 
         index=calls.index,
         dtype="string",
     )
+
+
+# --- reading rows of a calls table (or of the probe's collectives) ---------------------------
+def done(rows: pd.DataFrame) -> pd.Series:
+    """Calls that returned normally."""
+    return rows["completed"].fillna(False).astype(bool) & ~failed(rows)
+
+
+def failed(rows: pd.DataFrame) -> pd.Series:
+    """Calls that raised."""
+    return rows["ok"].eq(False).fillna(False).astype(bool)
+
+
+def opt(value: Any) -> str | None:
+    """A cell as text, None where it is null."""
+    return (
+        None
+        if value is None or value is pd.NA or (isinstance(value, float) and np.isnan(value))
+        else str(value)
+    )
+
+
+def opt_int(value: Any) -> int | None:
+    """A cell as an int, None where it is null."""
+    return None if pd.isna(value) else int(value)

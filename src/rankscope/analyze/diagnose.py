@@ -16,11 +16,12 @@ from collections.abc import Sequence
 from typing import Any
 
 from rankscope.analyze.causes import CAUSES, Verdict, explain, fix_for
-from rankscope.analyze.context import Context, at, who_of
-from rankscope.analyze.diagnosis import Diagnosis
+from rankscope.analyze.context import Context
+from rankscope.analyze.diagnosis import Diagnosis, who_of
 from rankscope.analyze.evidence import Evidence
 from rankscope.analyze.parting import RANK_ENV, Parting
 from rankscope.analyze.rules import RULES, Finding, Rule, rules_for
+from rankscope.analyze.wording import at
 from rankscope.collect import load_run
 from rankscope.rundir import RunDir
 

@@ -8,10 +8,11 @@ from typing import Any
 import pandas as pd
 
 from rankscope.analyze.causes import Cause
-from rankscope.analyze.context import Context, error_refs, short
+from rankscope.analyze.context import Context
 from rankscope.analyze.diagnosis import CollectiveInfo
 from rankscope.analyze.rules.finding import Finding
 from rankscope.analyze.rules.waits import blocked_outside
+from rankscope.analyze.wording import error_refs, short
 
 
 def errors_only(ctx: Context) -> Finding | None:

@@ -8,22 +8,14 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from rankscope.analyze.calls import done, failed, opt
 from rankscope.analyze.causes import FAILURE_KINDS, Cause
-from rankscope.analyze.context import (
-    MAX_REFS,
-    Context,
-    at,
-    done,
-    error_refs,
-    failed,
-    opt,
-    short,
-    who_of,
-)
-from rankscope.analyze.diagnosis import EvidenceRef
+from rankscope.analyze.context import Context
+from rankscope.analyze.diagnosis import EvidenceRef, who_of
 from rankscope.analyze.evidence import SIGNAL_TEXT, RankFacts, crash_cause
 from rankscope.analyze.rules.errors import log_site
 from rankscope.analyze.rules.finding import Failure, Finding
+from rankscope.analyze.wording import MAX_REFS, at, error_refs, short
 from rankscope.collect import VICTIM_ROLES
 
 

@@ -7,7 +7,10 @@ from typing import Any
 
 import pandas as pd
 
-from rankscope.analyze.context import Context, at, opt, who_of
+from rankscope.analyze.calls import opt
+from rankscope.analyze.context import Context
+from rankscope.analyze.diagnosis import who_of
+from rankscope.analyze.wording import at
 
 
 def fewer_calls(

@@ -13,11 +13,13 @@ import numpy as np
 import pandas as pd
 
 from rankscope.analyze import align
-from rankscope.analyze.calls import BARRIER_OPS
+from rankscope.analyze.calls import BARRIER_OPS, done, opt
 from rankscope.analyze.causes import Cause
-from rankscope.analyze.context import Context, at, done, error_refs, opt, short, site_of, who_of
+from rankscope.analyze.context import Context
+from rankscope.analyze.diagnosis import who_of
 from rankscope.analyze.rules.finding import Finding
 from rankscope.analyze.rules.loops import fewer_calls, left_the_loop, thread_notes
+from rankscope.analyze.wording import at, error_refs, short, site_of
 from rankscope.waitfor import Call, differs
 
 

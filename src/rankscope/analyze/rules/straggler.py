@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from rankscope.analyze import align
 from rankscope.analyze.causes import Cause
-from rankscope.analyze.context import Context, site_of
+from rankscope.analyze.context import Context
 from rankscope.analyze.rules.finding import Finding
+from rankscope.analyze.wording import site_of
 
 
 def straggler(ctx: Context) -> Finding | None:

@@ -5,8 +5,8 @@ work."""
 from __future__ import annotations
 
 from rankscope.analyze.causes import Cause
-from rankscope.analyze.context import Context, who_of
-from rankscope.analyze.diagnosis import EvidenceRef
+from rankscope.analyze.context import Context
+from rankscope.analyze.diagnosis import EvidenceRef, who_of
 from rankscope.analyze.rules.finding import Finding
 
 

@@ -12,24 +12,15 @@ import numpy as np
 import pandas as pd
 
 from rankscope.analyze.activity import WAITS, Activity, passed, user_path
+from rankscope.analyze.calls import done, opt, opt_int
 from rankscope.analyze.causes import Cause
-from rankscope.analyze.context import (
-    MAX_REFS,
-    Context,
-    Where,
-    at,
-    done,
-    opt,
-    opt_int,
-    short,
-    site_of,
-    who_of,
-)
-from rankscope.analyze.diagnosis import CollectiveInfo
+from rankscope.analyze.context import Context, Where
+from rankscope.analyze.diagnosis import CollectiveInfo, who_of
 from rankscope.analyze.evidence import crash_cause
 from rankscope.analyze.rules.finding import Decided, Finding
 from rankscope.analyze.rules.loops import fewer_calls, left_the_loop, thread_notes
 from rankscope.analyze.waits import Wait, departed
+from rankscope.analyze.wording import MAX_REFS, at, short, site_of
 from rankscope.collect import short_site
 
 
