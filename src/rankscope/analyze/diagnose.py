@@ -39,8 +39,8 @@ def diagnose(run: Any, *, straggler_s: float = 1.0, rules: Sequence[Rule] = RULE
             every rank exited 0, only :data:`~rankscope.analyze.rules.ON_CLEAN_EXIT`.
 
     Returns:
-        The :class:`Diagnosis`, with the calls table it was built from (``calls``); nothing is
-        written (see :func:`write_diagnosis`).
+        The :class:`Diagnosis`, with the calls table it was built from (``calls``) and the
+        facts derived from it (``context``); nothing is written (see :func:`write_diagnosis`).
     """
     if straggler_s <= 0:
         raise ValueError(f"straggler_s must be positive, got {straggler_s}")
@@ -96,6 +96,7 @@ def _diagnosis(ctx: Context, f: Finding) -> Diagnosis:
         notes=notes + ctx.aftermath(f.culprits) + ctx.launcher_notes(f.culprits),
         run=ctx.ev.path,
         calls=ctx.calls,
+        context=ctx,
     )
 
 
@@ -177,6 +178,7 @@ def _causeless(
         notes=notes,
         run=ctx.ev.path,
         calls=ctx.calls,
+        context=ctx,
     )
 
 
