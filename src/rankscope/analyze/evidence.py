@@ -66,7 +66,7 @@ class Evidence:
             value = getattr(self.run, name, None)
             table = schema.empty(name) if value is None else value
             if name == "errors" and table["role"].isna().any():
-                # a table built by hand: each kind's role is the catalogue's
+                # a table built by hand: each kind's role is its signature's
                 role = table["role"].astype(object).fillna(table["kind"].map(ROLE_OF_KIND))
                 table = table.assign(role=role.astype("category"))
             cache[name] = table
