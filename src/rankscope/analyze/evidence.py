@@ -16,7 +16,6 @@ from typing import Any
 import pandas as pd
 
 from rankscope import schema
-from rankscope.analyze.causes import Cause
 from rankscope.collect import SIGNATURES, VICTIM_ROLES, is_user_file, latest_captures, short_site
 from rankscope.rundir import signal_name
 
@@ -34,21 +33,9 @@ SIGNAL_TEXT = {
     "SIGFPE": "an arithmetic fault in native code",
 }
 
-_OOM = re.compile(r"out of memory|OutOfMemoryError|can't allocate memory", re.IGNORECASE)
-_NAN = re.compile(r"\bnan\b|non-finite|not finite", re.IGNORECASE)
 _TRACE_FILE = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+)(?:, in (?P<func>\S+))?')
 #: The probe's exit handler (``Probe.end``): on a rank's stack, its script has returned.
 _PROBE_FILE = re.compile(r"rankscope[/\\]probe[/\\]_core\.py$")
-
-
-def crash_cause(message: str | None) -> Cause:
-    """Decides ``oom``, ``nan`` or ``rank_crashed`` from an exception's text."""
-    text = message or ""
-    if _OOM.search(text):
-        return Cause.oom
-    if _NAN.search(text):
-        return Cause.nan
-    return Cause.rank_crashed
 
 
 class Evidence:

@@ -33,9 +33,30 @@ The order (:func:`rules_for`; the first that answers decides):
     (``ok``).
 
 A rule is a plain function: test it on a context built from tables (see the tests). It returns a
-new :class:`Finding` and changes none after; a helper that picks the cause says so in its name
-(``_decide_root_cause``, ``blocked_outside`` "decides ``stuck_outside``") and returns a
-:class:`Decided` for its rule to build the finding from.
+new :class:`Finding` and changes none after. Each cause is named in one function alone (a test
+checks), which decides it; where several rules reach one cause (a branch some ranks took is seen
+where the sequences part, in the stacks, or in a cycle of waits), they call that function, which
+returns a :class:`Decided` (the cause, its culprits, the facts it adds, its notes) for the rule
+to build its finding from:
+
+==================================================  ===========================================
+cause                                               decided in
+==================================================  ===========================================
+the launch causes (by error kind), launch_failed    :func:`.launch.launch_error`
+ddp_model_mismatch                                  :func:`.failures.model_mismatch`
+oom, nan, rank_crashed, rank_killed,                :func:`.failures.failure_cause`
+ddp_unused_parameters
+op/shape/dtype/root_mismatch                        :data:`.mismatch.DIFFERENT_CALL`
+rank_conditional_collective                         :func:`.mismatch.took_a_branch`
+uneven_inputs                                       :func:`.mismatch.ran_out`
+stream_stuck                                        :func:`.stream.stream_stuck`
+early_exit, busy_outside                            :func:`.waits._decide_root_cause`
+stuck_outside                                       :func:`.waits.blocked_outside`
+lagging_rank, silent_rank                           :func:`.waits.lagging`, :func:`.waits.silent`
+p2p_cycle, stuck_collective                         ``.waits._p2p_cycle``, ``.waits._all_stuck``
+collective_timeout                                  :func:`.errors.errors_only`
+straggler                                           :func:`.straggler.straggler`
+==================================================  ===========================================
 
 How to add a rule
 -----------------
@@ -71,12 +92,13 @@ Say some jobs die because a rank lost its network file system, and their logs sa
                facts={"error": short(hit["text"].iloc[0])},
            )
 
-3. Its place in :data:`RULES` below: where its evidence ranks among the others' (here after
-   ``reported_failure``, which already names a rank's exception).
+3. Its place in :data:`RULES` below (imported from its family's file): where its evidence ranks
+   among the others' (here after ``reported_failure``, which already names a rank's exception).
 
 A finding that lacks a fact its templates name raises when it is made, and
-``tests/test_analyze_rules.py`` checks that every template names only facts some rule sets: a
-misspelt key fails the suite rather than rendering as "unknown".
+``tests/test_analyze_rules.py`` checks that each cause is named in one function, whose rules set
+every fact its templates name: a misspelt key fails the suite rather than rendering as
+"unknown".
 """
 
 from __future__ import annotations

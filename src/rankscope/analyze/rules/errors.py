@@ -10,8 +10,9 @@ import pandas as pd
 from rankscope.analyze.causes import Cause
 from rankscope.analyze.context import Context
 from rankscope.analyze.diagnosis import CollectiveInfo
-from rankscope.analyze.rules.finding import Finding
-from rankscope.analyze.rules.waits import blocked_outside
+from rankscope.analyze.rules.finding import Finding, log_site
+from rankscope.analyze.rules.mismatch import DIFFERENT_CALL
+from rankscope.analyze.rules.waits import blocked_outside, lagging
 from rankscope.analyze.wording import error_refs, short
 
 
@@ -31,16 +32,17 @@ def errors_only(ctx: Context) -> Finding | None:
             "other_op": "monitored_barrier",
             "other_site": log_site(ctx, barrier),
             "collective": short(barrier["message"].iloc[0]),
-            "culprit_doing": "monitored_barrier timed out waiting for it",
         }
-        blocked = blocked_outside(ctx, late, say_when=False)
+        decided = blocked_outside(ctx, late, say_when=False) or lagging(
+            late, doing="monitored_barrier timed out waiting for it"
+        )
         return Finding(
-            cause=Cause.lagging_rank if blocked is None else blocked.cause,
+            cause=decided.cause,
             culprits=late,
             waiting=reporters,
-            facts=facts if blocked is None else {**facts, **blocked.facts},
+            facts={**facts, **decided.facts},
             refs=error_refs(barrier, "monitored_barrier names the ranks that did not arrive"),
-            notes=[] if blocked is None else blocked.notes,
+            notes=decided.notes,
         )
     timeouts = errors[(errors["role"] == "timeout") | (errors["kind"] == "monitored_barrier")]
     if timeouts.empty:
@@ -89,13 +91,8 @@ def _fingerprints(ctx: Context, detail: pd.DataFrame) -> Finding:
         "other_site": log_site(ctx, detail[~detail["rank"].isin(culprits)]),
         "collective": "as TORCH_DISTRIBUTED_DEBUG=DETAIL reported it",
     }
-    cause = (
-        "op_mismatch"
-        if odd[0] != norm[0]
-        else "shape_mismatch"
-        if odd[1] != norm[1]
-        else "dtype_mismatch"
-    )
+    differ = "op" if odd[0] != norm[0] else "shapes" if odd[1] != norm[1] else "dtypes"
+    cause = DIFFERENT_CALL[differ]
     ranks = sorted(seen)
     seq = next((fp[3] for fp in seen.values() if fp[3] is not None), None)
     info = CollectiveInfo(
@@ -118,13 +115,3 @@ def _fingerprints(ctx: Context, detail: pd.DataFrame) -> Finding:
         collective=info,
         refs=error_refs(detail, "DETAIL fingerprints"),
     )
-
-
-def log_site(ctx: Context, errors: pd.DataFrame) -> str | None:
-    """The user's line in the traceback above the first of these error lines."""
-    for rank, message in zip(errors["rank"], errors["message"], strict=True):
-        if pd.notna(rank):
-            site = ctx.ev.traceback_site(int(rank), str(message))
-            if site:
-                return site
-    return None

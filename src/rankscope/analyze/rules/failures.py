@@ -5,6 +5,8 @@ blames on a peer) and 9. ``bare_exit`` (a non-zero exit, nothing else). The last
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pandas as pd
 
@@ -12,11 +14,31 @@ from rankscope.analyze.calls import done, failed, opt
 from rankscope.analyze.causes import FAILURE_KINDS, Cause
 from rankscope.analyze.context import Context
 from rankscope.analyze.diagnosis import EvidenceRef, who_of
-from rankscope.analyze.evidence import SIGNAL_TEXT, RankFacts, crash_cause
-from rankscope.analyze.rules.errors import log_site
-from rankscope.analyze.rules.finding import Failure, Finding
+from rankscope.analyze.evidence import SIGNAL_TEXT, RankFacts
+from rankscope.analyze.rules.finding import Failure, Finding, log_site
 from rankscope.analyze.wording import MAX_REFS, at, error_refs, short
 from rankscope.collect import VICTIM_ROLES
+
+_OOM = re.compile(r"out of memory|OutOfMemoryError|can't allocate memory", re.IGNORECASE)
+_NAN = re.compile(r"\bnan\b|non-finite|not finite", re.IGNORECASE)
+
+
+def failure_cause(
+    *, kind: str | None = None, text: str | None = None, signal: str | None = None
+) -> Cause:
+    """Decides the cause of a rank's own failure (named here alone, with
+    :data:`~rankscope.analyze.causes.FAILURE_KINDS`): the cause of an error kind of its own
+    (``cuda_oom``, ...); else ``rank_killed`` for a SIGKILL; else, from its exception's text,
+    ``oom``, ``nan`` or ``rank_crashed``."""
+    if kind is not None:
+        return FAILURE_KINDS[kind]
+    if signal == "SIGKILL":
+        return Cause.rank_killed
+    if _OOM.search(text or ""):
+        return Cause.oom
+    if _NAN.search(text or ""):
+        return Cause.nan
+    return Cause.rank_crashed
 
 
 def model_mismatch(ctx: Context) -> Finding | None:
@@ -87,7 +109,7 @@ def failures(ctx: Context) -> list[Failure]:
     raised_in_call = {(int(r), str(e)) for r, e in zip(broke["rank"], broke["error"], strict=True)}
     errors = ctx.ev.table("errors")
     own = errors[errors["kind"].isin(list(FAILURE_KINDS)) & errors["rank"].notna()]
-    kinds = {int(r): FAILURE_KINDS[str(k)] for r, k in zip(own["rank"], own["kind"], strict=True)}
+    kinds = {int(r): str(k) for r, k in zip(own["rank"], own["kind"], strict=True)}
     out = []
     for rank, f in ctx.facts.items():
         if f.exception is None or any(r == rank and f.exception in e for r, e in raised_in_call):
@@ -100,7 +122,7 @@ def failures(ctx: Context) -> list[Failure]:
             Failure(
                 t_s=f.exception_s or np.inf,
                 rank=rank,
-                cause=kinds.get(rank) or crash_cause(f.exception),
+                cause=failure_cause(kind=kinds.get(rank), text=f.exception),
                 message=f.exception,
                 ref=EvidenceRef(table="events", row=f.exception_row, rank=rank, note=note),
             )
@@ -112,7 +134,7 @@ def failures(ctx: Context) -> list[Failure]:
             Failure(
                 t_s=np.inf if pd.isna(row.t_s) else float(row.t_s),
                 rank=int(row.rank),
-                cause=FAILURE_KINDS[str(row.kind)],
+                cause=failure_cause(kind=str(row.kind)),
                 message=str(row.message),
                 ref=EvidenceRef(
                     table="errors", row=int(pos), rank=int(row.rank), note=str(row.kind)
@@ -172,7 +194,7 @@ def _death(ctx: Context, f: RankFacts) -> Failure:
         return Failure(
             t_s=f.last_seen_s or np.inf,
             rank=f.rank,
-            cause=Cause.rank_killed,
+            cause=failure_cause(signal=f.signal),
             message=f"{f.signal} ({SIGNAL_TEXT[f.signal]})",
             ref=ref,
             site=site,
@@ -186,7 +208,7 @@ def _death(ctx: Context, f: RankFacts) -> Failure:
     return Failure(
         t_s=f.last_seen_s or np.inf,
         rank=f.rank,
-        cause=Cause.rank_crashed,
+        cause=failure_cause(signal=f.signal),
         message=message + after,
         ref=ref,
         site=site,

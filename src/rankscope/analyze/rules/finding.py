@@ -1,10 +1,13 @@
-"""What a rule answers: a :class:`Finding`, checked against its cause's templates when made."""
+"""What a rule answers: a :class:`Finding`, checked against its cause's templates when made;
+and what every family reads alike (:func:`log_site`)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+import pandas as pd
 
 from rankscope.analyze.causes import DRIVER_FACTS, Cause
 from rankscope.analyze.context import Context
@@ -29,7 +32,9 @@ class Finding:
     notes: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        missing = Cause(self.cause).facts - DRIVER_FACTS - set(self.facts)
+        if not isinstance(self.cause, Cause):
+            raise TypeError(f"a finding's cause is a Cause, not {self.cause!r}")
+        missing = self.cause.facts - DRIVER_FACTS - set(self.facts)
         if missing:
             raise ValueError(
                 f"a finding of {self.cause} lacks the facts {sorted(missing)} that its "
@@ -63,3 +68,13 @@ class Failure:
 
 #: A rule: the context of one run in, a finding or None (it passes) out.
 Rule = Callable[[Context], "Finding | None"]
+
+
+def log_site(ctx: Context, errors: pd.DataFrame) -> str | None:
+    """The user's line in the traceback above the first of these error lines."""
+    for rank, message in zip(errors["rank"], errors["message"], strict=True):
+        if pd.notna(rank):
+            site = ctx.ev.traceback_site(int(rank), str(message))
+            if site:
+                return site
+    return None

@@ -6,6 +6,7 @@ which is then its victim."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -17,7 +18,7 @@ from rankscope.analyze.calls import BARRIER_OPS, done, opt
 from rankscope.analyze.causes import Cause
 from rankscope.analyze.context import Context
 from rankscope.analyze.diagnosis import who_of
-from rankscope.analyze.rules.finding import Finding
+from rankscope.analyze.rules.finding import Decided, Finding
 from rankscope.analyze.rules.loops import fewer_calls, left_the_loop, thread_notes
 from rankscope.analyze.wording import at, error_refs, short, site_of
 from rankscope.waitfor import Call, differs
@@ -88,32 +89,26 @@ def _mismatch(ctx: Context, d: align.Divergence) -> Finding:
     }
     notes = _tie_note(ctx, d, groups, tied, norm_key)
     differ = differs(_call(o), _call(n))
-    if differ == "op":
-        # Out of data: the odd ranks left a loop the others are still in, for the barrier that
-        # follows it (a data collective elsewhere is a different call, not the loop's end).
-        if _ran_out(ctx, culprits, norm, o, facts, notes):
-            cause = Cause.uneven_inputs
-        elif _extra_or_skipped(ctx, d, odd, norm) or _extra_call(ctx, culprits, norm_ranks):
-            cause = Cause.rank_conditional_collective
-        else:
-            cause = Cause.op_mismatch
-        notes += thread_notes(ctx, odd)
-    elif _ran_out(ctx, culprits, norm, o, facts, notes, only_evidence=True):
-        cause = Cause.uneven_inputs
-    elif _extra_call(ctx, culprits, norm_ranks):
-        # the same op with other tensors, but made from a branch the others passed by
-        cause = Cause.rank_conditional_collective
-    elif differ == "shapes":
-        cause = Cause.shape_mismatch
-    elif differ == "dtypes":
-        cause = Cause.dtype_mismatch
-    else:
-        cause = Cause.root_mismatch
-        facts["culprit_root"] = opt(o["root"]) or "unknown"
-        facts["other_root"] = opt(n["root"]) or "unknown"
-    if cause == Cause.rank_conditional_collective:
-        facts["culprit_doing"] = f"called {o['op']}{at(facts['culprit_site'])}"
-        facts["other_doing"] = f"called {n['op']}{at(facts['other_site'])}"
+    branch = took_a_branch(
+        culprits,
+        doing=f"called {o['op']}{at(facts['culprit_site'])}",
+        others_doing=f"called {n['op']}{at(facts['other_site'])}",
+    )
+    # Out of data: the odd ranks left a loop the others are still in (for another op, the
+    # barrier that follows the loop: a data collective elsewhere is a different call, not the
+    # loop's end); else a branch only they took: an extra call, or (another op) one skipped.
+    decided = _decide_ran_out(
+        ctx, culprits, norm, o, facts["culprit_site"], only_evidence=differ != "op"
+    )
+    if decided is None and (
+        (differ == "op" and _extra_or_skipped(ctx, d, odd, norm))
+        or _extra_call(ctx, culprits, norm_ranks)
+    ):
+        decided = branch
+    decided = decided or different_call(culprits, differ, o, n)
+    notes += decided.notes + (thread_notes(ctx, odd) if differ == "op" else [])
+    cause = decided.cause
+    facts.update(decided.facts)
     facts["others"] = who_of(sorted(norm["rank"].tolist()))
     if d.missing:
         notes.append(f"{who_of(d.missing)} never made this call")
@@ -200,37 +195,84 @@ def _parted_side(ctx: Context, groups: dict[int, list[int]]) -> int | None:
     return first if gone == set(groups[first]) else second if gone == set(groups[second]) else None
 
 
-def _ran_out(
+def _decide_ran_out(
     ctx: Context,
     culprits: list[int],
     norm: pd.DataFrame,
     own: pd.Series,
-    facts: dict[str, Any],
-    notes: list[str],
+    culprit_site: str | None,
     *,
     only_evidence: bool = False,
-) -> bool:
-    """Whether the culprits ran out of iterations of the loop the others are still in: they
-    made its call fewer times, and left it (for a barrier after it, the counts may say so when
-    nothing else can; for any other call, the stacks or the source must). Sets the facts."""
+) -> Decided | None:
+    """Whether the culprits ran out of iterations of the loop the others are still in
+    (:func:`ran_out`): they made its call fewer times, and left it (for a barrier after it, the
+    counts may say so when nothing else can; for any other call, the stacks or the source
+    must); None when they did not, or the evidence cannot tell."""
     peers = sorted(norm["rank"].tolist())
     fewer = fewer_calls(ctx, culprits, norm.index[0], peers, current=True)
     if fewer is None:
-        return False
+        return None
     left = left_the_loop(ctx, culprits, peers, norm.iloc[0], own)
     ended = set(str(own["op"]).split()) <= BARRIER_OPS
+    notes = []
     if left is None:
         if only_evidence or not ended:
-            return False
+            return None
         notes.append(
             "whether the culprits left the loop is inferred from their counts of calls alone: "
             "no stacks or source show where they were"
         )
     elif not left:
-        return False
-    facts["culprit_done"] = fewer
-    facts["culprit_went"] = f"went on to {own['op']}{at(facts['culprit_site'])}"
-    return True
+        return None
+    return ran_out(
+        culprits, done=fewer, went=f"went on to {own['op']}{at(culprit_site)}", notes=notes
+    )
+
+
+def ran_out(culprits: list[int], *, done: str, went: str, notes: Sequence[str] = ()) -> Decided:
+    """``uneven_inputs`` (named here alone): the culprits ran out of iterations of a loop the
+    others are still in: they made its call fewer times (``done``: ``3 calls of all_reduce at
+    train.py:9 where rank 0 is making its 4th``), then went on elsewhere (``went``)."""
+    return Decided(
+        Cause.uneven_inputs, culprits, {"culprit_done": done, "culprit_went": went}, list(notes)
+    )
+
+
+def took_a_branch(
+    culprits: list[int], *, doing: str, others_doing: str, notes: Sequence[str] = ()
+) -> Decided:
+    """``rank_conditional_collective`` (named here alone): the culprits made a call the others
+    do not make there, or skipped one they make (``doing``), while the others
+    ``others_doing``: a branch only some ranks took."""
+    return Decided(
+        Cause.rank_conditional_collective,
+        culprits,
+        {"culprit_doing": doing, "other_doing": others_doing},
+        list(notes),
+    )
+
+
+#: The cause of two calls that differ, by what differs first (:func:`rankscope.waitfor.differs`).
+DIFFERENT_CALL: Mapping[str | None, Cause] = {
+    "op": Cause.op_mismatch,
+    "shapes": Cause.shape_mismatch,
+    "dtypes": Cause.dtype_mismatch,
+    "root": Cause.root_mismatch,
+}
+
+
+def different_call(culprits: list[int], differ: str | None, odd: Any, norm: Any) -> Decided:
+    """The culprits' call differs from the others' in ``differ`` (``op``, ``shapes``, ``dtypes``
+    or ``root``; :data:`DIFFERENT_CALL`); a root mismatch names both roots. ``odd`` and
+    ``norm``: a row (or fingerprint) of each side, for their roots."""
+    cause = DIFFERENT_CALL[differ or "root"]  # keys that differ in nothing it compares: a root
+    facts = {}
+    if cause == Cause.root_mismatch:
+        facts = {
+            "culprit_root": opt(odd["root"]) or "unknown",
+            "other_root": opt(norm["root"]) or "unknown",
+        }
+    return Decided(cause, culprits, facts)
 
 
 def _extra_call(ctx: Context, culprits: list[int], others: list[int]) -> bool:

@@ -16,9 +16,10 @@ from rankscope.analyze.calls import done, opt, opt_int
 from rankscope.analyze.causes import Cause
 from rankscope.analyze.context import Context, Where
 from rankscope.analyze.diagnosis import CollectiveInfo, who_of
-from rankscope.analyze.evidence import crash_cause
+from rankscope.analyze.rules.failures import failure_cause
 from rankscope.analyze.rules.finding import Decided, Finding
 from rankscope.analyze.rules.loops import fewer_calls, left_the_loop, thread_notes
+from rankscope.analyze.rules.mismatch import ran_out, took_a_branch
 from rankscope.analyze.waits import Wait, departed
 from rankscope.analyze.wording import MAX_REFS, at, short, site_of
 from rankscope.collect import short_site
@@ -105,30 +106,27 @@ def _decide_root_cause(
             )
         fact = ctx.facts[first]
         return Decided(
-            crash_cause(fact.exception),
+            failure_cause(text=fact.exception),
             exited,
             {
                 "error": short(fact.exception or f"exit code {fact.exit_code}"),
                 "culprit_site": where[first].site,
             },
         )
-    silent = [r for r in roots if r not in ctx.evidence_ranks]
-    if silent and len(silent) == len(roots):
-        return Decided(Cause.silent_rank, roots, {})
+    unrecorded = [r for r in roots if r not in ctx.evidence_ranks]
+    if unrecorded and len(unrecorded) == len(roots):
+        return silent(roots)
     went_past = [r for r in roots if _went_past(ctx, w, r)]
     if went_past:
         # Its stacks show it beyond the line where the others wait, in the same function,
         # without ever having called there: it took another branch (whatever it waits on now).
         a = ctx.activity(went_past[0])
         now = f", and is now {a.doing}" if a is not None else ""
-        return Decided(
-            Cause.rank_conditional_collective,
+        return took_a_branch(
             went_past,
-            {
-                "culprit_doing": f"went past {w.site} without calling {w.op}{now}",
-                "other_doing": f"waited in {facts['other_op']}{at(facts['other_site'])}",
-            },
-            _stacks_taken(went_past[0], a),
+            doing=f"went past {w.site} without calling {w.op}{now}",
+            others_doing=f"waited in {facts['other_op']}{at(facts['other_site'])}",
+            notes=_stacks_taken(went_past[0], a),
         )
     blocked = blocked_outside(ctx, roots, say_when=True)
     if blocked is not None:
@@ -153,7 +151,19 @@ def _decide_root_cause(
                 "culprit_site": x.site,
             },
         )
-    return Decided(Cause.lagging_rank, roots, {"culprit_doing": _some(where)})
+    return lagging(roots, doing=_some(where))
+
+
+def lagging(ranks: list[int], *, doing: str) -> Decided:
+    """``lagging_rank`` (named here alone): ranks that never joined the call the others wait
+    in, last seen ``doing``."""
+    return Decided(Cause.lagging_rank, ranks, {"culprit_doing": doing})
+
+
+def silent(ranks: list[int]) -> Decided:
+    """``silent_rank`` (named here alone): the ranks the others wait for left no record of their
+    calls."""
+    return Decided(Cause.silent_rank, ranks, {})
 
 
 def blocked_outside(ctx: Context, ranks: list[int], *, say_when: bool) -> Decided | None:
@@ -218,30 +228,27 @@ def _cycle(ctx: Context, cycle: list[int]) -> Finding:
     own = g.waits[c]
     waiting = sorted(set(g.waiting) - set(culprits))
     facts = {
-        "culprit_doing": f"skipped {skipped.where()} and waits in {own.where()}",
-        "other_doing": f"wait{'s' if len(waiting) == 1 else ''} for {'it' if len(culprits) == 1 else 'them'}",
         "collective": ctx.label(d) if d is not None else skipped.where(),
         "culprit_site": own.site,
     }
-    cause = Cause.rank_conditional_collective
+    decided = took_a_branch(
+        culprits,
+        doing=f"skipped {skipped.where()} and waits in {own.where()}",
+        others_doing=f"wait{'s' if len(waiting) == 1 else ''} for "
+        f"{'it' if len(culprits) == 1 else 'them'}",
+    )
     fewer = _ran_short(ctx, c, own)
     if fewer is not None and left_the_loop(
         ctx, culprits, [skipped.rank], ctx.calls.iloc[skipped.row], ctx.calls.iloc[own.row]
     ) in (True, None):
-        cause = Cause.uneven_inputs
-        facts.update(
-            culprit_done=fewer,
-            culprit_went=f"went on to {own.where()}",
-            other_op=skipped.op,
-            other_site=skipped.site,
-        )
-        facts["others"] = who_of([skipped.rank])
+        decided = ran_out(culprits, done=fewer, went=f"went on to {own.where()}")
+        facts.update(other_op=skipped.op, other_site=skipped.site, others=who_of([skipped.rank]))
     notes = thread_notes(ctx, ctx.calls.iloc[[own.row]])
     return Finding(
-        cause=cause,
+        cause=decided.cause,
         culprits=culprits,
         waiting=waiting,
-        facts=facts,
+        facts={**facts, **decided.facts},
         collective=ctx.collective(d) if d is not None else None,
         refs=[ctx.call_ref(g.waits[r].row, f"waits in {g.waits[r].where()}") for r in cycle][
             :MAX_REFS
@@ -307,10 +314,11 @@ def _all_stuck(ctx: Context) -> Finding | None:
     d = ctx.cell(str(pg), int(seq))
     rows = d.rows
     sites = ctx.sites(rows)
-    silent = sorted(set(d.members) - ctx.evidence_ranks)
+    absent = sorted(set(d.members) - ctx.evidence_ranks)
+    decided = silent(absent) if absent else Decided(Cause.stuck_collective, [], {})
     return Finding(
-        cause=Cause.silent_rank if silent else Cause.stuck_collective,
-        culprits=silent,
+        cause=decided.cause,
+        culprits=decided.culprits,
         waiting=sorted(rows["rank"][~done(rows)].tolist()),
         facts={
             "other_op": rows["op"].iloc[0],
