@@ -585,7 +585,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 
 def _status_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("run_dir", metavar="RUN_DIR")
+    _run_dir_argument(p)
     p.add_argument("--json", action="store_true", help="print run.json and rank states")
 
 
