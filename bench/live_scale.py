@@ -17,7 +17,7 @@ through the run directory (their pid, for it, is one sleeping process here). It 
   the collective;
 - the delay of the stall decision past what the rule asks (the last progress plus the stall
   timeout);
-- a capture (:func:`rankscope.launch.evidence.capture_evidence`, without py-spy): request to
+- a capture (:func:`rankscope.launch.capture.capture_evidence`, without py-spy): request to
   every rank answered and copied.
 
     python bench/live_scale.py [--ranks 1024] [--steady 10] [--stall-timeout 3]
@@ -36,7 +36,7 @@ import threading
 import time
 from pathlib import Path
 
-from rankscope.launch.evidence import capture_evidence
+from rankscope.launch.capture import capture_evidence
 from rankscope.launch.procs import RankProc
 from rankscope.launch.tracker import RankTracker
 from rankscope.launch.watchdog import Watchdog

@@ -91,9 +91,28 @@ RING_VERSION = 1
 RING_SLOTS = 4096
 #: magic, version, slot size, slots, pid, rank, created (time.time()), then padding to 64 bytes.
 RING_HEADER = struct.Struct("<8sIIIIqd24x")
-#: cid (0: empty or torn), seq, t (enter), t_end, facts id, state (RING_STATES), thread ident,
-#: then padding to 64 bytes.
-RING_SLOT = struct.Struct("<QqddIIQ16x")
+#: A slot's fields, in order, with their struct codes: cid (0: empty or torn), seq, t (enter),
+#: t_end, facts id, state (RING_STATES), thread ident; then padding to 64 bytes. The one
+#: definition of the slot: RING_SLOT, RING_SLOT_OFFSETS and the collector's NumPy dtype follow
+#: from it, and a test checks ``_fast.c``'s ``RingSlot`` against it.
+RING_SLOT_FIELDS: tuple[tuple[str, str], ...] = (
+    ("cid", "Q"),
+    ("seq", "q"),
+    ("t", "d"),
+    ("t_end", "d"),
+    ("fid", "I"),
+    ("state", "I"),
+    ("tid", "Q"),
+)
+_RING_SLOT_USED = struct.calcsize("<" + "".join(code for _, code in RING_SLOT_FIELDS))
+RING_SLOT = struct.Struct(
+    "<" + "".join(code for _, code in RING_SLOT_FIELDS) + f"{64 - _RING_SLOT_USED}x"
+)
+#: Each field's offset in a slot.
+RING_SLOT_OFFSETS: dict[str, int] = {
+    name: struct.calcsize("<" + "".join(code for _, code in RING_SLOT_FIELDS[:i]))
+    for i, (name, _) in enumerate(RING_SLOT_FIELDS)
+}
 #: A slot's state: the call is in flight, returned, or raised.
 RING_STATES = ("in_flight", "returned", "raised")
 

@@ -29,6 +29,7 @@ import pandas as pd
 from rankscope.collect import is_user_file
 from rankscope.rundir import P2P_OPS  # only two ranks take part: not aligned by position
 from rankscope.schema import CALLS
+from rankscope.waitfor import UNEVEN_OPS  # the same-call rule: waitfor.differs, vectorised
 
 #: Recorded calls that are not collectives: process-group set-up and teardown.
 MANAGEMENT_OPS = frozenset(
@@ -38,22 +39,6 @@ MANAGEMENT_OPS = frozenset(
         "new_group",
         "new_subgroups",
         "new_subgroups_by_enumeration",
-    }
-)
-#: Collectives whose tensors differ between ranks by design (the root's list, uneven splits).
-UNEVEN_OPS = frozenset(
-    {
-        "gather",
-        "scatter",
-        "gather_object",
-        "scatter_object_list",
-        "all_gather_object",
-        "broadcast_object_list",
-        "all_to_all",
-        "all_to_all_single",
-        "all_to_all_v_single",
-        "all_gather_v",
-        "reduce_scatter_v",
     }
 )
 #: Collectives with a root (src or dst), which every rank must name alike.
@@ -458,3 +443,28 @@ def fr_sites(fr_frames: pd.DataFrame, calls: pd.DataFrame, fr: pd.DataFrame) -> 
         index=calls.index,
         dtype="string",
     )
+
+
+# --- reading rows of a calls table (or of the probe's collectives) ---------------------------
+def done(rows: pd.DataFrame) -> pd.Series:
+    """Calls that returned normally."""
+    return rows["completed"].fillna(False).astype(bool) & ~failed(rows)
+
+
+def failed(rows: pd.DataFrame) -> pd.Series:
+    """Calls that raised."""
+    return rows["ok"].eq(False).fillna(False).astype(bool)
+
+
+def opt(value: Any) -> str | None:
+    """A cell as text, None where it is null."""
+    return (
+        None
+        if value is None or value is pd.NA or (isinstance(value, float) and np.isnan(value))
+        else str(value)
+    )
+
+
+def opt_int(value: Any) -> int | None:
+    """A cell as an int, None where it is null."""
+    return None if pd.isna(value) else int(value)

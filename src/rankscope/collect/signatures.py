@@ -1,4 +1,4 @@
-"""The catalogue of known error signatures: one entry per signature, data only.
+"""The known error signatures: one entry per signature, data only.
 
 Each entry says what it is (``kind``), a plain substring that every matching line contains
 (``literal``, checked first and vectorised, so most lines are never regex-matched), the regex

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from rankscope.launch import slurm
-from rankscope.launch.evidence import capture_evidence
+from rankscope.launch.capture import capture_evidence
 from rankscope.launch.procs import pid_alive, terminate
 from rankscope.launch.spec import JobSpec, free_port, launch_commands, launch_files
 from rankscope.launch.tracker import RankTracker, doing_now, exit_text
