@@ -21,6 +21,12 @@ def test_a_rankscope_run_whose_kernel_never_ends():
     assert (d.verdict, d.cause, d.culprit_ranks) == ("hang", "stream_stuck", [0]), d.render()
     assert "all_reduce (group 0, collective #5)" in d.summary
     assert "all_reduce #4 on group 0" in d.summary  # what its stream completed last
+    # nccl returned from #5 at enqueue; its recorder entry says it never completed, and the
+    # calls table says so too (the probe's return is not the backend's completion)
+    calls = d.context.calls
+    last = calls[(calls["op"] == "all_reduce") & (calls["seq"] == 5)]
+    assert last["completed"].tolist() == [False], calls.tail(3)
+    assert "waiting in all_reduce at spin_before_all_reduce.py:23" in d.summary
 
 
 def test_the_status_of_an_ended_rank_names_the_call_never_completed(capsys):

@@ -326,7 +326,9 @@ def parse_ranks(text: object) -> tuple[int, ...]:
     return tuple(int(p) for p in parts if p.lstrip("-").isdigit())
 
 
-def merge_calls(probe: pd.DataFrame, fr: pd.DataFrame) -> pd.DataFrame:
+def merge_calls(
+    probe: pd.DataFrame, fr: pd.DataFrame, *, backend_completes: np.ndarray | None = None
+) -> pd.DataFrame:
     """One calls table from the probe's calls and the recorder's (each from the functions above).
 
     A recorder entry is a probe call's when it was made on the same rank, group and thread
@@ -335,12 +337,21 @@ def merge_calls(probe: pd.DataFrame, fr: pd.DataFrame) -> pd.DataFrame:
     collectives) take the recorder's sequence, with the probe's site, thread, outcome and
     function name on the entries that are its calls; other groups take the probe's. Ranks with
     only one source keep it.
+
+    ``backend_completes`` marks the recorder rows whose completion is the backend's word (nccl:
+    a call returns once enqueued): a probe call that returned is not completed while its entry
+    is not.
     """
     if fr.empty:
         return probe
     if probe.empty:
         return fr
     owner = _owning_probe_call(probe, fr)
+    if backend_completes is not None:
+        undone = (owner >= 0) & backend_completes & ~fr["completed"].fillna(False).to_numpy(bool)
+        if undone.any():
+            probe = probe.copy()
+            probe.loc[probe.index[owner[undone]], "completed"] = False
     own_entries = fr[owner < 0]
     backend = set(own_entries.loc[own_entries["seq"].notna(), "pg"].astype(str))
     probe_ranks = set(probe["rank"].unique().tolist())

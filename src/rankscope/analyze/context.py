@@ -95,7 +95,9 @@ class Context(Phrasing):
         timeout) outside its Python calls raised it from a collective torch issued (a
         backward's bucket all_reduce, a Work waited on): its last such entry did not complete,
         and it waited there."""
-        calls = merge_calls(self.probe_calls, calls_from_flight_recorder(self.fr))
+        fr = calls_from_flight_recorder(self.fr)
+        nccl = self.fr["backend"].astype(str).to_numpy()[fr["row"].to_numpy()] == "nccl"
+        calls = merge_calls(self.probe_calls, fr, backend_completes=nccl)
         probe = self.ev.table("collectives")
         raised_in_call = set(probe.loc[failed(probe), "rank"].dropna().astype(int).tolist())
         victims = [
