@@ -56,6 +56,9 @@ def test_a_watchdog_timeout_of_a_job_started_by_hand():
     assert timeout["role"].iloc[0] == "timeout"
     fields = timeout["fields"].iloc[0]
     assert (fields["seq"], fields["op_type"], fields["timeout_ms"]) == (6, "ALLREDUCE", 10000)
+    # torch 2.11 writes two spaces after this line's "[PG ID 0 PG GUID 0(default_pg) Rank 0]"
+    (failure,) = errors.loc[errors["kind"] == "nccl_watchdog_failure", "fields"]
+    assert (failure["pg"], failure["seq"], failure["last_completed"]) == ("0", 6, 5), failure
     # the log holds stack lines (the failed collective's) and NCCL's INFO lines: each reader
     # that knows a part of it gets it
     assert not run.table("nccl").empty
