@@ -31,7 +31,8 @@ def test_a_rankscope_run_whose_kernel_never_ends():
 
 def test_the_status_of_an_ended_rank_names_the_call_never_completed(capsys):
     """nccl returned from the all_reduce at enqueue; its heartbeats' recorder reads show it
-    never completed, so it is not the last completed call."""
+    never completed, so it is not the last completed call. The run was made on another
+    machine: its script is not here, and the status reads it all the same."""
     assert main(["status", str(DATA / "spin_stall")]) == 0
     out = capsys.readouterr().out
     assert "ended with all_reduce (group 0 #5) never completed" in out, out

@@ -172,7 +172,7 @@ class Job:
             _observe(run)
         data = run.read_run()
         try:
-            spec = JobSpec.from_dict(data["spec"])
+            spec = JobSpec.from_dict(data["spec"], recorded=True)
         except (KeyError, TypeError, ValueError) as exc:
             raise RunDirError(f"{run.run_json} has no usable job spec: {exc}") from exc
         job = cls(spec, detached=bool(data.get("detached")))
