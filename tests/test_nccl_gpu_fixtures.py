@@ -26,6 +26,7 @@ def test_a_rankscope_run_whose_kernel_never_ends():
     calls = d.context.calls
     last = calls[(calls["op"] == "all_reduce") & (calls["seq"] == 5)]
     assert last["completed"].tolist() == [False], calls.tail(3)
+    assert calls["state"].tolist()[-2:] == ["completed", "issued"], calls.tail(3)
     assert "waiting in all_reduce at spin_before_all_reduce.py:23" in d.summary
 
 

@@ -269,7 +269,10 @@ CALLS: Columns = {
     "key": "int64",  # equal keys: the same call (op, shapes and dtypes)
     "peer": "Int64",  # global rank of the other side of a p2p call, when known
     "root": "Int64",  # the root of a rooted collective (broadcast's src, reduce's dst; probe)
-    "completed": "boolean",
+    "completed": "boolean",  # the backend completed it (not only returned: nccl, async calls)
+    # issued (not completed; on gloo the device has no say), started (on the device: nccl with
+    # TORCH_NCCL_ENABLE_TIMING), completed
+    "state": "category",
     "ok": "boolean",  # the call returned normally (probe only)
     "error": "category",
     "t_start_s": "Float64",

@@ -75,6 +75,7 @@ _FR_COLUMNS = [
     "output_dtypes",
     "state",
     "time_created_ns",
+    "time_discovered_started_ns",
     "time_discovered_completed_ns",
     "retired",
     "thread_id",
@@ -183,6 +184,7 @@ def calls_from_probe(collectives: pd.DataFrame) -> pd.DataFrame:
             "peer": peer,
             "root": root,
             "completed": df["completed"],
+            "state": _states(df["completed"].fillna(False).to_numpy(dtype=bool)),
             "ok": df["ok"],
             "error": df["error"],
             "t_start_s": df["t_start_s"],
@@ -195,6 +197,15 @@ def calls_from_probe(collectives: pd.DataFrame) -> pd.DataFrame:
         },
         len(df),
     )
+
+
+#: The calls table's ``state``: issued (not completed), started on the device, completed.
+STATES = ("issued", "started", "completed")
+
+
+def _states(completed: np.ndarray, started: np.ndarray | None = None) -> pd.Categorical:
+    codes = np.where(completed, 2, 0 if started is None else np.where(started, 1, 0))
+    return pd.Categorical.from_codes(codes.astype(np.int8), categories=STATES)
 
 
 def _ranks_per_group(pg: pd.Series, pg_ranks: pd.Series) -> pd.Categorical:
@@ -285,6 +296,11 @@ def calls_from_flight_recorder(flight_recorder: pd.DataFrame) -> pd.DataFrame:
             ),
             "peer": peer,
             "completed": completed,
+            "state": _states(
+                completed.to_numpy(dtype=bool),
+                (df["state"] == "started").to_numpy(dtype=bool)
+                | df["time_discovered_started_ns"].notna().to_numpy(dtype=bool),
+            ),
             "t_start_s": df["time_created_ns"].astype("Float64") / 1e9,
             "t_end_s": df["time_discovered_completed_ns"].astype("Float64") / 1e9,
             "thread": None if thread.isna().all() else _thread_text(thread),
@@ -351,7 +367,9 @@ def merge_calls(
         undone = (owner >= 0) & backend_completes & ~fr["completed"].fillna(False).to_numpy(bool)
         if undone.any():
             probe = probe.copy()
-            probe.loc[probe.index[owner[undone]], "completed"] = False
+            rows = probe.index[owner[undone]]
+            probe.loc[rows, "completed"] = False
+            probe.loc[rows, "state"] = fr["state"].to_numpy()[undone]
     own_entries = fr[owner < 0]
     backend = set(own_entries.loc[own_entries["seq"].notna(), "pg"].astype(str))
     probe_ranks = set(probe["rank"].unique().tolist())

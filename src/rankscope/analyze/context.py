@@ -115,6 +115,7 @@ class Context(Phrasing):
         if len(rows):
             calls = calls.copy()
             calls.loc[rows.to_numpy(), "completed"] = False
+            calls.loc[rows.to_numpy(), "state"] = "issued"
         return calls
 
     @cached_property
