@@ -97,7 +97,7 @@ def test_a_peer_that_ended_cleanly_before_the_call_proves_a_hang():
     ranks = {r: rank(r, blocked=3) for r in range(3)}
     gone = rank(3, history={1: AR, 2: AR}, exited=0)
     fact = prove({**ranks, 3: gone})
-    assert fact is not None and "rank 3 ended (exit code 0) after 2 collective(s)" in fact
+    assert fact is not None and "rank 3 ended (exit code 0) after 2 call(s) on group 0" in fact
     # it made the call before it ended: the others' call can complete
     assert prove({**ranks, 3: rank(3, exited=0)}) is None
     # a rank that failed is not a hang: torchrun ends the job (exited None)

@@ -274,7 +274,7 @@ def _differ(
         facts = st.calls.get((pg, seq)) if st is not None else None
         if facts is not None:
             made[m] = Call(op=facts[0], shapes=facts[1], dtypes=facts[2], root=facts[3])
-    for rank in waiting:
+    for rank in sorted(waiting):
         mine = made.get(rank)
         if mine is None:
             continue
@@ -313,8 +313,8 @@ def _ended(
         facts = ranks[rank].calls.get((pg, seq))
         op = facts[0] if facts else "a collective"
         return (
-            f"rank {m} ended (exit code {st.exited}) after {st.called.get(pg, 0)} collective(s) "
-            f"on group {pg}; rank {rank} waits in {op}, collective #{seq} of group {pg}"
+            f"rank {m} ended (exit code {st.exited}) after {st.called.get(pg, 0)} call(s) on "
+            f"group {pg}; rank {rank} waits in {op}, call #{seq} of group {pg}"
         )
     return None
 
