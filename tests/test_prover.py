@@ -231,3 +231,27 @@ def test_a_second_calling_thread_makes_a_blocked_rank_free():
 def test_only_a_clean_exit_is_an_end_the_prover_counts():
     assert _state(events({"ev": "end", "code": 0})).exited == 0
     assert _state(events({"ev": "end", "code": 1})).exited is None
+
+
+def test_collectives_are_numbered_without_the_group_management_calls():
+    # a group made with use_local_synchronization: only its members call new_group, which
+    # takes a number in the probe's sequence of the world group on them alone
+    member = events(
+        enter(1, "all_reduce", 1),
+        {"ev": "exit", "id": 1},
+        enter(2, "new_group", 2),
+        {"ev": "exit", "id": 2},
+        enter(3, "all_reduce", 3, shapes=[[4]]),
+    )
+    other = events(enter(1, "all_reduce", 1), {"ev": "exit", "id": 1})
+    other.apply({**enter(2, "all_reduce", 2, shapes=[[4]]), "t": 9.0})
+    st = _state(member)
+    assert st.blocked == ("0", 2) and st.called == {"0": 2}
+    assert st.calls[("0", 2)] == ("all_reduce", [[4]], None, None)
+    assert _state(other).blocked == ("0", 2)
+    # both wait in the same call: nothing proven
+    assert prove({0: st, 1: _state(other)}) is None
+    # a rank in destroy_process_group waits for no one
+    member.apply({"ev": "exit", "id": 3, "t": 10.0})
+    member.apply({**enter(4, "destroy_process_group", 4), "t": 11.0})
+    assert _state(member).blocked is None and _state(member).pending == ()

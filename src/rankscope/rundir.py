@@ -81,6 +81,19 @@ P2P_OPS = frozenset(
     {"send", "recv", "isend", "irecv", "batch_isend_irecv", "send_object_list", "recv_object_list"}
 )
 
+#: Recorded calls that are not collectives: process-group set-up and teardown. They take a
+#: number in the probe's sequence of their group, but only the ranks that make them do (a group
+#: made with ``use_local_synchronization``), so collectives are numbered without them.
+MANAGEMENT_OPS = frozenset(
+    {
+        "init_process_group",
+        "destroy_process_group",
+        "new_group",
+        "new_subgroups",
+        "new_subgroups_by_enumeration",
+    }
+)
+
 #: How many of a rank's latest collectives on each group its record keeps the facts of
 #: (:attr:`RankRecord.recent`).
 RECENT_CALLS = 64
@@ -432,9 +445,14 @@ class RankRecord:
     """Per group it called on, the group's ranks."""
     peer: int | None = None
     """Its latest call's peer (a point-to-point call's) or root (a rooted collective's)."""
+    collectives: dict[str, int] = dataclasses.field(default_factory=dict)
+    """Per group, the collectives it called (:data:`MANAGEMENT_OPS` left out, as the analyzer
+    numbers them; ``issued_seqs`` is the probe's numbering)."""
     recent: dict[tuple[str, int], tuple[Any, ...]] = dataclasses.field(default_factory=dict)
-    """Its last ``RECENT_CALLS`` collectives on each group, by ``(group, seq)``: ``(op, shapes,
-    dtypes, root)``, what makes a call the call it is (:func:`rankscope.waitfor.differs`)."""
+    """Its last ``RECENT_CALLS`` collectives on each group, by group and that number: ``(op,
+    shapes, dtypes, root)``, what makes a call the call it is (:func:`rankscope.waitfor.differs`)."""
+    numbered: dict[tuple[str, int], int] = dataclasses.field(default_factory=dict)
+    """The same calls' numbers by group and the probe's ``seq``."""
     sent: dict[int, int] = dataclasses.field(default_factory=dict)
     """Point-to-point sends it called, per peer (``received``: receives)."""
     received: dict[int, int] = dataclasses.field(default_factory=dict)
@@ -509,14 +527,13 @@ class RankRecord:
                 self.issued_seqs[self.pg] = self.seq
                 if isinstance(ranks, list) and all(type(r) is int for r in ranks):
                     self.members[self.pg] = ranks
-                recent = self.recent
-                recent[(self.pg, self.seq)] = (
-                    self.op,
-                    ev.get("shapes"),
-                    ev.get("dtypes"),
-                    self.peer,
-                )
-                recent.pop((self.pg, self.seq - RECENT_CALLS), None)
+                self.numbered.pop((self.pg, self.seq - RECENT_CALLS), None)
+                if self.op not in MANAGEMENT_OPS:
+                    n = self.collectives[self.pg] = self.collectives.get(self.pg, 0) + 1
+                    self.numbered[(self.pg, self.seq)] = n
+                    facts = (self.op, ev.get("shapes"), ev.get("dtypes"), self.peer)
+                    self.recent[(self.pg, n)] = facts
+                    self.recent.pop((self.pg, n - RECENT_CALLS), None)
             tid = ev.get("tid")
             if self.call_thread is None:
                 self.call_thread = tid

@@ -11,6 +11,9 @@ core that the diagnosis (:mod:`rankscope.analyze`, over tables) and the live sta
   wait for nobody) and the *cycles* (terminal groups of blocked ranks that wait only for each
   other). Ranks that wait the same way share one set object, so the graph is walked set by
   set, not rank by rank (a 16k-rank job with half its ranks gone is a handful of sets).
+* :func:`prove`: whether the live state of the ranks (:class:`RankState`, built by the
+  watchdog's tracker from each rank's events) proves that no rank can progress, and by which
+  fact: the stall watchdog calls such a stall at once, whatever its timeout.
 """
 
 from __future__ import annotations

@@ -35,7 +35,18 @@ FULL_READ_S = 1.0
 
 
 #: What a record keeps for the stall prover alone (:meth:`RankTracker.states`), not shown.
-_PROVER_ONLY = frozenset({"recent", "sent", "received", "p2p_known", "call_thread", "threads"})
+_PROVER_ONLY = frozenset(
+    {
+        "collectives",
+        "recent",
+        "numbered",
+        "sent",
+        "received",
+        "p2p_known",
+        "call_thread",
+        "threads",
+    }
+)
 
 
 def rank_status(record: RankRecord) -> str:
@@ -367,39 +378,32 @@ class RankTracker:
 
 def _state(record: RankRecord) -> RankState:
     sent = record.sent if record.p2p_known else None
+    common = {
+        "rank": record.rank,
+        "members": record.members,
+        "called": record.collectives,
+        "calls": record.recent,
+        "sent": sent,
+    }
     if record.ended:
-        exited = 0 if record.exit_code == 0 else None
-        return RankState(
-            rank=record.rank,
-            members=record.members,
-            called=record.issued_seqs,
-            calls=record.recent,
-            sent=sent,
-            exited=exited,
-        )
+        return RankState(**common, exited=0 if record.exit_code == 0 else None)
+    numbered = record.numbered
+    # Point-to-point calls are numbered apart: their seq is no collective's.
     pending = [
-        (call[1], call[2])
+        (call[1], n)
         for call in record.issued.values()
-        if call[0] not in P2P_OPS and call[1] is not None and call[2] is not None
+        if call[0] not in P2P_OPS and (n := numbered.get((call[1], call[2]))) is not None
     ]
     blocked = receiving = None
-    if record.in_collective_since is not None and record.pg is not None and record.seq is not None:
-        if record.op not in P2P_OPS:
-            pending.append((record.pg, record.seq))
-            blocked = None if record.threads else (record.pg, record.seq)
+    if record.in_collective_since is not None:
+        n = None if record.op in P2P_OPS else numbered.get((record.pg, record.seq))
+        if n is not None:
+            pending.append((record.pg, n))
+            blocked = None if record.threads else (record.pg, n)
         elif record.op == "recv" and record.p2p_known and not record.threads:
             assert record.peer is not None  # a receive from any source is not p2p_known
             receiving = (record.peer, record.received.get(record.peer, 0))
-    return RankState(
-        rank=record.rank,
-        members=record.members,
-        called=record.issued_seqs,
-        calls=record.recent,
-        pending=tuple(pending),
-        blocked=blocked,
-        receiving=receiving,
-        sent=sent,
-    )
+    return RankState(**common, pending=tuple(pending), blocked=blocked, receiving=receiving)
 
 
 def _work_cpu(pid: int) -> float | None:
