@@ -240,7 +240,7 @@ def prove(ranks: Mapping[int, RankState]) -> str | None:
                 behind[key] = frozenset(
                     m for m in members if m not in ranks or ranks[m].called.get(pg, 0) < seq
                 )
-            waits[rank] = behind[key] - {rank}
+            waits[rank] = behind[key]  # not itself: it called seq; one set shared by all
         elif st.receiving is not None:
             peer, n = st.receiving
             other = ranks.get(peer)
@@ -270,25 +270,33 @@ def _differ(
     pg: str,
     seq: int,
 ) -> str | None:
-    """Two members' calls at ``(pg, seq)`` that are not the same call, one of them waiting."""
-    made: dict[int, Call] = {}
-    for m in members:
-        st = ranks.get(m)
-        facts = st.calls.get((pg, seq)) if st is not None else None
-        if facts is not None:
-            made[m] = Call(op=facts[0], shapes=facts[1], dtypes=facts[2], root=facts[3])
-    for rank in sorted(waiting):
-        mine = made.get(rank)
-        if mine is None:
+    """Two members' calls at ``(pg, seq)`` that are not the same call, one of them waiting:
+    every member's call is compared with one waiting rank's (any pair that differs has one
+    side that differs from it), so the work grows with the members, not their square."""
+    cell = (pg, seq)
+    rank, mine = next(
+        ((r, facts) for r in sorted(waiting) if (facts := ranks[r].calls.get(cell)) is not None),
+        (None, None),
+    )
+    if mine is None:
+        return None
+    for other in members:
+        st = ranks.get(other)
+        theirs = st.calls.get(cell) if st is not None else None
+        if theirs is None or theirs == mine:
             continue
-        for other, theirs in made.items():
-            what = differs(mine, theirs)
-            if what is not None:
-                return (
-                    f"rank {rank} waits in {_fact(mine, what)} and rank {other} called "
-                    f"{_fact(theirs, what)} as collective #{seq} of group {pg}: not the same call"
-                )
+        a, b = _call(mine), _call(theirs)
+        what = differs(a, b)
+        if what is not None:
+            return (
+                f"rank {rank} waits in {_fact(a, what)} and rank {other} called "
+                f"{_fact(b, what)} as collective #{seq} of group {pg}: not the same call"
+            )
     return None
+
+
+def _call(facts: tuple[Any, ...]) -> Call:
+    return Call(op=facts[0], shapes=facts[1], dtypes=facts[2], root=facts[3])
 
 
 def _fact(call: Call, what: str) -> str:

@@ -247,8 +247,9 @@ class RankTracker:
         #: When an update last read progress (monotonic). Whoever reads the events (the
         #: watchdog, a live panel through ``Job.ranks()``), the watchdog sees it here.
         self.progressed_at = time.monotonic()
-        #: Events read so far: the live state changed since a look that saw fewer.
-        self.events_read = 0
+        #: Events read so far that change what a rank called or waits in (all but heartbeats):
+        #: the prover's facts changed since a look that saw fewer.
+        self.changes = 0
 
     def update(self) -> bool:
         """Read new events; return True if any rank made progress (started, completed,
@@ -273,10 +274,10 @@ class RankTracker:
                     continue
                 self._sizes[rank] = size
             record = self.records[rank]
-            events = tail.read()
-            self.events_read += len(events)
-            for ev in events:
+            for ev in tail.read():
                 progress |= record.apply(ev)
+                if ev.get("ev") != "heartbeat":
+                    self.changes += 1
         if progress:
             self.progressed_at = time.monotonic()
         return progress

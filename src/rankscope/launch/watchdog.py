@@ -10,7 +10,7 @@ rank outside every collective whose main thread is working is a straggler, not a
 leaves).
 
 Beside the timeout, the prover (:func:`rankscope.waitfor.prove`): at every look that read new
-events while a rank waits, the ranks' live state is asked whether it proves that no rank can
+calls while a rank waits (at most every ``PROVE_BUSY_S`` while the ranks make progress), the ranks' live state is asked whether it proves that no rank can
 progress (two calls at one place of a group that are not the same call, a peer that ended
 before making the call waited in, a cycle of ranks inside calls that wait for each other). When
 it does, the stall is ``proven`` at once, with the fact that proves it, whatever the timeout.
@@ -37,6 +37,10 @@ BUSY_LIMIT = 10.0
 #: CPU counters tick coarsely: whether a rank outside the collectives works is looked at this
 #: often.
 CPU_LOOK_S = 0.5
+#: While the ranks make progress the prover looks at most this often (tens of milliseconds at
+#: a thousand ranks); a hang stops the progress of the ranks it holds, and the first look after
+#: that asks it.
+PROVE_BUSY_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -112,7 +116,8 @@ class Watchdog:
         next_cpu_look = 0.0
         stalled_at: float | None = None
         known: set[int] = set()
-        proved_upto = -1  # the tracker's events_read at the prover's last look
+        proved_upto = -1  # the tracker's changes at the prover's last look
+        next_proof = 0.0  # while the ranks progress, the prover's next look
         while not self.closing.is_set():
             try:
                 state = run.read_run()["state"]
@@ -125,7 +130,7 @@ class Watchdog:
                 # The startup timeout counts from when the job runs, not from its submission.
                 launched = busy_at = time.monotonic()
             with self.lock:
-                tracker.update()
+                progress = tracker.update()
                 new = set(tracker.records) - known
                 waiting = tracker.waiting_in_collective()
                 proven = None
@@ -133,9 +138,10 @@ class Watchdog:
                     waiting
                     and stalled_at is None
                     and state in ("running", "stalled")
-                    and tracker.events_read != proved_upto
+                    and tracker.changes != proved_upto
+                    and (not progress or time.monotonic() >= next_proof)
                 ):
-                    proved_upto = tracker.events_read
+                    proved_upto, next_proof = tracker.changes, time.monotonic() + PROVE_BUSY_S
                     proven = prove(tracker.states())
             now = time.monotonic()
             if new:
