@@ -28,6 +28,13 @@ def rank(r: int, *, history: dict | None = None, members=WORLD, **kw) -> RankSta
     )
 
 
+def waiting_in(r: int, cell: tuple[str, int], *, members: dict, called: dict) -> RankState:
+    """A rank blocked in an all_reduce at ``cell`` (group, seq)."""
+    return RankState(
+        rank=r, members=members, called=called, calls={cell: AR}, pending=(cell,), blocked=cell
+    )
+
+
 def test_all_ranks_waiting_in_the_same_call_prove_nothing():
     ranks = {r: rank(r, blocked=3) for r in range(4)}
     assert prove(ranks) is None
@@ -138,22 +145,8 @@ def test_a_cross_group_cycle_proves_a_hang():
     # rank 0 skipped an all_reduce on group 1 ({0, 1}) and waits on the world group; rank 1
     # waits in that group-1 call
     members = {"0": [0, 1], "1": [0, 1]}
-    r0 = RankState(
-        rank=0,
-        members=members,
-        called={"0": 4, "1": 2},
-        calls={("0", 4): AR},
-        pending=(("0", 4),),
-        blocked=("0", 4),
-    )
-    r1 = RankState(
-        rank=1,
-        members=members,
-        called={"0": 3, "1": 3},
-        calls={("1", 3): AR},
-        pending=(("1", 3),),
-        blocked=("1", 3),
-    )
+    r0 = waiting_in(0, ("0", 4), members=members, called={"0": 4, "1": 2})
+    r1 = waiting_in(1, ("1", 3), members=members, called={"0": 3, "1": 3})
     fact = prove({0: r0, 1: r1})
     assert fact is not None and "not called by rank 1" in fact and "(group 1 #3)" in fact
     # rank 1 may make further calls (a second thread makes them): no proof
@@ -171,14 +164,7 @@ def test_a_rank_outside_the_collectives_proves_nothing():
 
 def test_collectives_on_a_side_group_the_others_are_not_in_prove_nothing():
     side = {"0": [0, 1, 2, 3], "5": [0, 1]}
-    r0 = RankState(
-        rank=0,
-        members=side,
-        called={"0": 3, "5": 9},
-        calls={("5", 9): AR},
-        pending=(("5", 9),),
-        blocked=("5", 9),
-    )
+    r0 = waiting_in(0, ("5", 9), members=side, called={"0": 3, "5": 9})
     r1 = RankState(rank=1, members=side, called={"0": 3, "5": 8}, calls={})
     others = {r: rank(r, members=side) for r in (2, 3)}
     assert prove({0: r0, 1: r1, **others}) is None

@@ -208,9 +208,8 @@ def prove(ranks: Mapping[int, RankState]) -> str | None:
         for cell in st.pending:
             cells.setdefault(cell, []).append(rank)
     behind: dict[tuple[str, int], frozenset[int]] = {}
-    for (pg, seq), waiting in sorted(cells.items()):
-        members = _members(ranks, waiting, pg)
-        fact = _differ(ranks, waiting, members, pg, seq) or _ended(ranks, waiting, members, pg, seq)
+    for cell, waiting in sorted(cells.items()):
+        fact = _differ(ranks, cell, waiting) or _ended(ranks, cell, waiting)
         if fact:
             return fact
     for rank, st in sorted(ranks.items()):
@@ -264,23 +263,19 @@ def _members(ranks: Mapping[int, RankState], waiting: list[int], pg: str) -> Seq
 
 
 def _differ(
-    ranks: Mapping[int, RankState],
-    waiting: list[int],
-    members: Sequence[int],
-    pg: str,
-    seq: int,
+    ranks: Mapping[int, RankState], cell: tuple[str, int], waiting: list[int]
 ) -> str | None:
     """Two members' calls at ``(pg, seq)`` that are not the same call, one of them waiting:
     every member's call is compared with one waiting rank's (any pair that differs has one
     side that differs from it), so the work grows with the members, not their square."""
-    cell = (pg, seq)
+    pg, seq = cell
     rank, mine = next(
         ((r, facts) for r in sorted(waiting) if (facts := ranks[r].calls.get(cell)) is not None),
         (None, None),
     )
     if mine is None:
         return None
-    for other in members:
+    for other in _members(ranks, waiting, pg):
         st = ranks.get(other)
         theirs = st.calls.get(cell) if st is not None else None
         if theirs is None or theirs == mine:
@@ -308,15 +303,10 @@ def _fact(call: Call, what: str) -> str:
     return f"{call.op} of {what} {getattr(call, what)}"
 
 
-def _ended(
-    ranks: Mapping[int, RankState],
-    waiting: list[int],
-    members: Sequence[int],
-    pg: str,
-    seq: int,
-) -> str | None:
-    """A member that ended before calling ``(pg, seq)``, which a rank waits in."""
-    for m in members:
+def _ended(ranks: Mapping[int, RankState], cell: tuple[str, int], waiting: list[int]) -> str | None:
+    """A member that ended before calling ``cell`` (group, seq), which a rank waits in."""
+    pg, seq = cell
+    for m in _members(ranks, waiting, pg):
         st = ranks.get(m)
         if st is None or st.exited is None or st.called.get(pg, 0) >= seq:
             continue
