@@ -120,8 +120,8 @@ def main() -> None:
         goal = PROVEN_GOAL_S if kind != "outside" else args.stall_timeout + 1.0
         print(
             f"  {kind:11} proven {proven}/{len(rows)}  onset->detected {med['detected']:6.2f} s  "
-            f"->evidence {med['evidence']:6.2f} s  ->card {med['card']:6.2f} s  "
-            f"(goal for the card {goal:g} s: ratio {med['card'] / goal:.2f})"
+            f"->evidence {med['evidence']:6.2f} s  ->card {med['card']:6.2f} s  (goal {goal:g} s: "
+            f"ratio detected {med['detected'] / goal:.2f}, card {med['card'] / goal:.2f})"
         )
 
 
