@@ -150,7 +150,7 @@ def follow(args: argparse.Namespace, folder: Path) -> dict[str, float]:
         stall_timeout_s=args.stall_timeout,
         startup_timeout_s=60.0,
         lock=lock,
-        on_stall=lambda kind, idle: stalls.append(time.time()),
+        on_stall=lambda kind, idle, proven: stalls.append(time.time()),
         on_new_ranks=lambda: None,
         set_state=lambda *a, **k: None,
     )

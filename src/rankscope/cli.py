@@ -348,8 +348,13 @@ def _print_stall(job: Job, stall: dict[str, Any], out: TextIO) -> None:
         for r in stall.get("ranks", [])
     )
     took = stall["evidence_complete_at"] - stall["detected_at"]
+    why = (
+        f"proven: {stall['proven']}"
+        if stall.get("proven")
+        else f"no progress for {stall['idle_s']:.1f} s"
+    )
     print(
-        f"rankscope: STALL: no progress for {stall['idle_s']:.1f} s ({where}); evidence "
+        f"rankscope: STALL: {why} ({where}); evidence "
         f"capture-{stall['capture_id']} complete in {took:.2f} s"
         + (f", missing ranks {stall['missing']}" if stall.get("missing") else ""),
         file=out,

@@ -11,11 +11,14 @@ core that the diagnosis (:mod:`rankscope.analyze`, over tables) and the live sta
   wait for nobody) and the *cycles* (terminal groups of blocked ranks that wait only for each
   other). Ranks that wait the same way share one set object, so the graph is walked set by
   set, not rank by rank (a 16k-rank job with half its ranks gone is a handful of sets).
+* :func:`prove`: whether the live state of the ranks (:class:`RankState`, built by the
+  watchdog's tracker from each rank's events) proves that no rank can progress, and by which
+  fact: the stall watchdog calls such a stall at once, whatever its timeout.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -158,3 +161,171 @@ def terminal_components(edges: list[list[int]]) -> list[list[int]]:
                 parent = work[-1][0]
                 low[parent] = min(low[parent], low[v])
     return [c for i, c in enumerate(comps) if all(comp_of[w] == i for v in c for w in edges[v])]
+
+
+# --- the prover: what the live state proves --------------------------------------------------
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RankState:
+    """One rank as the prover reads it, from a prefix of its events (the ranks' prefixes end at
+    different moments: every rule below holds whichever moment each one ends at).
+
+    ``calls`` holds its latest collectives, ``(group, seq) -> (op, shapes, dtypes, root)``;
+    ``called`` the number of the last collective it called on each group."""
+
+    rank: int
+    members: Mapping[str, Sequence[int]]
+    """Per group, its ranks (as this rank's calls recorded them)."""
+    called: Mapping[str, int]
+    calls: Mapping[tuple[str, int], tuple[Any, ...]]
+    pending: tuple[tuple[str, int], ...] = ()
+    """``(group, seq)`` of its collectives the backend has not completed (a blocking call
+    inside, an async call's Work not completed)."""
+    blocked: tuple[str, int] | None = None
+    """The collective its one calling thread is inside: it makes no call until that returns."""
+    receiving: tuple[int, int] | None = None
+    """``(peer, n)``: its one calling thread is inside its n-th receive from ``peer``."""
+    sent: Mapping[int, int] | None = None
+    """Sends it called per peer; None where that count is not known (a batched or any-source
+    point-to-point call)."""
+    exited: int | None = None
+    """Its exit code 0 when it ended cleanly (it calls nothing again); None while it runs or
+    when it failed (torchrun ends a job whose rank failed: that is its answer, not a hang)."""
+
+
+def prove(ranks: Mapping[int, RankState]) -> str | None:
+    """The fact that proves that no rank waiting in a call can progress, in words, or None.
+
+    Facts that cannot change: two calls at the same place of a group's sequence that are not
+    the same call (:func:`differs`; the other may be in flight or done); a rank waiting in a
+    collective that a member ended before calling, or in a receive whose peer ended before
+    sending it; a cycle of ranks each inside a blocking call that waits for the next
+    (:func:`walk`), where "waits for" means the next has not made the call (a collective it has
+    not called, a message it has not sent). A rank one call behind, ranks catching up, a rank
+    outside the collectives (working or not) prove nothing: the rank waited for may still come.
+    """
+    cells: dict[tuple[str, int], list[int]] = {}
+    for rank, st in ranks.items():
+        for cell in st.pending:
+            cells.setdefault(cell, []).append(rank)
+    behind: dict[tuple[str, int], frozenset[int]] = {}
+    for cell, waiting in sorted(cells.items()):
+        fact = _differ(ranks, cell, waiting) or _ended(ranks, cell, waiting)
+        if fact:
+            return fact
+    for rank, st in sorted(ranks.items()):
+        if st.receiving is not None:
+            peer, n = st.receiving
+            other = ranks.get(peer)
+            if (
+                other is not None
+                and other.exited is not None
+                and other.sent is not None
+                and other.sent.get(rank, 0) < n
+            ):
+                return (
+                    f"rank {peer} ended (exit code {other.exited}) having sent rank {rank} "
+                    f"{other.sent.get(rank, 0)} message(s); rank {rank} waits in its "
+                    f"receive number {n} from it"
+                )
+    waits: dict[int, frozenset[int]] = {}
+    for rank, st in ranks.items():
+        if st.blocked is not None:
+            pg, seq = st.blocked
+            members = st.members.get(pg)
+            if not members:
+                continue
+            key = st.blocked
+            if key not in behind:
+                behind[key] = frozenset(
+                    m for m in members if m not in ranks or ranks[m].called.get(pg, 0) < seq
+                )
+            waits[rank] = behind[key]  # not itself: it called seq; one set shared by all
+        elif st.receiving is not None:
+            peer, n = st.receiving
+            other = ranks.get(peer)
+            if other is None or other.sent is None:
+                continue
+            waits[rank] = frozenset([peer]) if other.sent.get(rank, 0) < n else frozenset()
+    _, cycles = walk(waits)
+    if not cycles:
+        return None
+    cycle = cycles[0]
+    where = "; ".join(f"rank {r} {_waiting_text(ranks[r], waits[r] & set(cycle))}" for r in cycle)
+    return f"ranks {', '.join(map(str, cycle))} each wait inside a call for another: {where}"
+
+
+def _members(ranks: Mapping[int, RankState], waiting: list[int], pg: str) -> Sequence[int]:
+    for rank in waiting:
+        members = ranks[rank].members.get(pg)
+        if members:
+            return members
+    return ()
+
+
+def _differ(
+    ranks: Mapping[int, RankState], cell: tuple[str, int], waiting: list[int]
+) -> str | None:
+    """Two members' calls at ``(pg, seq)`` that are not the same call, one of them waiting:
+    every member's call is compared with one waiting rank's (any pair that differs has one
+    side that differs from it), so the work grows with the members, not their square."""
+    pg, seq = cell
+    rank, mine = next(
+        ((r, facts) for r in sorted(waiting) if (facts := ranks[r].calls.get(cell)) is not None),
+        (None, None),
+    )
+    if mine is None:
+        return None
+    for other in _members(ranks, waiting, pg):
+        st = ranks.get(other)
+        theirs = st.calls.get(cell) if st is not None else None
+        if theirs is None or theirs == mine:
+            continue
+        a, b = _call(mine), _call(theirs)
+        what = differs(a, b)
+        if what is not None:
+            return (
+                f"rank {rank} waits in {_fact(a, what)} and rank {other} called "
+                f"{_fact(b, what)} as collective #{seq} of group {pg}: not the same call"
+            )
+    return None
+
+
+def _call(facts: tuple[Any, ...]) -> Call:
+    return Call(op=facts[0], shapes=facts[1], dtypes=facts[2], root=facts[3])
+
+
+def _fact(call: Call, what: str) -> str:
+    """``all_reduce``, ``all_reduce of shapes [[4]]``, ``broadcast from root 1``."""
+    if what == "op":
+        return call.op
+    if what == "root":
+        return f"{call.op} with root {call.root}"
+    return f"{call.op} of {what} {getattr(call, what)}"
+
+
+def _ended(ranks: Mapping[int, RankState], cell: tuple[str, int], waiting: list[int]) -> str | None:
+    """A member that ended before calling ``cell`` (group, seq), which a rank waits in."""
+    pg, seq = cell
+    for m in _members(ranks, waiting, pg):
+        st = ranks.get(m)
+        if st is None or st.exited is None or st.called.get(pg, 0) >= seq:
+            continue
+        rank = min(waiting)
+        facts = ranks[rank].calls.get((pg, seq))
+        op = facts[0] if facts else "a collective"
+        return (
+            f"rank {m} ended (exit code {st.exited}) after {st.called.get(pg, 0)} call(s) on "
+            f"group {pg}; rank {rank} waits in {op}, call #{seq} of group {pg}"
+        )
+    return None
+
+
+def _waiting_text(st: RankState, next_ranks: set[int]) -> str:
+    late = ", ".join(map(str, sorted(next_ranks)))
+    if st.blocked is not None:
+        pg, seq = st.blocked
+        facts = st.calls.get((pg, seq))
+        op = facts[0] if facts else "a collective"
+        return f"in {op} (group {pg} #{seq}), not called by rank {late}"
+    assert st.receiving is not None
+    return f"in a receive from rank {st.receiving[0]}, not sent by it"

@@ -27,20 +27,13 @@ import numpy as np
 import pandas as pd
 
 from rankscope.collect import is_user_file
-from rankscope.rundir import P2P_OPS  # only two ranks take part: not aligned by position
+from rankscope.rundir import (  # P2P: only two ranks take part, not aligned by position
+    MANAGEMENT_OPS,
+    P2P_OPS,
+)
 from rankscope.schema import CALLS
 from rankscope.waitfor import UNEVEN_OPS  # the same-call rule: waitfor.differs, vectorised
 
-#: Recorded calls that are not collectives: process-group set-up and teardown.
-MANAGEMENT_OPS = frozenset(
-    {
-        "init_process_group",
-        "destroy_process_group",
-        "new_group",
-        "new_subgroups",
-        "new_subgroups_by_enumeration",
-    }
-)
 #: Collectives with a root (src or dst), which every rank must name alike.
 ROOTED_OPS = frozenset(
     {

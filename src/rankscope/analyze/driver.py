@@ -68,7 +68,9 @@ def _diagnosis(ctx: Context, f: Finding) -> Diagnosis:
     facts["other_at"] = at(facts.get("other_site"))
     reason = explain(f.cause, facts)
     summary = f"{cause.title[0].upper()}{cause.title[1:]}: {reason.rstrip('.')}."
-    parting, notes = None, list(f.notes)
+    # The watchdog's proof that the job could not move again (rankscope.waitfor.prove).
+    notes = [f"proven: {s['proven']}" for s in ctx.ev.stalls[-1:] if s.get("proven")]
+    parting, notes = None, notes + list(f.notes)
     others = f.waiting or (
         sorted(set(f.collective.pg_ranks) - set(f.culprits)) if f.collective else []
     )

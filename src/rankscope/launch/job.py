@@ -404,7 +404,7 @@ class Job:
 
         self.run.update_run(change)  # type: ignore[union-attr]
 
-    def _on_stall(self, kind: str, idle_s: float) -> None:
+    def _on_stall(self, kind: str, idle_s: float, proven: str | None = None) -> None:
         run, tracker = self.run, self._tracker
         assert run is not None and tracker is not None
         detected = time.time()
@@ -417,6 +417,7 @@ class Job:
             "kind": kind,
             "detected_at": detected,
             "idle_s": idle_s,
+            "proven": proven,
             "capture_id": manifest["id"] if manifest else None,
             "evidence_complete_at": manifest["completed_at"] if manifest else time.time(),
             "missing": manifest["missing"] if manifest else [],
