@@ -75,9 +75,22 @@ class _Chunk:
         default_factory=list
     )
     problems: list[tuple[int, str]] = field(default_factory=list)
+    memo: dict[tuple[Any, ...], np.ndarray] = field(default_factory=dict)
 
     def code(self, name: str, values: Sequence[Any]) -> np.ndarray:
-        """Codes of ``values`` in this chunk's table for ``name`` (None: -1)."""
+        """Codes of ``values`` in this chunk's table for ``name`` (None: -1). The dumps of a job
+        repeat one another's values: a list of values met before takes its codes from a memo
+        (a value's code never changes once given)."""
+        try:
+            key = (name, *values)
+            known = self.memo.get(key)
+        except TypeError:  # an unhashable value
+            return self._code(name, values)
+        if known is None:
+            known = self.memo[key] = self._code(name, values)
+        return known
+
+    def _code(self, name: str, values: Sequence[Any]) -> np.ndarray:
         table = self.categories.setdefault(name, {None: -1})  # None first, never a category
         try:
             if values and values.count(values[0]) == len(values):  # one value: most columns
@@ -106,6 +119,8 @@ class _Chunk:
         for key, table in self.categories.items():
             fix = _json_category if key in JSON_FIELDS else as_str
             lookup, uniques = normalise(list(table)[1:], fix)  # [0] is None
+            small = np.int8 if len(uniques) < 128 else np.int16 if len(uniques) < 2**15 else None
+            lookup = lookup.astype(small or np.int32)  # codes in the least room
             arrays[f"code:{key}"] = lookup[_cat(self.codes.get(key, []), np.int32)]
             categories[key] = uniques
         meta = {"categories": categories, "pg_status": self.pg_status, "problems": self.problems}

@@ -260,6 +260,8 @@ def _joined(parts: list[dict[str, Any]], key: str, dtype: Any) -> np.ndarray:
     """The parts' arrays of ``key`` as one, taken out of the parts: a column's pieces are freed
     as soon as it is built, so the peak is the parts plus one column, not two whole tables."""
     arrays = [p["arrays"].pop(key) for p in parts if key in p["arrays"]]
+    if len(arrays) == 1:
+        return arrays[0]  # a part's own array, made for this table
     return np.concatenate(arrays) if arrays else np.zeros(0, dtype=dtype)
 
 
