@@ -105,15 +105,24 @@ class _Chunk:
         return np.array(codes, dtype=np.int32)
 
     def packed(self) -> dict[str, Any]:
-        """The part sent back: concatenated arrays, categories as strings, rows, problems."""
+        """The part sent back: concatenated arrays, categories as strings, rows, problems. The
+        chunk is emptied as its columns are made: a worker holds its rows once, and one column
+        twice, not the whole share twice."""
         arrays = {
             "file_index": _cat(self.file_index, np.int32),
             "duration_ms": _cat(self.duration_ms, np.float64),
         }
-        for k, v in self.ints.items():
-            arrays[f"int:{k}"] = _cat([a for a, _ in v], np.int64)
-            arrays[f"mask:{k}"] = _cat([m for _, m in v], bool)
-        for k, v in self.bools.items():
+        self.file_index, self.duration_ms = [], []
+        while self.ints:
+            k, v = self.ints.popitem()
+            values, masks = [a for a, _ in v], [m for _, m in v]
+            v.clear()
+            arrays[f"int:{k}"] = _cat(values, np.int64)
+            del values
+            arrays[f"mask:{k}"] = _cat(masks, bool)
+            del masks
+        while self.bools:
+            k, v = self.bools.popitem()
             arrays[f"bool:{k}"] = _cat(v, np.int8)
         categories = {}
         for key, table in self.categories.items():
@@ -121,7 +130,7 @@ class _Chunk:
             lookup, uniques = normalise(list(table)[1:], fix)  # [0] is None
             small = np.int8 if len(uniques) < 128 else np.int16 if len(uniques) < 2**15 else None
             lookup = lookup.astype(small or np.int32)  # codes in the least room
-            arrays[f"code:{key}"] = lookup[_cat(self.codes.get(key, []), np.int32)]
+            arrays[f"code:{key}"] = lookup[_cat(self.codes.pop(key, []), np.int32)]
             categories[key] = uniques
         meta = {"categories": categories, "pg_status": self.pg_status, "problems": self.problems}
         return {"arrays": arrays, "meta": meta}

@@ -14,6 +14,8 @@ read only when :func:`read_fr_frames` is asked for them.
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import functools
 import json
 import os
 import subprocess
@@ -139,8 +141,10 @@ def load_flight_recorder(
     sources = as_sources(sources)
     parts = _run("entries", sources, workers)
     _report(parts, sources, problems)
+    _give_back()
     with _small_pages():
         entries = _entries_table(parts, sources)
+    _give_back()
     return FlightRecorderTables(entries=entries, pg_status=_pg_status_table(parts, sources))
 
 
@@ -250,6 +254,25 @@ def _small_pages() -> Iterator[None]:
         _set_madvise_hugepage(previous)
 
 
+@functools.cache
+def _malloc_trim() -> Any:
+    """glibc's ``malloc_trim`` (from the symbols this process has loaded), or None elsewhere."""
+    try:
+        return ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return None
+
+
+def _give_back() -> None:
+    """Return the memory freed so far to the system. glibc keeps freed blocks for reuse, and
+    it raises its threshold for a fresh mapping after a large free, so the parts' arrays come
+    from its heap; the table's columns, larger, are fresh mappings that never reuse it. Without
+    this, the parts stay in the resident set beside the table (2.6 GB more at 16384 ranks)."""
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
 def _report(parts: list[dict[str, Any]], sources: list[Source], problems: Problems) -> None:
     for part in parts:
         for index, reason in part["meta"]["problems"]:
@@ -309,10 +332,12 @@ def _entries_table(parts: list[dict[str, Any]], sources: list[Source]) -> pd.Dat
             split = [_split_profiling_name(n) for n in names]
             out["backend"] = categorical(codes, [b for b, _ in split])
             out["op"] = categorical(codes, [o for _, o in split])
+        _give_back()
     for k in INT_FIELDS:
         out[k] = pd.arrays.IntegerArray(
             _joined(parts, f"int:{k}", np.int64), _joined(parts, f"mask:{k}", bool)
         )
+        _give_back()
     duration = _joined(parts, "duration_ms", np.float64)
     out["duration_ms"] = pd.arrays.FloatingArray(duration, np.isnan(duration))
     for k in BOOL_FIELDS:
