@@ -190,3 +190,26 @@ def test_the_scanner_reads_what_it_vouches_for():
     twice = _dump(b"]}(X\x09\x00\x00\x00record_idK\x01X\x09\x00\x00\x00record_idK\x02ua")
     _, _, ints, *_ = _fr_scan.scan(twice, *_ARGS)
     assert np.frombuffer(ints[record], np.int64).tolist() == [2]
+
+
+def test_a_part_crosses_the_pipe_whole_and_a_damaged_one_is_refused():
+    import io
+    import json as json_
+
+    part = _fr_parse.parse_entries([(0, str(fixture_pickles()[0]))])
+    out = io.BytesIO()
+    _fr_parse.encode(part, out)
+    data = out.getvalue()
+    # the meta travels as JSON (tuples become lists)
+    assert_same(
+        _fr_parse.decode(io.BytesIO(data)), {**part, "meta": json_.loads(json_.dumps(part["meta"]))}
+    )
+    for damaged in (data[:-1], data + b"x", data[:5]):
+        with pytest.raises(ValueError):
+            _fr_parse.decode(io.BytesIO(damaged))
+    size = int.from_bytes(data[:8], "little")
+    header = json_.loads(data[8 : 8 + size])
+    header["arrays"][0][1] = "|O"  # an object array would unpickle: refused
+    forged = json_.dumps(header).encode()
+    with pytest.raises(ValueError, match="type"):
+        _fr_parse.decode(io.BytesIO(len(forged).to_bytes(8, "little") + forged + data[8 + size :]))

@@ -3,15 +3,15 @@
 This module imports only the standard library, NumPy and the restricted unpickler, so that
 ``python -m rankscope.collect._fr_parse`` starts fast in a worker process. A worker reads a JSON
 task on stdin (``{"what": "entries" | "frames", "items": [[index, path], ...]}``) and writes one
-``.npz`` archive on stdout: NumPy arrays plus a ``meta`` JSON document (category lists,
-``pg_status`` rows, problems). Nothing is pickled on the way back, so the parent unpickles nothing.
+part on stdout (:func:`encode`): a JSON header (category lists, ``pg_status`` rows, problems,
+the arrays' types and lengths) and the arrays' raw bytes, which the parent reads straight into
+its arrays. Nothing is pickled on the way back, so the parent unpickles nothing.
 """
 
 from __future__ import annotations
 
 import functools
 import gc
-import io
 import json
 import pickle
 import re
@@ -576,19 +576,64 @@ TASKS: dict[str, Callable[[Sequence[tuple[int, str]]], dict[str, Any]]] = {
 }
 
 
+#: The array types a part may hold: plain numbers, nothing that unpickles.
+PART_DTYPES = frozenset(np.dtype(t).str for t in ("i1", "i2", "i4", "i8", "f8", "bool"))
+#: Longest header a part may have (category lists, pg_status rows, problems).
+MAX_HEADER = 1 << 30
+
+
 def encode(part: dict[str, Any], out: BinaryIO) -> None:
-    """Write a part to ``out`` as an ``.npz`` archive: its arrays, and its meta as JSON bytes.
-    Streamed (zipfile writes to a pipe): no copy of the archive is held in memory."""
-    meta = np.frombuffer(json.dumps(part["meta"]).encode(), dtype=np.uint8)
-    np.savez(out, __meta__=meta, **part["arrays"])
+    """Write a part to ``out``: an 8-byte length, a JSON header (the meta, and each array's
+    name, type and length), then each array's raw bytes. Streamed: nothing is copied."""
+    arrays = {k: np.ascontiguousarray(v) for k, v in part["arrays"].items()}
+    header = {
+        "meta": part["meta"],
+        "arrays": [[k, a.dtype.str, len(a)] for k, a in arrays.items()],
+    }
+    data = json.dumps(header).encode()
+    out.write(len(data).to_bytes(8, "little"))
+    out.write(data)
+    for a in arrays.values():
+        out.write(memoryview(a).cast("B"))
+    out.flush()
 
 
-def decode(data: bytes) -> dict[str, Any]:
-    """The part :func:`encode` wrote; ``allow_pickle=False``: arrays of plain numbers only."""
-    with np.load(io.BytesIO(data), allow_pickle=False) as archive:
-        arrays = {k: archive[k] for k in archive.files}
-    meta = json.loads(arrays.pop("__meta__").tobytes())
-    return {"arrays": arrays, "meta": meta}
+def decode(stream: BinaryIO) -> dict[str, Any]:
+    """The part :func:`encode` wrote, read from ``stream`` straight into its arrays (no copy of
+    the whole part is ever held). Only plain number types are accepted.
+
+    Raises:
+        ValueError: the stream ends early, or its header is not what :func:`encode` writes.
+    """
+    size = int.from_bytes(_read_exactly(stream, 8), "little")
+    if size > MAX_HEADER:
+        raise ValueError(f"a part's header of {size} bytes")
+    header = json.loads(_read_exactly(stream, size))
+    arrays = {}
+    for name, dtype, n in header["arrays"]:
+        if dtype not in PART_DTYPES or not isinstance(n, int) or n < 0:
+            raise ValueError(f"a part's array {name!r} of type {dtype!r}, length {n!r}")
+        arrays[name] = a = np.empty(n, dtype=np.dtype(dtype))
+        _read_into(stream, memoryview(a).cast("B"))
+    if stream.read(1):
+        raise ValueError("more bytes after a part")
+    return {"arrays": arrays, "meta": header["meta"]}
+
+
+def _read_exactly(stream: BinaryIO, n: int) -> bytes:
+    data = stream.read(n)
+    if len(data) != n:
+        raise ValueError("a part ends early")
+    return data
+
+
+def _read_into(stream: BinaryIO, view: memoryview) -> None:
+    done = 0
+    while done < len(view):
+        got = stream.readinto(view[done:])  # a pipe gives what it has
+        if not got:
+            raise ValueError("a part ends early")
+        done += got
 
 
 def main() -> None:

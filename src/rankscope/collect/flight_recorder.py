@@ -20,7 +20,6 @@ import json
 import os
 import subprocess
 import sys
-import zipfile
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -79,7 +78,7 @@ def _run(what: str, sources: list[Source], workers: int | None) -> list[dict[str
 
     Workers are fresh interpreters (``python -m rankscope.collect._fr_parse``), not forks: they
     re-run nothing of the caller's script and inherit none of its threads, and they send back
-    ``.npz`` bytes, not pickles. A worker that fails has its share redone here.
+    raw arrays behind a JSON header, not pickles. A worker that fails has its share redone here.
     """
     items = [(i, str(s.path)) for i, s in enumerate(sources)]
     size = sum(_size(s) for s in sources)
@@ -101,17 +100,26 @@ def _in_worker(what: str, share: list[tuple[int, str]]) -> dict[str, Any]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (_SRC, env.get("PYTHONPATH")) if p)
     try:
-        proc = subprocess.run(
+        with subprocess.Popen(
             [sys.executable, "-m", "rankscope.collect._fr_parse"],
-            input=json.dumps({"what": what, "items": share}).encode(),
-            capture_output=True,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
             env=env,
-            check=True,
-        )
-        return _fr_parse.decode(proc.stdout)
-    except (OSError, subprocess.CalledProcessError, ValueError, zipfile.BadZipFile):
-        # A worker that died or sent back a damaged archive: its share is redone here.
-        return _fr_parse.TASKS[what](share)
+        ) as proc:
+            assert proc.stdin is not None and proc.stdout is not None
+            with proc.stdin:
+                proc.stdin.write(json.dumps({"what": what, "items": share}).encode())
+            try:
+                part = _fr_parse.decode(proc.stdout)
+            finally:
+                proc.stdout.close()
+        if proc.returncode == 0:
+            return part
+    except (OSError, ValueError):
+        pass
+    # A worker that died or sent back a damaged part: its share is redone here.
+    return _fr_parse.TASKS[what](share)
 
 
 def _size(source: Source) -> int:
