@@ -204,9 +204,13 @@ def test_a_part_crosses_the_pipe_whole_and_a_damaged_one_is_refused():
     assert_same(
         _fr_parse.decode(io.BytesIO(data)), {**part, "meta": json_.loads(json_.dumps(part["meta"]))}
     )
+    two = _fr_parse.decode_all(io.BytesIO(data + data))
+    assert len(two) == 2 and all(
+        np.array_equal(p["arrays"]["file_index"], part["arrays"]["file_index"]) for p in two
+    )
     for damaged in (data[:-1], data + b"x", data[:5]):
         with pytest.raises(ValueError):
-            _fr_parse.decode(io.BytesIO(damaged))
+            _fr_parse.decode_all(io.BytesIO(damaged))
     size = int.from_bytes(data[:8], "little")
     header = json_.loads(data[8 : 8 + size])
     header["arrays"][0][1] = "|O"  # an object array would unpickle: refused

@@ -2,8 +2,8 @@
 
 This module imports only the standard library, NumPy and the restricted unpickler, so that
 ``python -m rankscope.collect._fr_parse`` starts fast in a worker process. A worker reads a JSON
-task on stdin (``{"what": "entries" | "frames", "items": [[index, path], ...]}``) and writes one
-part on stdout (:func:`encode`): a JSON header (category lists, ``pg_status`` rows, problems,
+task on stdin (``{"what": "entries" | "frames", "items": [[index, path], ...]}``) and writes
+a part on stdout for every :data:`PART_FILES` files (:func:`encode`): a JSON header (category lists, ``pg_status`` rows, problems,
 the arrays' types and lengths) and the arrays' raw bytes, which the parent reads straight into
 its arrays. Nothing is pickled on the way back, so the parent unpickles nothing.
 """
@@ -599,13 +599,27 @@ def encode(part: dict[str, Any], out: BinaryIO) -> None:
 
 
 def decode(stream: BinaryIO) -> dict[str, Any]:
-    """The part :func:`encode` wrote, read from ``stream`` straight into its arrays (no copy of
-    the whole part is ever held). Only plain number types are accepted.
+    """The next part :func:`encode` wrote, read from ``stream`` straight into its arrays (no
+    copy of the whole part is ever held). Only plain number types are accepted.
 
     Raises:
         ValueError: the stream ends early, or its header is not what :func:`encode` writes.
     """
-    size = int.from_bytes(_read_exactly(stream, 8), "little")
+    return _decode_part(stream, _read_exactly(stream, 8))
+
+
+def decode_all(stream: BinaryIO) -> list[dict[str, Any]]:
+    """Every part :func:`encode` wrote to ``stream``, up to its end."""
+    parts = []
+    while head := stream.read(8):
+        if len(head) != 8:
+            raise ValueError("a part ends early")
+        parts.append(_decode_part(stream, head))
+    return parts
+
+
+def _decode_part(stream: BinaryIO, head: bytes) -> dict[str, Any]:
+    size = int.from_bytes(head, "little")
     if size > MAX_HEADER:
         raise ValueError(f"a part's header of {size} bytes")
     header = json.loads(_read_exactly(stream, size))
@@ -615,8 +629,6 @@ def decode(stream: BinaryIO) -> dict[str, Any]:
             raise ValueError(f"a part's array {name!r} of type {dtype!r}, length {n!r}")
         arrays[name] = a = np.empty(n, dtype=np.dtype(dtype))
         _read_into(stream, memoryview(a).cast("B"))
-    if stream.read(1):
-        raise ValueError("more bytes after a part")
     return {"arrays": arrays, "meta": header["meta"]}
 
 
@@ -636,10 +648,17 @@ def _read_into(stream: BinaryIO, view: memoryview) -> None:
         done += got
 
 
+#: A worker sends back a part every this many files: what it holds at once stays bounded
+#: (256 dumps of 2000 entries are about 80 MB of columns) however large its share.
+PART_FILES = 256
+
+
 def main() -> None:
     task = json.loads(sys.stdin.buffer.read())
-    part = TASKS[task["what"]]([(int(i), str(p)) for i, p in task["items"]])
-    encode(part, sys.stdout.buffer)
+    items = [(int(i), str(p)) for i, p in task["items"]]
+    step = max(1, int(task.get("part_files", PART_FILES)))
+    for at in range(0, len(items), step):
+        encode(TASKS[task["what"]](items[at : at + step]), sys.stdout.buffer)
 
 
 if __name__ == "__main__":

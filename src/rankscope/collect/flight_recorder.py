@@ -50,9 +50,6 @@ from rankscope.collect._fr_parse import (
 READER = "flight_recorder"
 #: Below this many bytes in all, worker processes cost more than they save.
 POOL_MIN_BYTES = 32 << 20
-#: At most this many bytes of dumps go to one worker process: it holds their columns and sends
-#: them back in one archive, so this bounds its memory (16384 ranks are 6 GiB of dumps).
-SHARE_MAX_BYTES = 1 << 30
 _SRC = str(Path(__file__).resolve().parents[2])  # the folder that holds the rankscope package
 
 __all__ = [
@@ -73,8 +70,9 @@ def _cpu_count() -> int:
 
 
 def _run(what: str, sources: list[Source], workers: int | None) -> list[dict[str, Any]]:
-    """Parts for the files: in this process for small loads, else in worker processes (one per
-    core at a time, each reading a share of at most ``SHARE_MAX_BYTES``).
+    """Parts for the files, one for every :data:`~rankscope.collect._fr_parse.PART_FILES`
+    files (what is held besides the finished parts stays bounded whatever the number of ranks):
+    in this process for small loads, else in one worker process per core.
 
     Workers are fresh interpreters (``python -m rankscope.collect._fr_parse``), not forks: they
     re-run nothing of the caller's script and inherit none of its threads, and they send back
@@ -87,16 +85,17 @@ def _run(what: str, sources: list[Source], workers: int | None) -> list[dict[str
     workers = max(1, min(workers, len(items)))
     task = _fr_parse.TASKS[what]
     if workers == 1:
-        return [task(items)]
-    # Interleaved shares (neighbouring ranks' dumps are alike in size), at least one per worker
-    # and small enough that a worker's memory stays bounded whatever the number of ranks.
-    count = min(len(items), max(workers, -(-size // SHARE_MAX_BYTES)))
-    shares = [items[i::count] for i in range(count)]
+        step = _fr_parse.PART_FILES
+        return [task(items[at : at + step]) for at in range(0, len(items), step)] or [task([])]
+    # Interleaved shares: neighbouring ranks' dumps are alike in size.
+    shares = [items[i::workers] for i in range(workers)]
     with ThreadPoolExecutor(workers) as pool:
-        return list(pool.map(lambda share: _in_worker(what, share), shares))
+        return [
+            part for parts in pool.map(lambda sh: _in_worker(what, sh), shares) for part in parts
+        ]
 
 
-def _in_worker(what: str, share: list[tuple[int, str]]) -> dict[str, Any]:
+def _in_worker(what: str, share: list[tuple[int, str]]) -> list[dict[str, Any]]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (_SRC, env.get("PYTHONPATH")) if p)
     try:
@@ -109,17 +108,18 @@ def _in_worker(what: str, share: list[tuple[int, str]]) -> dict[str, Any]:
         ) as proc:
             assert proc.stdin is not None and proc.stdout is not None
             with proc.stdin:
-                proc.stdin.write(json.dumps({"what": what, "items": share}).encode())
+                task = {"what": what, "items": share, "part_files": _fr_parse.PART_FILES}
+                proc.stdin.write(json.dumps(task).encode())
             try:
-                part = _fr_parse.decode(proc.stdout)
+                parts = _fr_parse.decode_all(proc.stdout)
             finally:
                 proc.stdout.close()
         if proc.returncode == 0:
-            return part
+            return parts
     except (OSError, ValueError):
         pass
     # A worker that died or sent back a damaged part: its share is redone here.
-    return _fr_parse.TASKS[what](share)
+    return [_fr_parse.TASKS[what](share)]
 
 
 def _size(source: Source) -> int:
