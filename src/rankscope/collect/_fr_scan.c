@@ -206,6 +206,15 @@ static uint64_t le(const unsigned char *p, int n) {
     return x;
 }
 
+/* The opcode's argument: an unsigned little-endian number of w bytes. */
+static int arg(Scan *S, int w, uint64_t *out) {
+    if (!need(S, w))
+        return -1;
+    *out = le(S->data + S->pos, w);
+    S->pos += w;
+    return 0;
+}
+
 static int pop_mark(Scan *S, Py_ssize_t *at) {
     if (!S->nmarks)
         return -1;
@@ -455,12 +464,7 @@ static int run(Scan *S) {
             break;
         case 'q':
         case 'r': /* BINPUT, LONG_BINPUT */
-            n = op == 'q' ? 1 : 4;
-            if (!need(S, (Py_ssize_t)n))
-                return -1;
-            at = (Py_ssize_t)le(S->data + S->pos, (int)n);
-            S->pos += (Py_ssize_t)n;
-            if (memo_put(S, (uint64_t)at))
+            if (arg(S, op == 'q' ? 1 : 4, &n) || memo_put(S, n))
                 return -1;
             break;
         case 0x94: /* MEMOIZE */
@@ -469,12 +473,7 @@ static int run(Scan *S) {
             break;
         case 'h':
         case 'j': /* BINGET, LONG_BINGET */
-            n = op == 'h' ? 1 : 4;
-            if (!need(S, (Py_ssize_t)n))
-                return -1;
-            at = (Py_ssize_t)le(S->data + S->pos, (int)n);
-            S->pos += (Py_ssize_t)n;
-            if (memo_get(S, (uint64_t)at))
+            if (arg(S, op == 'h' ? 1 : 4, &n) || memo_get(S, n))
                 return -1;
             break;
         default: /* globals, calls, sets, bytes, text opcodes, buffers: not here */
