@@ -5,10 +5,12 @@ A dump is one rank's ring buffer of recent collectives (``entries``), the proces
 :mod:`rankscope.collect.safe_pickle`, never with ``pickle.load``; the ``ranks`` strings
 (``"[0, 1]"``) are parsed as text, never ``eval``'d.
 
-Large loads (many ranks) run in a process pool over the files: each worker unpickles its files and
-sends back compact columns (integer arrays and category codes), so neither the dumps nor one
-Python object per entry cross the process boundary. Stack frames are left out of that pass and
-read only when :func:`read_fr_frames` is asked for them.
+A pickle's entries are read by a compiled scanner straight into columns (``_fr_scan``); one it
+cannot vouch for, or every one where it is not built, by the restricted unpickler (the same
+table). Large loads (many ranks) run in worker processes, one per core: each reads its share
+and sends back compact columns (integer arrays and category codes) every 256 files, so neither
+the dumps nor one Python object per entry cross the process boundary. Stack frames are left out
+of that pass and read only when :func:`read_fr_frames` is asked for them.
 """
 
 from __future__ import annotations
