@@ -5,7 +5,8 @@ between entries as torch's pickler shares them) to a temporary directory, warms 
 then times
 
 - the reference: ``for f in files: pickle.load(open(f, "rb"))`` (one process, results dropped);
-- :func:`rankscope.collect.read_flight_recorder` (restricted unpickler, every core, the table);
+- :func:`rankscope.collect.read_flight_recorder` (the compiled scanner, every core, the table;
+  ``--workers 1``: in this process, against the one-process loop core for core);
 
 and prints both, their ratio (target: at most 1.5) and the peak memory of this process and of
 its worker processes (sampled; the workers are grandchildren, under the forkserver). The files are

@@ -263,13 +263,15 @@ def test_foreign_nccl_dumps():
 
 
 @pytest.mark.slow
-def test_worker_processes_take_bounded_shares(monkeypatch):
-    # More shares than workers (each share bounded in bytes): the same table as in-process.
+def test_worker_processes_send_bounded_parts(monkeypatch):
+    # A part per file, from workers and in this process: the same table as one part.
+    from rankscope.collect import _fr_parse
     from rankscope.collect import flight_recorder as module
 
     files = [*sorted(FOREIGN.glob("nccl_trace_rank_*")), FOREIGN / "comm_lib_trace_rank_3"]
     alone = read_flight_recorder(files, workers=1)
-    monkeypatch.setattr(module, "SHARE_MAX_BYTES", 1)
+    monkeypatch.setattr(_fr_parse, "PART_FILES", 1)
+    assert len(module._run("entries", module.as_sources(files), 1)) == len(files)
     shared = read_flight_recorder(files, workers=2)
     key = ["rank", "record_id"]
     pd.testing.assert_frame_equal(

@@ -175,6 +175,34 @@ def test_rank_timeline_opens_around_the_divergence_with_every_call_visible() -> 
     assert widths.min() >= 0.003 * end * 0.99  # 10 µs calls still drawn 0.3 % of the run wide
 
 
+def test_rank_timeline_groups_rows_at_scale() -> None:
+    """200 ranks: the culprit and the two ranks that ended early on rows at the top, then the
+    ranks whose last call is alike as one labelled band; it opens on the first rows."""
+    rows = []
+    for r in range(200):
+        last = 3 if r in (50, 51) else 4
+        for n in range(1, last + 1):
+            stuck = n == last and r not in (50, 51)
+            rows.append(
+                call(
+                    r,
+                    n,
+                    op="barrier" if (r == 7 and stuck) else "all_reduce",
+                    t_end_s=None if stuck else T0 + n + 0.5,
+                    completed=not stuck,
+                )
+            )
+    fig = plot.rank_timeline(collectives(rows), culprit_ranks=[7])
+    ticks = dict(zip(fig.layout.yaxis.tickvals, fig.layout.yaxis.ticktext, strict=True))
+    assert "7 ✖" in ticks[0] and ticks[1] == "50" and ticks[2] == "51"
+    assert ticks[3] == "0" and ticks[199] == "199"
+    band = [a.text for a in fig.layout.annotations if "ranks: last" in (a.text or "")]
+    assert band == ["197 ranks: last all_reduce (group 0 #4), in flight"]
+    assert tuple(fig.layout.yaxis.range) == (39.5, -0.5)
+    barrier = next(t for t in fig.data if t.name == "barrier, in flight")
+    assert set(np.asarray(barrier.y)[~np.isnan(barrier.y)]) == {0.0}  # the culprit's row
+
+
 def test_rank_timeline_keeps_ranks_without_calls_and_explains_empty() -> None:
     fig = plot.rank_timeline(hang_calls(), ranks=range(5))
     assert list(fig.layout.yaxis.tickvals) == [0, 1, 2, 3, 4]

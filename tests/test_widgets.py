@@ -301,6 +301,44 @@ def test_the_rank_table_marks_culprits_and_names_signals() -> None:
     assert "<th>node</th>" not in text  # no SLURM node to show
 
 
+def test_the_rank_table_groups_ranks_alike_at_scale() -> None:
+    """1024 ranks: one row per group of ranks in the same state, the culprit first, a group's
+    ranks listed under its row when it is the one chosen."""
+    from rankscope.widgets.live import rank_groups, ranks_html
+
+    def waiting(rank: int) -> dict:
+        return {
+            "rank": rank,
+            "status": "waiting",
+            "step": 12,
+            "done": 2000 + rank % 2,
+            "in_collective_s": 4.0 + rank / 1000,
+            "op": "all_reduce",
+            "pg": "0",
+            "seq": 2001,
+            "site": "train.py:41",
+            "last_done": "all_reduce (group 0 #2000)",
+            "heartbeat_age_s": 0.5,
+        }
+
+    rows = [waiting(r) for r in range(1024)]
+    rows[517] = {"rank": 517, "status": "running", "step": 12, "done": 2000, "at": "train.py:70"}
+    rows[900] = {"rank": 900, "status": "dead", "done": 1999, "exit_code": -9}
+    groups = rank_groups(rows, culprits=[517])
+    assert [g.label for g in groups] == [
+        "rank 517",
+        "rank 900",
+        "1022 ranks: 0-516, 518-899, 901-1023",
+    ]
+    text = ranks_html(rows, culprits=[517])
+    assert text.count("<tr") == 4  # the head and three groups, not 1024 rows
+    assert text.index("517 ⚑ culprit") < text.index("SIGKILL") < text.index("1022 ranks")
+    assert "2000-2001" in text and "for 4.0-5.0 s" in text and "up to 0.5" in text
+    opened = ranks_html(rows, culprits=[517], expand=groups[2].label)
+    assert opened.count("<tr") == 4 + 1022 and "▾ 1022 ranks" in opened
+    assert ranks_html(rows[:8], culprits=[517]).count("<tr") == 9  # few ranks: a row each
+
+
 def test_stopping_or_closing_leaves_the_answer_once(tmp_path: Path, monkeypatch) -> None:
     from rankscope.widgets import workbench as wb_module
 

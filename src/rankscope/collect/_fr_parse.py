@@ -2,16 +2,16 @@
 
 This module imports only the standard library, NumPy and the restricted unpickler, so that
 ``python -m rankscope.collect._fr_parse`` starts fast in a worker process. A worker reads a JSON
-task on stdin (``{"what": "entries" | "frames", "items": [[index, path], ...]}``) and writes one
-``.npz`` archive on stdout: NumPy arrays plus a ``meta`` JSON document (category lists,
-``pg_status`` rows, problems). Nothing is pickled on the way back, so the parent unpickles nothing.
+task on stdin (``{"what": "entries" | "frames", "items": [[index, path], ...]}``) and writes
+a part on stdout for every :data:`PART_FILES` files (:func:`encode`): a JSON header (category lists, ``pg_status`` rows, problems,
+the arrays' types and lengths) and the arrays' raw bytes, which the parent reads straight into
+its arrays. Nothing is pickled on the way back, so the parent unpickles nothing.
 """
 
 from __future__ import annotations
 
 import functools
 import gc
-import io
 import json
 import pickle
 import re
@@ -26,6 +26,11 @@ import numpy as np
 
 from rankscope._values import as_int, as_str
 from rankscope.collect import safe_pickle
+
+try:
+    from rankscope.collect import _fr_scan
+except ImportError:  # not built (no C compiler at install): the Python reader does it all
+    _fr_scan = None
 
 INT_FIELDS = (
     "record_id",
@@ -70,9 +75,22 @@ class _Chunk:
         default_factory=list
     )
     problems: list[tuple[int, str]] = field(default_factory=list)
+    memo: dict[tuple[Any, ...], np.ndarray] = field(default_factory=dict)
 
     def code(self, name: str, values: Sequence[Any]) -> np.ndarray:
-        """Codes of ``values`` in this chunk's table for ``name`` (None: -1)."""
+        """Codes of ``values`` in this chunk's table for ``name`` (None: -1). The dumps of a job
+        repeat one another's values: a list of values met before takes its codes from a memo
+        (a value's code never changes once given)."""
+        try:
+            key = (name, *values)
+            known = self.memo.get(key)
+        except TypeError:  # an unhashable value
+            return self._code(name, values)
+        if known is None:
+            known = self.memo[key] = self._code(name, values)
+        return known
+
+    def _code(self, name: str, values: Sequence[Any]) -> np.ndarray:
         table = self.categories.setdefault(name, {None: -1})  # None first, never a category
         try:
             if values and values.count(values[0]) == len(values):  # one value: most columns
@@ -87,21 +105,32 @@ class _Chunk:
         return np.array(codes, dtype=np.int32)
 
     def packed(self) -> dict[str, Any]:
-        """The part sent back: concatenated arrays, categories as strings, rows, problems."""
+        """The part sent back: concatenated arrays, categories as strings, rows, problems. The
+        chunk is emptied as its columns are made: a worker holds its rows once, and one column
+        twice, not the whole share twice."""
         arrays = {
             "file_index": _cat(self.file_index, np.int32),
             "duration_ms": _cat(self.duration_ms, np.float64),
         }
-        for k, v in self.ints.items():
-            arrays[f"int:{k}"] = _cat([a for a, _ in v], np.int64)
-            arrays[f"mask:{k}"] = _cat([m for _, m in v], bool)
-        for k, v in self.bools.items():
+        self.file_index, self.duration_ms = [], []
+        while self.ints:
+            k, v = self.ints.popitem()
+            values, masks = [a for a, _ in v], [m for _, m in v]
+            v.clear()
+            arrays[f"int:{k}"] = _cat(values, np.int64)
+            del values
+            arrays[f"mask:{k}"] = _cat(masks, bool)
+            del masks
+        while self.bools:
+            k, v = self.bools.popitem()
             arrays[f"bool:{k}"] = _cat(v, np.int8)
         categories = {}
         for key, table in self.categories.items():
             fix = _json_category if key in JSON_FIELDS else as_str
             lookup, uniques = normalise(list(table)[1:], fix)  # [0] is None
-            arrays[f"code:{key}"] = lookup[_cat(self.codes.get(key, []), np.int32)]
+            small = np.int8 if len(uniques) < 128 else np.int16 if len(uniques) < 2**15 else None
+            lookup = lookup.astype(small or np.int32)  # codes in the least room
+            arrays[f"code:{key}"] = lookup[_cat(self.codes.pop(key, []), np.int32)]
             categories[key] = uniques
         meta = {"categories": categories, "pg_status": self.pg_status, "problems": self.problems}
         return {"arrays": arrays, "meta": meta}
@@ -119,19 +148,35 @@ def _cat(arrays: list[np.ndarray], dtype: Any) -> np.ndarray:
     return np.concatenate(arrays) if arrays else np.zeros(0, dtype=dtype)
 
 
+def _is_json(data: bytes) -> bool:
+    return data[:64].lstrip().startswith(b"{")
+
+
 def load_dump(data: bytes) -> Any:
     """A dump's content: JSON when the bytes start with ``{``, else a restricted unpickle."""
-    if data[:64].lstrip().startswith(b"{"):
-        return json.loads(data)
-    return safe_pickle.loads(data)
+    return json.loads(data) if _is_json(data) else safe_pickle.loads(data)
 
 
 def _read_dump(index: int, path: str, problems: list[tuple[int, str]]) -> dict[str, Any] | None:
+    data = _read_bytes(index, path, problems)
+    return None if data is None else _decode(index, data, problems)
+
+
+def _read_bytes(index: int, path: str, problems: list[tuple[int, str]]) -> bytes | None:
     try:
         with open(path, "rb") as f:
             data = f.read()
-        if not data:
-            raise ValueError("the file is empty")
+    except OSError as exc:
+        problems.append((index, f"not a readable dump: {type(exc).__name__}: {exc}"))
+        return None
+    if not data:
+        problems.append((index, "truncated or corrupted dump: ValueError: the file is empty"))
+        return None
+    return data
+
+
+def _decode(index: int, data: bytes, problems: list[tuple[int, str]]) -> dict[str, Any] | None:
+    try:
         dump = load_dump(data)
     except safe_pickle.UnsafePickleError as exc:
         problems.append((index, str(exc)))
@@ -166,51 +211,125 @@ def _entries(index: int, dump: dict[str, Any], problems: list[tuple[int, str]]) 
     return kept
 
 
+@dataclass
+class _Columns:
+    """One dump's entries as columns, before coding: what the compiled scanner and the Python
+    reader both give. ``coded`` holds, per field, its distinct values (a value the pickle stores
+    once is one object) and each entry's index among them."""
+
+    n: int
+    ints: dict[str, tuple[np.ndarray, np.ndarray]]
+    duration: np.ndarray
+    bools: dict[str, np.ndarray]
+    coded: dict[str, tuple[list[Any], np.ndarray]]
+
+
 def parse_entries(items: Sequence[tuple[int, str]]) -> dict[str, Any]:
-    """Worker: unpickle the files and build entry columns (frames are not touched)."""
+    """Worker: read the files and build entry columns (frames are not touched).
+
+    A pickle goes to the compiled scanner first; one it declines (anything unusual, a hostile
+    pickle included), a JSON dump, or every dump where the scanner is not built, is read with the
+    restricted unpickler and :func:`_columns` (the same table, several times slower)."""
     chunk = _Chunk()
     with _gc_paused():
         for index, path in items:
-            dump = _read_dump(index, path, chunk.problems)
-            if dump is None:
+            data = _read_bytes(index, path, chunk.problems)
+            if data is None:
                 continue
+            scanned = _scan(data)
+            if scanned is not None:
+                dump, cols = scanned
+            else:
+                dump, cols = _decode(index, data, chunk.problems), None
+                if dump is None:
+                    continue
+            del data
             try:
-                _add_dump(chunk, index, dump)
+                _add_dump(chunk, index, dump, cols)
             except Exception as exc:
                 chunk.problems.append((index, f"malformed dump: {type(exc).__name__}: {exc}"))
     return chunk.packed()
 
 
-def _add_dump(chunk: _Chunk, index: int, dump: dict[str, Any]) -> None:
+#: What the scanner returns of a dump besides its entries.
+HEAD_KEYS = ("pg_status", "pg_config", "version")
+#: The entry fields coded as categories, ``process_group`` last (its name and desc).
+COLUMN_CODED = (*TEXT_FIELDS, *JSON_FIELDS, "process_group")
+
+
+def _scan(data: bytes) -> tuple[dict[str, Any], _Columns] | None:
+    """The dump's head and entry columns by the compiled scanner, or None where it is not built,
+    the dump is JSON, or the scanner leaves the pickle to the restricted unpickler."""
+    if _fr_scan is None or _is_json(data):
+        return None
+    out = _fr_scan.scan(data, INT_FIELDS, "duration_ms", BOOL_FIELDS, COLUMN_CODED, HEAD_KEYS)
+    if out is None:
+        return None
+    head, n, ints, masks, floats, bools, coded = out
+    cols = _Columns(
+        n=n,
+        ints={
+            k: (np.frombuffer(a, np.int64), np.frombuffer(m, bool))
+            for k, a, m in zip(INT_FIELDS, ints, masks, strict=True)
+        },
+        duration=np.frombuffer(floats, np.float64),
+        bools={k: np.frombuffer(b, np.int8) for k, b in zip(BOOL_FIELDS, bools, strict=True)},
+        coded={
+            k: (objs, np.frombuffer(at, np.int32))
+            for k, (objs, at) in zip(COLUMN_CODED, coded, strict=True)
+        },
+    )
+    return head, cols
+
+
+def _columns(entries: list[dict[str, Any]]) -> _Columns:
+    """The Python reader's columns of unpickled entries."""
+    cols = _fields(entries)
+    return _Columns(
+        n=len(entries),
+        ints={k: _int_column(cols[k]) for k in INT_FIELDS},
+        duration=_float_column(list(map(_DURATION, entries))),
+        bools={k: _bool_column(cols[k]) for k in BOOL_FIELDS},
+        coded={k: _distinct(cols[k]) for k in COLUMN_CODED},
+    )
+
+
+def _add_dump(chunk: _Chunk, index: int, dump: dict[str, Any], cols: _Columns | None) -> None:
+    """Add a dump's rows to the chunk: ``dump`` is the whole dump, or its head where the scanner
+    gave ``cols``."""
     status = dump.get("pg_status")
     if isinstance(status, dict):
         for pg_id, st in status.items():
             if isinstance(st, dict):
                 values = (_no_sentinel(as_int(st.get(k))) for k in PG_STATUS_FIELDS)
                 chunk.pg_status.append((index, str(pg_id), *values))  # type: ignore[arg-type]
-    entries = _entries(index, dump, chunk.problems)
-    n = len(entries)
+    if cols is None:
+        entries = _entries(index, dump, chunk.problems)
+        if not entries:
+            return
+        cols = _columns(entries)
+    n = cols.n
     if not n:
         return
-    cols = _fields(entries)
     # All columns below are built before any is added: a file adds all of its rows or none.
-    ints = {k: _int_column(cols[k]) for k in INT_FIELDS}
+    ints = dict(cols.ints)
     for k in TIME_FIELDS:
         values, mask = ints[k]
         ints[k] = (values, mask | (values == 0))
-    duration = _float_column(list(map(_DURATION, entries)))
-    bools = {k: _bool_column(cols[k]) for k in BOOL_FIELDS}
-    codes = {k: chunk.code(k, cols[k]) for k in TEXT_FIELDS}
+    codes = {}
+    for k in TEXT_FIELDS:
+        distinct, at = cols.coded[k]
+        codes[k] = chunk.code(k, distinct)[at]
     for k in JSON_FIELDS:
-        distinct, at = _distinct(cols[k])
+        distinct, at = cols.coded[k]
         codes[k] = chunk.code(k, _hashable(distinct, flat=k.endswith("dtypes")))[at]
-    groups = list(cols["process_group"])
-    if groups.count(groups[0]) == n:  # the usual dump: every entry on one group
+    groups, group_at = cols.coded["process_group"]
+    if groups.count(groups[0]) == len(groups):  # the usual dump: every entry on one group
         distinct, name_at = [_pair(groups[0])], np.zeros(n, dtype=np.int64)
     else:
         table: dict[Any, int] = {}
-        name_at = np.array([table.setdefault(_hashable_pair(g), len(table)) for g in groups])
-        distinct = list(table)
+        first = [table.setdefault(_hashable_pair(g), len(table)) for g in groups]
+        distinct, name_at = list(table), np.array(first, dtype=np.int64)[group_at]
     # Each distinct (name, desc) is looked up once; entries take theirs by index.
     names = [name for name, _ in distinct]
     codes["pg_name"] = chunk.code("pg_name", names)[name_at]
@@ -220,8 +339,8 @@ def _add_dump(chunk: _Chunk, index: int, dump: dict[str, Any]) -> None:
     chunk.file_index.append(np.full(n, index, dtype=np.int32))
     for k, v in ints.items():
         chunk.ints.setdefault(k, []).append(v)
-    chunk.duration_ms.append(duration)
-    for k, b in bools.items():
+    chunk.duration_ms.append(cols.duration)
+    for k, b in cols.bools.items():
         chunk.bools.setdefault(k, []).append(b)
     for k, c in codes.items():
         chunk.codes.setdefault(k, []).append(c)
@@ -243,14 +362,9 @@ _ENTRY_KEYS = (*INT_FIELDS, *BOOL_FIELDS, *TEXT_FIELDS, *JSON_FIELDS, "process_g
 
 def _fields(entries: list[dict[str, Any]]) -> dict[str, Sequence[Any]]:
     """Each field as a column, one C-level ``map`` of an ``itemgetter`` per field (three times
-    faster than transposing one tuple per entry); a field some entry lacks takes ``dict.get``,
-    and one the first entry lacks is null (entries of one dump share their keys)."""
+    faster than transposing one tuple per entry); a field some entry lacks takes ``dict.get``."""
     cols: dict[str, Sequence[Any]] = {}
-    none = [None] * len(entries)
     for k in _ENTRY_KEYS:
-        if k not in entries[0]:
-            cols[k] = none
-            continue
         try:
             cols[k] = list(map(itemgetter(k), entries))
         except KeyError:
@@ -462,25 +576,89 @@ TASKS: dict[str, Callable[[Sequence[tuple[int, str]]], dict[str, Any]]] = {
 }
 
 
+#: The array types a part may hold: plain numbers, nothing that unpickles.
+PART_DTYPES = frozenset(np.dtype(t).str for t in ("i1", "i2", "i4", "i8", "f8", "bool"))
+#: Longest header a part may have (category lists, pg_status rows, problems).
+MAX_HEADER = 1 << 30
+
+
 def encode(part: dict[str, Any], out: BinaryIO) -> None:
-    """Write a part to ``out`` as an ``.npz`` archive: its arrays, and its meta as JSON bytes.
-    Streamed (zipfile writes to a pipe): no copy of the archive is held in memory."""
-    meta = np.frombuffer(json.dumps(part["meta"]).encode(), dtype=np.uint8)
-    np.savez(out, __meta__=meta, **part["arrays"])
+    """Write a part to ``out``: an 8-byte length, a JSON header (the meta, and each array's
+    name, type and length), then each array's raw bytes. Streamed: nothing is copied."""
+    arrays = {k: np.ascontiguousarray(v) for k, v in part["arrays"].items()}
+    header = {
+        "meta": part["meta"],
+        "arrays": [[k, a.dtype.str, len(a)] for k, a in arrays.items()],
+    }
+    data = json.dumps(header).encode()
+    out.write(len(data).to_bytes(8, "little"))
+    out.write(data)
+    for a in arrays.values():
+        out.write(memoryview(a).cast("B"))
+    out.flush()
 
 
-def decode(data: bytes) -> dict[str, Any]:
-    """The part :func:`encode` wrote; ``allow_pickle=False``: arrays of plain numbers only."""
-    with np.load(io.BytesIO(data), allow_pickle=False) as archive:
-        arrays = {k: archive[k] for k in archive.files}
-    meta = json.loads(arrays.pop("__meta__").tobytes())
-    return {"arrays": arrays, "meta": meta}
+def decode(stream: BinaryIO) -> dict[str, Any]:
+    """The next part :func:`encode` wrote, read from ``stream`` straight into its arrays (no
+    copy of the whole part is ever held). Only plain number types are accepted.
+
+    Raises:
+        ValueError: the stream ends early, or its header is not what :func:`encode` writes.
+    """
+    return _decode_part(stream, _read_exactly(stream, 8))
+
+
+def decode_all(stream: BinaryIO) -> list[dict[str, Any]]:
+    """Every part :func:`encode` wrote to ``stream``, up to its end."""
+    parts = []
+    while head := stream.read(8):
+        if len(head) != 8:
+            raise ValueError("a part ends early")
+        parts.append(_decode_part(stream, head))
+    return parts
+
+
+def _decode_part(stream: BinaryIO, head: bytes) -> dict[str, Any]:
+    size = int.from_bytes(head, "little")
+    if size > MAX_HEADER:
+        raise ValueError(f"a part's header of {size} bytes")
+    header = json.loads(_read_exactly(stream, size))
+    arrays = {}
+    for name, dtype, n in header["arrays"]:
+        if dtype not in PART_DTYPES or not isinstance(n, int) or n < 0:
+            raise ValueError(f"a part's array {name!r} of type {dtype!r}, length {n!r}")
+        arrays[name] = a = np.empty(n, dtype=np.dtype(dtype))
+        _read_into(stream, memoryview(a).cast("B"))
+    return {"arrays": arrays, "meta": header["meta"]}
+
+
+def _read_exactly(stream: BinaryIO, n: int) -> bytes:
+    data = stream.read(n)
+    if len(data) != n:
+        raise ValueError("a part ends early")
+    return data
+
+
+def _read_into(stream: BinaryIO, view: memoryview) -> None:
+    done = 0
+    while done < len(view):
+        got = stream.readinto(view[done:])  # a pipe gives what it has
+        if not got:
+            raise ValueError("a part ends early")
+        done += got
+
+
+#: A worker sends back a part every this many files: what it holds at once stays bounded
+#: (256 dumps of 2000 entries are about 80 MB of columns) however large its share.
+PART_FILES = 256
 
 
 def main() -> None:
     task = json.loads(sys.stdin.buffer.read())
-    part = TASKS[task["what"]]([(int(i), str(p)) for i, p in task["items"]])
-    encode(part, sys.stdout.buffer)
+    items = [(int(i), str(p)) for i, p in task["items"]]
+    step = max(1, int(task.get("part_files", PART_FILES)))
+    for at in range(0, len(items), step):
+        encode(TASKS[task["what"]](items[at : at + step]), sys.stdout.buffer)
 
 
 if __name__ == "__main__":

@@ -43,6 +43,13 @@ COLLAPSE_MEDIAN = 5.0
 COLLAPSED_WIDTH = 0.08
 #: How much of its op's colour a call in flight keeps (it has a red core besides).
 INFLIGHT_ALPHA = 0.4
+#: Past this many ranks, rows are grouped: the outliers at the top, then the ranks whose last
+#: call is the same, a band each; the figure opens on :data:`VIEW_ROWS` rows (double-click
+#: shows them all).
+GROUP_FROM = 64
+VIEW_ROWS = 40
+#: A group of ranks alike is a band past this share of the ranks; smaller ones are outliers.
+BAND_SHARE = 0.05
 
 
 def rank_timeline(
@@ -94,7 +101,8 @@ def rank_timeline(
     # call returned from at enqueue): drawn up to now.
     inflight = ~table["completed"].fillna(False).to_numpy(dtype=bool)
     end = np.where(inflight, now, np.where(np.isnan(end), start, end))
-    rank = table["rank"].to_numpy(dtype=float)
+    rows = _Rows(table, all_ranks, culprits, inflight)
+    rank = rows.y(table["rank"].to_numpy(dtype=np.int64))
     took = end - start
     axis = _TimeAxis(np.concatenate([start, end[~inflight]]) - t0, now - t0)
     x0, x1 = axis.shown(start - t0), axis.shown(end - t0)
@@ -103,7 +111,7 @@ def rank_timeline(
 
     fig = go.Figure()
     height = rows_height(len(all_ranks))
-    width = bar_width(height, len(all_ranks))
+    width = bar_width(height, min(len(all_ranks), VIEW_ROWS if rows.grouped else len(all_ranks)))
     op = text_or(table["op"])
     group, colours = _op_groups(op)
     for name, colour in colours.items():
@@ -141,9 +149,10 @@ def rank_timeline(
         )
     )
     right = axis.width
-    first = _mark_divergence(fig, table, divergence, x=x0, end=right)
-    _draw_chain(fig, chain, x=right)
-    highlight_ranks(fig, culprits, axis="y")
+    first = _mark_divergence(fig, table, divergence, x=x0, end=right, at=rows)
+    _draw_chain(fig, chain, x=right, rows=rows)
+    highlight_ranks(fig, rows.y(np.array(culprits, dtype=np.int64)).astype(int).tolist(), axis="y")
+    rows.mark_bands(fig)
     axis.mark_breaks(fig)
     fig.add_vline(
         x=right,
@@ -165,7 +174,9 @@ def rank_timeline(
             **axis.ticks(),
             **_around(x0, first, right, all_ranks),
         },
-        yaxis=rank_axis(all_ranks, culprits=culprits, top_down=True),
+        yaxis=rows.axis()
+        if rows.grouped
+        else rank_axis(all_ranks, culprits=culprits, top_down=True),
         # above the plot, clear of the x-axis title
         legend={"orientation": "h", "y": 1.0, "yanchor": "bottom", "x": 1, "xanchor": "right"},
         hovermode="closest",
@@ -241,6 +252,7 @@ def _mark_divergence(
     *,
     x: np.ndarray,
     end: float,
+    at: _Rows,
 ) -> float | None:
     """Mark the calls of the collective where the ranks part; return where the first began
     (``x``: where each call of ``table`` begins on the time axis; ``end``: where it ends)."""
@@ -264,7 +276,7 @@ def _mark_divergence(
     fig.add_trace(
         go.Scattergl(
             x=x,
-            y=rows["rank"].to_numpy(dtype=float),
+            y=at.y(rows["rank"].to_numpy(dtype=np.int64)),
             mode="markers",
             marker={
                 "symbol": "diamond",
@@ -293,7 +305,9 @@ def _mark_divergence(
 CHAIN_ARROWS = 64
 
 
-def _draw_chain(fig: go.Figure, chain: Sequence[Mapping[str, Any]], *, x: float) -> None:
+def _draw_chain(
+    fig: go.Figure, chain: Sequence[Mapping[str, Any]], *, x: float, rows: _Rows
+) -> None:
     """Where the calls in flight end (``now``), an arrow from each waiting rank to each rank it
     waits for: the chain that leads to the culprit."""
     drawn = 0
@@ -305,9 +319,9 @@ def _draw_chain(fig: go.Figure, chain: Sequence[Mapping[str, Any]], *, x: float)
                 where = link.get("waits_in") or {}
                 fig.add_annotation(
                     x=x,
-                    y=target,
+                    y=rows.at(target),
                     ax=x,
-                    ay=source,
+                    ay=rows.at(source),
                     xref="x",
                     yref="y",
                     axref="x",
@@ -321,6 +335,116 @@ def _draw_chain(fig: go.Figure, chain: Sequence[Mapping[str, Any]], *, x: float)
                     f"for rank {target}",
                 )
                 drawn += 1
+
+
+class _Rows:
+    """Where each rank's row is. Up to :data:`GROUP_FROM` ranks, in rank order; past that,
+    grouped by each rank's last call (op, group, number, in flight or not): the culprits and the
+    ranks of small groups (outliers) at the top, one row each, then every larger group as a
+    band of rows, the smaller bands first."""
+
+    def __init__(
+        self, table: pd.DataFrame, ranks: list[int], culprits: list[int], inflight: np.ndarray
+    ) -> None:
+        self.ranks = np.array(ranks, dtype=np.int64)
+        self.grouped = len(ranks) > GROUP_FROM
+        self.bands: list[tuple[int, int, str]] = []  # first row, last row, what they did
+        self.outliers = 0
+        if not self.grouped:
+            self.order = self.ranks
+        else:
+            self.order = self._grouped(table, culprits, inflight)
+        self.row_of = np.empty(len(self.ranks), dtype=np.float64)
+        self.row_of[np.searchsorted(self.ranks, self.order)] = np.arange(len(self.order))
+        self.culprits = set(culprits)
+
+    def _grouped(
+        self, table: pd.DataFrame, culprits: list[int], inflight: np.ndarray
+    ) -> np.ndarray:
+        last = table.assign(_inflight=inflight).sort_values("t_start_s", kind="stable")
+        last = last.groupby("rank", sort=True).tail(1)
+        state = (
+            text_or(last["op"]).astype(str)
+            + " (group "
+            + last["pg"].astype(str)
+            + " #"
+            + last["seq"].astype("string").fillna("?")
+            + ")"
+            + np.where(last["_inflight"].to_numpy(dtype=bool), ", in flight", ", done")
+        )
+        of_rank = dict(zip(last["rank"].astype(int), state, strict=True))
+        states = pd.Series([of_rank.get(int(r), "no call") for r in self.ranks])
+        sizes = states.map(states.value_counts())
+        band = (sizes > max(BAND_SHARE * len(self.ranks), 1)).to_numpy()
+        bad = np.isin(self.ranks, culprits)
+        outliers = self.ranks[bad | ~band]
+        # culprits first, then the outliers by their state, then the bands, smaller first
+        key = pd.DataFrame({"bad": ~bad[bad | ~band], "state": states[bad | ~band].to_numpy()})
+        outliers = outliers[np.lexsort((outliers, key["state"].to_numpy(), key["bad"].to_numpy()))]
+        order = [outliers]
+        self.outliers = len(outliers)
+        start = len(outliers)
+        banded = states[band & ~bad]
+        for name in banded.value_counts(ascending=True).index:
+            members = self.ranks[(band & ~bad) & (states == name).to_numpy()]
+            self.bands.append(
+                (start, start + len(members) - 1, f"{len(members)} ranks: last {name}")
+            )
+            order.append(members)
+            start += len(members)
+        return np.concatenate(order)
+
+    def y(self, ranks: np.ndarray) -> np.ndarray:
+        """Each rank's row (rank order up to :data:`GROUP_FROM` ranks)."""
+        if not self.grouped:
+            return ranks.astype(float)
+        return self.row_of[np.searchsorted(self.ranks, ranks)]
+
+    def at(self, rank: int) -> float:
+        return float(self.y(np.array([rank], dtype=np.int64))[0])
+
+    def mark_bands(self, fig: go.Figure) -> None:
+        """Shade every other band and say what its ranks did last."""
+        for i, (first, last, what) in enumerate(self.bands):
+            fig.add_hrect(
+                first - 0.5,
+                last + 0.5,
+                fillcolor="rgba(0, 0, 0, 0.05)" if i % 2 == 0 else "rgba(0, 0, 0, 0)",
+                line={"width": 0},
+                layer="below",
+            )
+            fig.add_annotation(
+                text=what,
+                xref="paper",
+                x=0.0,
+                xanchor="left",
+                y=first - 0.5,
+                yanchor="top",
+                yref="y",
+                showarrow=False,
+                font={"size": 11, "color": "#555"},
+                bgcolor="rgba(255, 255, 255, 0.8)",
+            )
+
+    def axis(self) -> dict[str, Any]:
+        """A rank axis for grouped rows: every outlier labelled, and each band's first and last
+        rank; it opens on the first :data:`VIEW_ROWS` rows."""
+        ticks = list(range(self.outliers))
+        for first, last, _ in self.bands:
+            ticks += [first, last] if last > first else [first]
+        text = []
+        for row in ticks:
+            rank = int(self.order[row])
+            bad = rank in self.culprits
+            text.append(f"<b><span style='color:{ALERT}'>{rank} ✖</span></b>" if bad else str(rank))
+        shown = min(len(self.order), max(VIEW_ROWS, self.outliers + 8))
+        return {
+            "title": {"text": f"rank (outliers first, then ranks alike; {len(self.order)} rows)"},
+            "zeroline": False,
+            "range": [shown - 0.5, -0.5],
+            "tickvals": ticks,
+            "ticktext": text,
+        }
 
 
 class _TimeAxis:

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import html
+import re
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from typing import Any
 
 import ipywidgets as widgets
 
 from rankscope import plot
+from rankscope.analyze.diagnosis import compact_ranks
 from rankscope.collect import load_run
 from rankscope.launch import Job
 from rankscope.launch.job import state_text
@@ -30,37 +33,163 @@ COLUMNS = (
 )
 LOG_LINES = 40
 NO_JOB = "<i>no job selected</i>"
+#: Past this many ranks, the table shows one row per group of ranks in the same state.
+GROUP_FROM = 32
+#: Past this many ranks, the logs are one rank's at a time, chosen in a list, not a tab each.
+TABS_UP_TO = 32
+#: The order of statuses in the grouped table: what went wrong first.
+STATUS_ORDER = ("dead", "failed", "waiting", "exited", "running")
+_SECONDS = re.compile(r"(\d+(?:\.\d+)?) s\b")
 
 
-def ranks_html(rows: list[dict[str, Any]], *, culprits: Iterable[int] = ()) -> str:
+@dataclass
+class RankGroup:
+    """Ranks whose snapshots say the same: status, what they do now (durations aside), the last
+    collective they completed and how they ended."""
+
+    key: tuple[Any, ...]
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    culprit: bool = False
+
+    @property
+    def ranks(self) -> list[int]:
+        return [r["rank"] for r in self.rows]
+
+    @property
+    def label(self) -> str:
+        """``rank 517`` or ``1023 ranks: 0-516, 518-1023``."""
+        ranks = self.ranks
+        if len(ranks) == 1:
+            return f"rank {ranks[0]}"
+        return f"{len(ranks)} ranks: {compact_ranks(ranks)}"
+
+
+def rank_groups(rows: list[dict[str, Any]], *, culprits: Iterable[int] = ()) -> list[RankGroup]:
+    """The snapshots of :meth:`rankscope.launch.Job.ranks` grouped by state, the outliers first:
+    a culprit's group, then by status (dead and failed first), then the smaller groups."""
+    bad = set(culprits)
+    groups: dict[tuple[Any, ...], RankGroup] = {}
+    for r in rows:
+        key = (
+            r["status"],
+            _SECONDS.sub("… s", doing_now(r)),  # durations differ between ranks alike
+            r.get("last_done"),
+            exit_text(r.get("exit_code")),
+        )
+        group = groups.setdefault(key, RankGroup(key))
+        group.rows.append(r)
+        group.culprit |= r["rank"] in bad
+    rank = {s: i for i, s in enumerate(STATUS_ORDER)}
+    return sorted(
+        groups.values(),
+        key=lambda g: (
+            not g.culprit,
+            rank.get(g.key[0], len(rank)),
+            len(g.rows),
+            g.rows[0]["rank"],
+        ),
+    )
+
+
+def ranks_html(
+    rows: list[dict[str, Any]],
+    *,
+    culprits: Iterable[int] = (),
+    group_from: int = GROUP_FROM,
+    expand: str | None = None,
+) -> str:
     """One table row per rank snapshot of :meth:`rankscope.launch.Job.ranks`: what it does now
     (waiting in a collective since when, or the line its main thread is at) apart from the
     last collective it completed; a ``node`` column where the ranks run on SLURM nodes; the
     ``culprits`` of a diagnosis marked. Every column has a fixed width, so the table does not
-    move between refreshes; a long value ends in an ellipsis and shows whole on hover."""
+    move between refreshes; a long value ends in an ellipsis and shows whole on hover.
+
+    Past ``group_from`` ranks, one row per :class:`RankGroup` (the outliers first; steps,
+    counts and durations as ranges), and the rows of the group whose label is ``expand`` under
+    it."""
     nodes = any(r.get("node") for r in rows)
     bad = set(culprits)
-    body = []
-    for r in rows:
-        cells = (
-            f"{r['rank']} ⚑ culprit" if r["rank"] in bad else r["rank"],
-            *((_blank(r.get("node")),) if nodes else ()),
-            r["status"],
-            _blank(r.get("step")),
-            r.get("done", 0),
-            doing_now(r),
-            _blank(r.get("last_done")),
-            _seconds(r.get("heartbeat_age_s")),
-            exit_text(r.get("exit_code")),
-        )
-        colour = STATUS_COLOURS.get(r["status"], "white")
-        mark = f";outline:2px solid {plot.ALERT}" if r["rank"] in bad else ""
-        body.append(f"<tr style='background:{colour}{mark}'>" + "".join(map(cell, cells)) + "</tr>")
     columns = (COLUMNS[0], "node", *COLUMNS[1:]) if nodes else COLUMNS
+    if len(rows) <= group_from:
+        body = [_rank_row(r, bad, nodes) for r in rows]
+    else:
+        body = []
+        for group in rank_groups(rows, culprits=bad):
+            body.append(_group_row(group, bad, nodes, open_=group.label == expand))
+            if group.label == expand and len(group.rows) > 1:
+                body += [_rank_row(r, bad, nodes, inner=True) for r in group.rows]
     return (
         "<div style='max-height:360px;overflow:auto'>"
         f"{table_head(columns, css_class='rankscope-ranks')}{''.join(body)}</table></div>"
     )
+
+
+def _rank_row(r: dict[str, Any], bad: set[int], nodes: bool, *, inner: bool = False) -> str:
+    cells = (
+        f"{r['rank']} ⚑ culprit" if r["rank"] in bad else r["rank"],
+        *((_blank(r.get("node")),) if nodes else ()),
+        r["status"],
+        _blank(r.get("step")),
+        r.get("done", 0),
+        doing_now(r),
+        _blank(r.get("last_done")),
+        _seconds(r.get("heartbeat_age_s")),
+        exit_text(r.get("exit_code")),
+    )
+    colour = STATUS_COLOURS.get(r["status"], "white")
+    mark = f";outline:2px solid {plot.ALERT}" if r["rank"] in bad else ""
+    indent = ";font-size:90%;opacity:0.85" if inner else ""
+    return f"<tr style='background:{colour}{mark}{indent}'>" + "".join(map(cell, cells)) + "</tr>"
+
+
+def _group_row(group: RankGroup, bad: set[int], nodes: bool, *, open_: bool) -> str:
+    if len(group.rows) == 1:
+        return _rank_row(group.rows[0], bad, nodes)
+    rows = group.rows
+    status, now, last_done, exit_ = group.key
+    ages = [r["heartbeat_age_s"] for r in rows if r.get("heartbeat_age_s") is not None]
+    culprits = sorted(set(group.ranks) & bad)
+    label = f"{'▾' if open_ else '▸'} {len(rows)} ranks"
+    if culprits:
+        label += f" ⚑ culprit {compact_ranks(culprits)}"
+    cells = (
+        *((_span([r.get("node") for r in rows], count=True),) if nodes else ()),
+        status,
+        _span([r.get("step") for r in rows]),
+        _span([r.get("done", 0) for r in rows]),
+        _now_span(rows, now),
+        _blank(last_done),
+        f"up to {max(ages):.1f}" if ages else "",
+        exit_,
+    )
+    colour = STATUS_COLOURS.get(status, "white")
+    mark = f";outline:2px solid {plot.ALERT}" if culprits else ""
+    # the count in the cell, which ranks on hover (and in the list that opens the group)
+    which = html.escape(group.label)
+    return (
+        f"<tr style='background:{colour}{mark};font-weight:600'>"
+        f"<td title='{which}'>{html.escape(label)}</td>" + "".join(map(cell, cells)) + "</tr>"
+    )
+
+
+def _span(values: list[Any], *, count: bool = False) -> str:
+    """``12`` or ``11-12`` (numbers), or how many distinct values (``count``: nodes)."""
+    known = sorted({v for v in values if v is not None})
+    if not known:
+        return ""
+    if count:
+        return str(known[0]) if len(known) == 1 else f"{len(known)} nodes"
+    return str(known[0]) if known[0] == known[-1] else f"{known[0]}-{known[-1]}"
+
+
+def _now_span(rows: list[dict[str, Any]], now: str) -> str:
+    """What the group does now, its first duration as the range over its ranks."""
+    seconds = [float(m[0]) for r in rows if (m := _SECONDS.findall(doing_now(r)))]
+    if "… s" not in now or not seconds:
+        return now
+    low, high = min(seconds), max(seconds)
+    span = f"{low:.1f} s" if high - low < 0.05 else f"{low:.1f}-{high:.1f} s"
+    return now.replace("… s", span, 1)
 
 
 def _blank(value: Any) -> Any:
@@ -83,7 +212,10 @@ class LivePanel(widgets.VBox):
             diagnose the job now (the workbench connects them).
         status: beside the buttons, what the last of them did (a capture's id and what it
             gathered, when the diagnosis was made); ``errors``: what went wrong with it.
-        logs: one tab per rank with the tail of its stdout and stderr.
+        expand: past :data:`GROUP_FROM` ranks, whose ranks to list under their group's row.
+        logs: one tab per rank with the tail of its stdout and stderr; past
+            :data:`TABS_UP_TO` ranks, one tab for the rank chosen in ``log_rank`` (the outliers
+            first).
         rows: the latest per-rank snapshot shown.
     """
 
@@ -99,7 +231,14 @@ class LivePanel(widgets.VBox):
         self.diagnose = widgets.Button(
             description="Diagnose", button_style="info", icon="search", layout=fixed
         )
+        self.expand = widgets.Dropdown(
+            description="ranks of", options=[("no group", None)], layout={"display": "none"}
+        )
+        self.expand.observe(lambda _: self._show_ranks(), "value")
+        self.log_rank = widgets.Dropdown(description="log of", layout={"display": "none"})
+        self.log_rank.observe(lambda _: self._show_log(), "value")
         self.logs = widgets.Tab()
+        self._logs: Any = None
         self.status = widgets.HTML("")
         self.status.add_class("rankscope-status")
         self.errors = widgets.Output()
@@ -110,7 +249,9 @@ class LivePanel(widgets.VBox):
                 self.header,
                 widgets.HBox([self.stop, self.capture, self.diagnose, self.status]),
                 self.errors,
+                self.expand,
                 self.ranks,
+                self.log_rank,
                 self.logs,
             ]
         )
@@ -122,6 +263,8 @@ class LivePanel(widgets.VBox):
         self.errors.outputs = ()
         self.rows = []
         self.logs.children = []
+        self._logs = None
+        self.expand.layout.display = self.log_rank.layout.display = "none"
         self.stop.disabled = self.capture.disabled = True
 
     def update(self, job: Job) -> None:
@@ -144,18 +287,54 @@ class LivePanel(widgets.VBox):
             f"{len(self.rows)} ranks, {waiting} waiting in a collective{countdown} · "
             f"<code>{html.escape(str(job.run.path))}</code>"
         )
-        self.ranks.value = ranks_html(self.rows, culprits=self.culprits)
+        self._show_ranks()
         # Stop and Capture act on live processes only; Diagnose reads the run at any time.
         ended = info["state"] in FINAL_STATES
         self.stop.disabled = self.capture.disabled = ended
         self._update_logs(job)
 
+    def _show_ranks(self) -> None:
+        """The ranks table; past :data:`GROUP_FROM` ranks grouped, with the ``expand`` list's
+        choices kept to the groups of more than one rank."""
+        grouped = len(self.rows) > GROUP_FROM
+        groups = rank_groups(self.rows, culprits=self.culprits) if grouped else []
+        options = [("no group", None)] + [(g.label, g.label) for g in groups if len(g.rows) > 1]
+        if list(self.expand.options) != options:
+            keep = self.expand.value if self.expand.value in dict(options).values() else None
+            self.expand.options, self.expand.value = options, keep
+        self.expand.layout.display = "" if grouped else "none"
+        self.ranks.value = ranks_html(self.rows, culprits=self.culprits, expand=self.expand.value)
+
     def _update_logs(self, job: Job) -> None:
-        logs = load_run(job.run.path).logs
+        self._logs = load_run(job.run.path).logs
         ranks = [r["rank"] for r in self.rows]
+        if len(ranks) > TABS_UP_TO:  # one rank's log at a time, the outliers first in the list
+            order = [
+                rank for g in rank_groups(self.rows, culprits=self.culprits) for rank in g.ranks
+            ]
+            options = [(f"rank {rank}", rank) for rank in order]
+            if list(self.log_rank.options) != options:
+                keep = self.log_rank.value if self.log_rank.value in order else order[0]
+                self.log_rank.options, self.log_rank.value = options, keep
+            self.log_rank.layout.display = ""
+            self._show_log()
+            return
+        self.log_rank.layout.display = "none"
         if len(self.logs.children) != len(ranks):
             self.logs.children = [widgets.HTML() for _ in ranks]
             self.logs.titles = [f"rank {r}" for r in ranks]
         for rank, view in zip(ranks, self.logs.children, strict=True):
-            text = plot.log_tail(logs, rank=rank, lines=LOG_LINES)
-            view.value = f"<pre style='max-height:240px;overflow:auto'>{html.escape(text)}</pre>"
+            view.value = self._log_html(rank)
+
+    def _show_log(self) -> None:
+        rank = self.log_rank.value
+        if rank is None or self._logs is None:
+            return
+        if len(self.logs.children) != 1:
+            self.logs.children = [widgets.HTML()]
+        self.logs.titles = [f"rank {rank}"]
+        self.logs.children[0].value = self._log_html(rank)
+
+    def _log_html(self, rank: int) -> str:
+        text = plot.log_tail(self._logs, rank=rank, lines=LOG_LINES)
+        return f"<pre style='max-height:240px;overflow:auto'>{html.escape(text)}</pre>"

@@ -1,0 +1,930 @@
+/* A compiled reader of flight-recorder pickles: the dump's entries straight to columns.
+ *
+ * scan(data, int_fields, float_field, bool_fields, coded_fields, head_keys) runs the pickle's
+ * opcodes on values of its own (numbers, spans of the input for strings, containers in a table):
+ * no Python object is made for an entry. It knows only the opcodes that build plain containers
+ * and scalars; anything else (a global, a call, a set, bytes, a protocol-0 text opcode), and
+ * anything the restricted unpickler would refuse or that it is unsure of (an unbalanced stack, a
+ * memo index out of bounds, bad UTF-8, a length past the end, an entry that is not a dict, a
+ * number field that is not a number), makes it return None: the caller then reads the dump with
+ * the restricted unpickler, which gives the same table or names the problem. Nothing is ever
+ * imported or called.
+ *
+ * It returns (head, n, ints, masks, floats, bools, coded):
+ *   head    the top-level values named in head_keys, as Python objects (a small part of a dump)
+ *   ints    one bytes of n int64 per int field (0 where missing or None), masks one bytes of n
+ *           flags (1: missing or None);
+ *   floats  n float64 of float_field (NaN where missing or None);
+ *   bools   one bytes of n int8 per bool field (1 True, 0 False, -1 anything else);
+ *   coded   per coded field (distinct, at): the field's distinct values as Python objects, in
+ *           order of first appearance (a value the pickle stores once is one object however
+ *           many entries refer to it), and n int32 indices into them.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+enum { T_NONE = 0, T_TRUE, T_FALSE, T_INT, T_FLOAT, T_STR, T_LIST, T_TUPLE, T_DICT, T_MARK_UNSET };
+
+/* A value: scalars inline; a string is a span of the input; a container an index in the table. */
+typedef struct {
+    uint8_t type;
+    union {
+        int64_t i;
+        double f;
+        struct {
+            uint32_t off, len;
+        } s;
+        int32_t c;
+    } u;
+} Val;
+
+typedef struct {
+    uint8_t type; /* T_LIST, T_TUPLE or T_DICT (items as key, value pairs) */
+    Py_ssize_t len, cap;
+    Val *items;
+} Box;
+
+typedef struct {
+    Val *v;
+    Py_ssize_t len, cap;
+} Vec;
+
+typedef struct {
+    const unsigned char *data;
+    Py_ssize_t size, pos;
+    Vec stack, memo;
+    Py_ssize_t *marks;
+    Py_ssize_t nmarks, capmarks, memo_set;
+    Box *boxes;
+    Py_ssize_t nboxes, capboxes;
+    /* Containers' items come from blocks of BLOCK_VALS values (a dump's 2000 entries are as
+     * many small containers: a malloc and free each cost more than the rest of them); a longer
+     * one gets its own allocation, in `big`. */
+    Val **blocks, **big;
+    Py_ssize_t nblocks, capblocks, used, nbig, capbig, block_left;
+    Val *block_next;
+} Scan;
+
+/* The buffers of the last scan, kept for the next one (a fresh megabyte for each dump costs
+ * more in page faults than the scan itself); only touched with the GIL held. */
+static Scan spare;
+static int spare_full;
+/* Buffers kept for the next scan only up to these sizes, so that memory stays bounded. */
+#define SPARE_BLOCKS 256
+#define SPARE_VALS (1 << 16)
+
+/* Memo indices past this are left to the restricted unpickler (no real dump comes near). */
+#define MEMO_MAX (1 << 22)
+/* Containers nested deeper than this are left to it too when made into Python objects. */
+#define DEPTH_MAX 100
+
+static int grow(void **p, Py_ssize_t *cap, Py_ssize_t need, size_t item) {
+    if (need <= *cap)
+        return 0;
+    Py_ssize_t n = *cap ? *cap : 16;
+    while (n < need)
+        n *= 2;
+    void *q = realloc(*p, (size_t)n * item);
+    if (!q)
+        return -1;
+    *p = q;
+    *cap = n;
+    return 0;
+}
+
+static inline int push(Vec *s, Val v) {
+    if (s->len >= s->cap && grow((void **)&s->v, &s->cap, s->len + 1, sizeof(Val)))
+        return -1;
+    s->v[s->len++] = v;
+    return 0;
+}
+
+static int new_box(Scan *S, uint8_t type, Val *out) {
+    if (grow((void **)&S->boxes, &S->capboxes, S->nboxes + 1, sizeof(Box)))
+        return -1;
+    Box *b = &S->boxes[S->nboxes];
+    b->type = type;
+    b->len = b->cap = 0;
+    b->items = NULL;
+    out->type = type;
+    out->u.c = (int32_t)S->nboxes++;
+    return 0;
+}
+
+#define BLOCK_VALS 4000 /* 64 KB: under malloc's threshold for a fresh mmap */
+
+static Val *take(Scan *S, Py_ssize_t n) {
+    if (n > S->block_left) {
+        Val *block;
+        if (n > BLOCK_VALS) {
+            if (grow((void **)&S->big, &S->capbig, S->nbig + 1, sizeof(Val *)) ||
+                !(block = malloc((size_t)n * sizeof(Val))))
+                return NULL;
+            S->big[S->nbig++] = block;
+            return block;
+        }
+        if (S->used == S->nblocks) {
+            if (grow((void **)&S->blocks, &S->capblocks, S->nblocks + 1, sizeof(Val *)) ||
+                !(block = malloc(BLOCK_VALS * sizeof(Val))))
+                return NULL;
+            S->blocks[S->nblocks++] = block;
+        }
+        S->block_next = S->blocks[S->used++];
+        S->block_left = BLOCK_VALS;
+    }
+    Val *out = S->block_next;
+    S->block_next += n;
+    S->block_left -= n;
+    return out;
+}
+
+static int box_add(Scan *S, int32_t c, const Val *v, Py_ssize_t n) {
+    Box *b = &S->boxes[c];
+    if (b->len + n > b->cap) { /* a new place twice as large; the old one is left in its block */
+        Py_ssize_t cap = b->cap ? b->cap : 4;
+        while (cap < b->len + n)
+            cap *= 2;
+        Val *items = take(S, cap);
+        if (!items)
+            return -1;
+        if (b->len)
+            memcpy(items, b->items, (size_t)b->len * sizeof(Val));
+        b->items = items;
+        b->cap = cap;
+    }
+    memcpy(b->items + b->len, v, (size_t)n * sizeof(Val));
+    b->len += n;
+    return 0;
+}
+
+/* UTF-8 as Python's pickle decodes it ("surrogatepass": encoded surrogates are accepted). */
+static int utf8_ok(const unsigned char *p, Py_ssize_t n) {
+    Py_ssize_t i = 0;
+    while (i < n) {
+        unsigned char c = p[i];
+        if (c < 0x80) {
+            i++;
+            continue;
+        }
+        int k;
+        unsigned char lo = 0x80, hi = 0xBF;
+        if (c >= 0xC2 && c <= 0xDF)
+            k = 1;
+        else if (c >= 0xE0 && c <= 0xEF) {
+            k = 2;
+            if (c == 0xE0)
+                lo = 0xA0;
+        } else if (c >= 0xF0 && c <= 0xF4) {
+            k = 3;
+            if (c == 0xF0)
+                lo = 0x90;
+            if (c == 0xF4)
+                hi = 0x8F;
+        } else
+            return 0;
+        if (i + k >= n)
+            return 0;
+        if (p[i + 1] < lo || p[i + 1] > hi)
+            return 0;
+        for (int j = 2; j <= k; j++)
+            if (p[i + j] < 0x80 || p[i + j] > 0xBF)
+                return 0;
+        i += k + 1;
+    }
+    return 1;
+}
+
+static int need(Scan *S, Py_ssize_t n) { return n >= 0 && S->size - S->pos >= n; }
+
+static uint64_t le(const unsigned char *p, int n) {
+    uint64_t x = 0;
+    for (int i = n - 1; i >= 0; i--)
+        x = (x << 8) | p[i];
+    return x;
+}
+
+/* The opcode's argument: an unsigned little-endian number of w bytes. */
+static int arg(Scan *S, int w, uint64_t *out) {
+    if (!need(S, w))
+        return -1;
+    *out = le(S->data + S->pos, w);
+    S->pos += w;
+    return 0;
+}
+
+static int pop_mark(Scan *S, Py_ssize_t *at) {
+    if (!S->nmarks)
+        return -1;
+    *at = S->marks[--S->nmarks];
+    return *at <= S->stack.len ? 0 : -1;
+}
+
+static Py_ssize_t fence(Scan *S) { return S->nmarks ? S->marks[S->nmarks - 1] : 0; }
+
+static int memo_put(Scan *S, uint64_t idx) {
+    if (S->stack.len <= fence(S) || idx >= MEMO_MAX)
+        return -1;
+    if (grow((void **)&S->memo.v, &S->memo.cap, (Py_ssize_t)idx + 1, sizeof(Val)))
+        return -1;
+    while (S->memo.len <= (Py_ssize_t)idx)
+        S->memo.v[S->memo.len++].type = T_MARK_UNSET;
+    if (S->memo.v[idx].type == T_MARK_UNSET)
+        S->memo_set++;
+    S->memo.v[idx] = S->stack.v[S->stack.len - 1];
+    return 0;
+}
+
+static int memo_get(Scan *S, uint64_t idx) {
+    if (idx >= (uint64_t)S->memo.len || S->memo.v[idx].type == T_MARK_UNSET)
+        return -1;
+    return push(&S->stack, S->memo.v[idx]);
+}
+
+static int is_container(uint8_t t) { return t == T_LIST || t == T_TUPLE || t == T_DICT; }
+
+static int tuple_of(Scan *S, Py_ssize_t from) {
+    Val t;
+    if (new_box(S, T_TUPLE, &t) || box_add(S, t.u.c, S->stack.v + from, S->stack.len - from))
+        return -1;
+    S->stack.len = from;
+    return push(&S->stack, t);
+}
+
+static int dict_items(Scan *S, int32_t c, Py_ssize_t from) {
+    Py_ssize_t n = S->stack.len - from;
+    if (n % 2)
+        return -1;
+    for (Py_ssize_t i = from; i < S->stack.len; i += 2)
+        if (is_container(S->stack.v[i].type)) /* possibly unhashable: left to Python */
+            return -1;
+    if (box_add(S, c, S->stack.v + from, n))
+        return -1;
+    S->stack.len = from;
+    return 0;
+}
+
+/* Run the opcodes; 0 with the result on the stack, -1 for anything left to the unpickler. */
+static int run(Scan *S) {
+    Val v;
+    while (S->pos < S->size) {
+        unsigned char op = S->data[S->pos++];
+        Py_ssize_t at;
+        uint64_t n;
+        switch (op) {
+        case 0x80: /* PROTO */
+            if (!need(S, 1) || S->data[S->pos] > 5)
+                return -1;
+            S->pos++;
+            break;
+        case 0x95: /* FRAME: a length the rest must hold */
+            if (!need(S, 8))
+                return -1;
+            n = le(S->data + S->pos, 8);
+            S->pos += 8;
+            if (n > (uint64_t)(S->size - S->pos))
+                return -1;
+            break;
+        case '.': /* STOP */
+            if (S->stack.len != 1 || S->nmarks)
+                return -1;
+            return 0;
+        case '(':
+            if (grow((void **)&S->marks, &S->capmarks, S->nmarks + 1, sizeof(Py_ssize_t)))
+                return -1;
+            S->marks[S->nmarks++] = S->stack.len;
+            break;
+        case '0': /* POP */
+            if (S->stack.len <= fence(S))
+                return -1;
+            S->stack.len--;
+            break;
+        case '1': /* POP_MARK */
+            if (pop_mark(S, &at))
+                return -1;
+            S->stack.len = at;
+            break;
+        case '2': /* DUP */
+            if (S->stack.len <= fence(S) ||
+                push(&S->stack, S->stack.v[S->stack.len - 1]))
+                return -1;
+            break;
+        case 'N':
+            v.type = T_NONE;
+            if (push(&S->stack, v))
+                return -1;
+            break;
+        case 0x88:
+        case 0x89:
+            v.type = op == 0x88 ? T_TRUE : T_FALSE;
+            if (push(&S->stack, v))
+                return -1;
+            break;
+        case 'J': /* BININT */
+            if (!need(S, 4))
+                return -1;
+            v.type = T_INT;
+            v.u.i = (int32_t)(uint32_t)le(S->data + S->pos, 4);
+            S->pos += 4;
+            if (push(&S->stack, v))
+                return -1;
+            break;
+        case 'K':
+        case 'M': /* BININT1, BININT2 */
+            n = op == 'K' ? 1 : 2;
+            if (!need(S, (Py_ssize_t)n))
+                return -1;
+            v.type = T_INT;
+            v.u.i = (int64_t)le(S->data + S->pos, (int)n);
+            S->pos += (Py_ssize_t)n;
+            if (push(&S->stack, v))
+                return -1;
+            break;
+        case 0x8a:
+        case 0x8b: /* LONG1, LONG4: what fits in 64 bits */
+            if (op == 0x8a) {
+                if (!need(S, 1))
+                    return -1;
+                n = S->data[S->pos++];
+            } else {
+                if (!need(S, 4))
+                    return -1;
+                n = le(S->data + S->pos, 4);
+                S->pos += 4;
+            }
+            if (n > 8 || !need(S, (Py_ssize_t)n))
+                return -1;
+            v.type = T_INT;
+            v.u.i = 0;
+            if (n) {
+                uint64_t x = le(S->data + S->pos, (int)n);
+                if (n < 8 && (S->data[S->pos + n - 1] & 0x80))
+                    x |= ~(uint64_t)0 << (8 * n);
+                v.u.i = (int64_t)x;
+            }
+            S->pos += (Py_ssize_t)n;
+            if (push(&S->stack, v))
+                return -1;
+            break;
+        case 'G': /* BINFLOAT, big-endian */
+            if (!need(S, 8))
+                return -1;
+            {
+                uint64_t x = 0;
+                for (int i = 0; i < 8; i++)
+                    x = (x << 8) | S->data[S->pos + i];
+                memcpy(&v.u.f, &x, 8);
+            }
+            v.type = T_FLOAT;
+            S->pos += 8;
+            if (push(&S->stack, v))
+                return -1;
+            break;
+        case 0x8c:
+        case 'X':
+        case 0x8d: /* SHORT_BINUNICODE, BINUNICODE, BINUNICODE8 */
+        {
+            int w = op == 0x8c ? 1 : op == 'X' ? 4 : 8;
+            if (!need(S, w))
+                return -1;
+            n = le(S->data + S->pos, w);
+            S->pos += w;
+            if (n > (uint64_t)(S->size - S->pos) || n > UINT32_MAX ||
+                !utf8_ok(S->data + S->pos, (Py_ssize_t)n))
+                return -1;
+            v.type = T_STR;
+            v.u.s.off = (uint32_t)S->pos;
+            v.u.s.len = (uint32_t)n;
+            S->pos += (Py_ssize_t)n;
+            if (push(&S->stack, v))
+                return -1;
+            break;
+        }
+        case ']':
+        case ')':
+        case '}':
+            if (new_box(S, op == ']' ? T_LIST : op == ')' ? T_TUPLE : T_DICT, &v) ||
+                push(&S->stack, v))
+                return -1;
+            break;
+        case 'l': /* LIST */
+            if (pop_mark(S, &at) || new_box(S, T_LIST, &v) ||
+                box_add(S, v.u.c, S->stack.v + at, S->stack.len - at))
+                return -1;
+            S->stack.len = at;
+            if (push(&S->stack, v))
+                return -1;
+            break;
+        case 't': /* TUPLE */
+            if (pop_mark(S, &at) || tuple_of(S, at))
+                return -1;
+            break;
+        case 0x85:
+        case 0x86:
+        case 0x87: /* TUPLE1..3 */
+            n = op - 0x84;
+            if (S->stack.len - fence(S) < (Py_ssize_t)n ||
+                tuple_of(S, S->stack.len - (Py_ssize_t)n))
+                return -1;
+            break;
+        case 'd': /* DICT */
+            if (pop_mark(S, &at) || new_box(S, T_DICT, &v) || dict_items(S, v.u.c, at) ||
+                push(&S->stack, v))
+                return -1;
+            break;
+        case 'a': /* APPEND */
+            if (S->stack.len - fence(S) < 2 ||
+                S->stack.v[S->stack.len - 2].type != T_LIST)
+                return -1;
+            if (box_add(S, S->stack.v[S->stack.len - 2].u.c, S->stack.v + S->stack.len - 1, 1))
+                return -1;
+            S->stack.len--;
+            break;
+        case 'e': /* APPENDS */
+            if (pop_mark(S, &at) || at < 1 || S->stack.v[at - 1].type != T_LIST ||
+                (S->nmarks && S->marks[S->nmarks - 1] > at - 1))
+                return -1;
+            if (box_add(S, S->stack.v[at - 1].u.c, S->stack.v + at, S->stack.len - at))
+                return -1;
+            S->stack.len = at;
+            break;
+        case 's': /* SETITEM */
+            if (S->stack.len - fence(S) < 3 ||
+                S->stack.v[S->stack.len - 3].type != T_DICT ||
+                dict_items(S, S->stack.v[S->stack.len - 3].u.c, S->stack.len - 2))
+                return -1;
+            break;
+        case 'u': /* SETITEMS */
+            if (pop_mark(S, &at) || at < 1 || S->stack.v[at - 1].type != T_DICT ||
+                (S->nmarks && S->marks[S->nmarks - 1] > at - 1) ||
+                dict_items(S, S->stack.v[at - 1].u.c, at))
+                return -1;
+            break;
+        case 'q':
+        case 'r': /* BINPUT, LONG_BINPUT */
+            if (arg(S, op == 'q' ? 1 : 4, &n) || memo_put(S, n))
+                return -1;
+            break;
+        case 0x94: /* MEMOIZE */
+            if (memo_put(S, (uint64_t)S->memo_set))
+                return -1;
+            break;
+        case 'h':
+        case 'j': /* BINGET, LONG_BINGET */
+            if (arg(S, op == 'h' ? 1 : 4, &n) || memo_get(S, n))
+                return -1;
+            break;
+        default: /* globals, calls, sets, bytes, text opcodes, buffers: not here */
+            return -1;
+        }
+    }
+    return -1; /* no STOP */
+}
+
+/* --- Python objects of values ------------------------------------------------------------- */
+static PyObject *to_py(Scan *S, Val v, int depth) {
+    switch (v.type) {
+    case T_NONE:
+        Py_RETURN_NONE;
+    case T_TRUE:
+        Py_RETURN_TRUE;
+    case T_FALSE:
+        Py_RETURN_FALSE;
+    case T_INT:
+        return PyLong_FromLongLong(v.u.i);
+    case T_FLOAT:
+        return PyFloat_FromDouble(v.u.f);
+    case T_STR:
+        return PyUnicode_DecodeUTF8((const char *)S->data + v.u.s.off, v.u.s.len,
+                                    "surrogatepass");
+    }
+    if (depth > DEPTH_MAX) {
+        PyErr_SetString(PyExc_RecursionError, "nested too deep");
+        return NULL;
+    }
+    Box *b = &S->boxes[v.u.c];
+    PyObject *out;
+    if (b->type == T_DICT) {
+        out = PyDict_New();
+        for (Py_ssize_t i = 0; out && i < b->len; i += 2) {
+            PyObject *k = to_py(S, b->items[i], depth + 1);
+            PyObject *x = k ? to_py(S, b->items[i + 1], depth + 1) : NULL;
+            if (!x || PyDict_SetItem(out, k, x))
+                Py_CLEAR(out);
+            Py_XDECREF(k);
+            Py_XDECREF(x);
+        }
+        return out;
+    }
+    out = b->type == T_LIST ? PyList_New(b->len) : PyTuple_New(b->len);
+    for (Py_ssize_t i = 0; out && i < b->len; i++) {
+        PyObject *x = to_py(S, b->items[i], depth + 1);
+        if (!x) {
+            Py_CLEAR(out);
+            break;
+        }
+        if (b->type == T_LIST)
+            PyList_SET_ITEM(out, i, x);
+        else
+            PyTuple_SET_ITEM(out, i, x);
+    }
+    return out;
+}
+
+/* --- distinct values of a coded field ------------------------------------------------------ */
+/* A value's identity: a string by where the pickle wrote it, a container by its index, a scalar
+ * by its value. Equal identities are equal values; equal values may differ in identity (two
+ * writes of one string), which the caller's coding by value then merges. */
+typedef struct {
+    uint64_t key;
+    int32_t index;
+} Slot;
+
+typedef struct {
+    Slot *slots;
+    Py_ssize_t cap, count, nvals, capvals;
+    Val *vals; /* the distinct values, in order of first appearance */
+    uint64_t last_key;
+    int32_t last;
+} Distinct;
+
+static uint64_t ident(Val v) {
+    uint64_t payload;
+    switch (v.type) {
+    case T_INT:
+        payload = (uint64_t)v.u.i;
+        break;
+    case T_FLOAT:
+        memcpy(&payload, &v.u.f, 8);
+        break;
+    case T_STR:
+        payload = v.u.s.off;
+        break;
+    case T_LIST:
+    case T_TUPLE:
+    case T_DICT:
+        payload = (uint64_t)(uint32_t)v.u.c;
+        break;
+    default:
+        payload = 0;
+    }
+    return payload * 0x9E3779B97F4A7C15ULL ^ ((uint64_t)v.type << 58) ^ v.type;
+}
+
+static int same(Val a, Val b) {
+    if (a.type != b.type)
+        return 0;
+    switch (a.type) {
+    case T_INT:
+        return a.u.i == b.u.i;
+    case T_FLOAT:
+        return memcmp(&a.u.f, &b.u.f, 8) == 0;
+    case T_STR:
+        return a.u.s.off == b.u.s.off;
+    case T_LIST:
+    case T_TUPLE:
+    case T_DICT:
+        return a.u.c == b.u.c;
+    }
+    return 1;
+}
+
+static int32_t distinct_index(Distinct *d, Val v) {
+    uint64_t key = ident(v);
+    if (d->last >= 0 && d->last_key == key && same(d->vals[d->last], v))
+        return d->last;
+    if (d->count * 2 >= d->cap) { /* rehash */
+        Py_ssize_t cap = d->cap ? d->cap * 2 : 16;
+        Slot *slots = malloc((size_t)cap * sizeof(Slot));
+        if (!slots)
+            return -1;
+        for (Py_ssize_t i = 0; i < cap; i++)
+            slots[i].index = -1;
+        for (Py_ssize_t i = 0; i < d->cap; i++)
+            if (d->slots[i].index >= 0) {
+                Py_ssize_t j = (Py_ssize_t)(d->slots[i].key & (uint64_t)(cap - 1));
+                while (slots[j].index >= 0)
+                    j = (j + 1) & (cap - 1);
+                slots[j] = d->slots[i];
+            }
+        free(d->slots);
+        d->slots = slots;
+        d->cap = cap;
+    }
+    Py_ssize_t j = (Py_ssize_t)(key & (uint64_t)(d->cap - 1));
+    while (d->slots[j].index >= 0) {
+        if (d->slots[j].key == key && same(d->vals[d->slots[j].index], v))
+            goto found;
+        j = (j + 1) & (d->cap - 1);
+    }
+    if (grow((void **)&d->vals, &d->capvals, d->nvals + 1, sizeof(Val)))
+        return -1;
+    d->vals[d->nvals] = v;
+    d->slots[j].key = key;
+    d->slots[j].index = (int32_t)d->nvals++;
+    d->count++;
+found:
+    d->last_key = key;
+    d->last = d->slots[j].index;
+    return d->last;
+}
+
+/* --- the walk over the entries ------------------------------------------------------------- */
+static int str_is(Scan *S, Val v, PyObject *name) {
+    Py_ssize_t len;
+    const char *s = PyUnicode_AsUTF8AndSize(name, &len);
+    return s && v.type == T_STR && (Py_ssize_t)v.u.s.len == len &&
+           memcmp(S->data + v.u.s.off, s, (size_t)len) == 0;
+}
+
+/* The value of `name` in dict box c (the last one set, as a dict keeps), or NULL. */
+static const Val *lookup(Scan *S, int32_t c, PyObject *name) {
+    Box *b = &S->boxes[c];
+    for (Py_ssize_t i = b->len - 2; i >= 0; i -= 2)
+        if (str_is(S, b->items[i], name))
+            return &b->items[i + 1];
+    return NULL;
+}
+
+/* A scan with the spare buffers, if any, emptied. */
+static void start_scan(Scan *S) {
+    memset(S, 0, sizeof *S);
+    if (spare_full) {
+        *S = spare;
+        spare_full = 0;
+        S->stack.len = S->memo.len = S->nmarks = S->memo_set = S->nboxes = 0;
+        S->used = S->nbig = S->block_left = S->pos = 0;
+    }
+}
+
+/* Keep the buffers for the next scan where they are not too large, else free them. */
+static void end_scan(Scan *S) {
+    for (Py_ssize_t i = 0; i < S->nbig; i++)
+        free(S->big[i]);
+    S->nbig = 0;
+    if (!spare_full && S->nblocks <= SPARE_BLOCKS && S->memo.cap <= SPARE_VALS &&
+        S->stack.cap <= SPARE_VALS && S->capboxes <= SPARE_VALS) {
+        spare = *S;
+        spare_full = 1;
+        return;
+    }
+    for (Py_ssize_t i = 0; i < S->nblocks; i++)
+        free(S->blocks[i]);
+    free(S->blocks);
+    free(S->big);
+    free(S->boxes);
+    free(S->stack.v);
+    free(S->memo.v);
+    free(S->marks);
+}
+
+#define FAIL goto done
+
+static PyObject *scan(PyObject *self, PyObject *args) {
+    Py_buffer buf;
+    PyObject *int_f, *float_f, *bool_f, *coded_f, *head_f;
+    if (!PyArg_ParseTuple(args, "y*O!UO!O!O!", &buf, &PyTuple_Type, &int_f, &float_f,
+                          &PyTuple_Type, &bool_f, &PyTuple_Type, &coded_f, &PyTuple_Type,
+                          &head_f))
+        return NULL;
+    Scan S;
+    start_scan(&S);
+    S.data = buf.buf;
+    S.size = buf.len;
+    Py_ssize_t ni = PyTuple_GET_SIZE(int_f), nb = PyTuple_GET_SIZE(bool_f);
+    Py_ssize_t nc = PyTuple_GET_SIZE(coded_f), nf = ni + 1 + nb + nc;
+    PyObject *result = NULL, *head = NULL, *ints = NULL, *masks = NULL, *bools = NULL;
+    PyObject *coded = NULL, *floats = NULL;
+    struct {
+        uint32_t off;
+        signed char f;
+    } *keymap = NULL; /* per item position: the key last seen there, and its field */
+    Py_ssize_t capkeys = 0;
+    const Val **fields = NULL;
+    Distinct *dist = NULL;
+    int64_t **icol = NULL;
+    char **mcol = NULL, **bcol = NULL;
+    int32_t **ccol = NULL;
+    double *fcol = NULL;
+    int ok = 0;
+    if (nf > 120)
+        FAIL;
+    if (run(&S)) /* with the GIL held: the spare buffers are this call's alone */
+        FAIL;
+    /* After STOP only whitespace, as the restricted loader asks. */
+    for (Py_ssize_t i = S.pos; i < S.size; i++)
+        if (!strchr(" \t\n\r\x0b\x0c", S.data[i]) || !S.data[i])
+            FAIL;
+    Val root = S.stack.v[0];
+    if (root.type != T_DICT)
+        FAIL;
+    head = PyDict_New();
+    if (!head)
+        FAIL;
+    for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(head_f); k++) {
+        PyObject *name = PyTuple_GET_ITEM(head_f, k);
+        if (!PyUnicode_Check(name))
+            FAIL;
+        const Val *v = lookup(&S, root.u.c, name);
+        if (!v)
+            continue;
+        PyObject *x = to_py(&S, *v, 0);
+        if (!x || PyDict_SetItem(head, name, x)) {
+            Py_XDECREF(x);
+            FAIL;
+        }
+        Py_DECREF(x);
+    }
+    PyObject *entries_name = PyUnicode_FromString("entries");
+    if (!entries_name)
+        FAIL;
+    const Val *ev = lookup(&S, root.u.c, entries_name);
+    Py_DECREF(entries_name);
+    Py_ssize_t n = 0;
+    Box *eb = NULL;
+    if (ev) {
+        if (ev->type != T_LIST)
+            FAIL;
+        eb = &S.boxes[ev->u.c];
+        n = eb->len;
+    }
+    /* Column buffers */
+    ints = PyList_New(ni);
+    masks = PyList_New(ni);
+    bools = PyList_New(nb);
+    coded = PyList_New(nc);
+    floats = PyBytes_FromStringAndSize(NULL, n * 8);
+    icol = calloc((size_t)ni + 1, sizeof *icol);
+    mcol = calloc((size_t)ni + 1, sizeof *mcol);
+    bcol = calloc((size_t)nb + 1, sizeof *bcol);
+    ccol = calloc((size_t)nc + 1, sizeof *ccol);
+    dist = calloc((size_t)nc + 1, sizeof *dist);
+    fields = calloc((size_t)nf, sizeof *fields);
+    if (!ints || !masks || !bools || !coded || !floats || !icol || !mcol || !bcol || !ccol ||
+        !dist || !fields)
+        FAIL;
+    fcol = (double *)PyBytes_AS_STRING(floats);
+    for (Py_ssize_t k = 0; k < ni; k++) {
+        PyObject *a = PyBytes_FromStringAndSize(NULL, n * 8);
+        PyObject *m = PyBytes_FromStringAndSize(NULL, n);
+        if (!a || !m) {
+            Py_XDECREF(a);
+            Py_XDECREF(m);
+            FAIL;
+        }
+        PyList_SET_ITEM(ints, k, a);
+        PyList_SET_ITEM(masks, k, m);
+        icol[k] = (int64_t *)PyBytes_AS_STRING(a);
+        mcol[k] = PyBytes_AS_STRING(m);
+    }
+    for (Py_ssize_t k = 0; k < nb; k++) {
+        PyObject *a = PyBytes_FromStringAndSize(NULL, n);
+        if (!a)
+            FAIL;
+        PyList_SET_ITEM(bools, k, a);
+        bcol[k] = PyBytes_AS_STRING(a);
+    }
+    for (Py_ssize_t k = 0; k < nc; k++) {
+        ccol[k] = malloc((size_t)(n ? n : 1) * sizeof(int32_t));
+        dist[k].last = -1;
+        if (!ccol[k])
+            FAIL;
+    }
+    /* Field k of an entry: ints [0, ni), the float ni, bools, then coded. */
+    for (Py_ssize_t e = 0; e < n; e++) {
+        Val ent = eb->items[e];
+        if (ent.type != T_DICT)
+            FAIL;
+        memset(fields, 0, (size_t)nf * sizeof *fields);
+        Box *d = &S.boxes[ent.u.c];
+        for (Py_ssize_t i = 0; i < d->len; i += 2) {
+            Val key = d->items[i];
+            if (key.type != T_STR)
+                continue;
+            Py_ssize_t slot = i / 2;
+            if (slot >= capkeys) {
+                Py_ssize_t was = capkeys;
+                if (grow((void **)&keymap, &capkeys, slot + 1, sizeof *keymap))
+                    FAIL;
+                for (Py_ssize_t j = was; j < capkeys; j++)
+                    keymap[j].f = 0;
+            }
+            signed char f = keymap[slot].f;
+            if (!f || keymap[slot].off != key.u.s.off) {
+                /* a key not seen at this place before (entries of a dump share their keys'
+                 * order, so this is once per key): which field is it? */
+                f = -1;
+                for (Py_ssize_t k = 0; k < nf && f < 0; k++) {
+                    PyObject *name = k < ni        ? PyTuple_GET_ITEM(int_f, k)
+                                     : k == ni     ? float_f
+                                     : k <= ni + nb ? PyTuple_GET_ITEM(bool_f, k - ni - 1)
+                                                    : PyTuple_GET_ITEM(coded_f, k - ni - 1 - nb);
+                    if (str_is(&S, key, name))
+                        f = (signed char)(k + 1);
+                }
+                if (PyErr_Occurred())
+                    FAIL;
+                keymap[slot].off = key.u.s.off;
+                keymap[slot].f = f;
+            }
+            if (f > 0)
+                fields[f - 1] = &d->items[i + 1]; /* a later one wins, as in a dict */
+        }
+        for (Py_ssize_t k = 0; k < ni; k++) {
+            const Val *v = fields[k];
+            if (!v || v->type == T_NONE) {
+                icol[k][e] = 0;
+                mcol[k][e] = 1;
+            } else if (v->type == T_INT) {
+                icol[k][e] = v->u.i;
+                mcol[k][e] = 0;
+            } else
+                FAIL; /* a bool, float or text where an int belongs: the slow path says */
+        }
+        const Val *fv = fields[ni];
+        if (!fv || fv->type == T_NONE)
+            fcol[e] = NAN;
+        else if (fv->type == T_FLOAT)
+            fcol[e] = fv->u.f;
+        else if (fv->type == T_INT)
+            fcol[e] = (double)fv->u.i;
+        else
+            FAIL;
+        for (Py_ssize_t k = 0; k < nb; k++) {
+            const Val *v = fields[ni + 1 + k];
+            bcol[k][e] = !v ? -1 : v->type == T_TRUE ? 1 : v->type == T_FALSE ? 0 : -1;
+        }
+        for (Py_ssize_t k = 0; k < nc; k++) {
+            const Val *v = fields[ni + 1 + nb + k];
+            Val none = {.type = T_NONE};
+            int32_t at = distinct_index(&dist[k], v ? *v : none);
+            if (at < 0)
+                FAIL;
+            ccol[k][e] = at;
+        }
+    }
+    for (Py_ssize_t k = 0; k < nc; k++) {
+        PyObject *objs = PyList_New(dist[k].nvals);
+        PyObject *at = PyBytes_FromStringAndSize((const char *)ccol[k], n * 4);
+        PyObject *pair = objs && at ? PyTuple_Pack(2, objs, at) : NULL;
+        Py_XDECREF(at);
+        if (!pair) {
+            Py_XDECREF(objs);
+            FAIL;
+        }
+        PyList_SET_ITEM(coded, k, pair);
+        for (Py_ssize_t i = 0; i < dist[k].nvals; i++) {
+            PyObject *x = to_py(&S, dist[k].vals[i], 0);
+            if (!x) {
+                Py_DECREF(objs);
+                FAIL;
+            }
+            PyList_SET_ITEM(objs, i, x);
+        }
+        Py_DECREF(objs);
+    }
+    result = Py_BuildValue("(OnOOOOO)", head, n, ints, masks, floats, bools, coded);
+    ok = result != NULL;
+done:
+    if (!ok) {
+        Py_CLEAR(result);
+        PyErr_Clear(); /* anything unusual: the restricted unpickler reads this dump */
+        result = Py_None;
+        Py_INCREF(result);
+    }
+    for (Py_ssize_t k = 0; k < nc && ccol; k++)
+        free(ccol[k]);
+    for (Py_ssize_t k = 0; k < nc && dist; k++) {
+        free(dist[k].slots);
+        free(dist[k].vals);
+    }
+    free(ccol);
+    free(dist);
+    free(icol);
+    free(mcol);
+    free(bcol);
+    free(fields);
+    free(keymap);
+    Py_XDECREF(head);
+    Py_XDECREF(ints);
+    Py_XDECREF(masks);
+    Py_XDECREF(bools);
+    Py_XDECREF(coded);
+    Py_XDECREF(floats);
+    end_scan(&S);
+    PyBuffer_Release(&buf);
+    return result;
+}
+
+static PyMethodDef methods[] = {
+    {"scan", scan, METH_VARARGS,
+     "scan(data, int_fields, float_field, bool_fields, coded_fields, head_keys) -> tuple | None"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_fr_scan",
+                                    "Flight-recorder pickles to columns, in C.", -1, methods};
+
+PyMODINIT_FUNC PyInit__fr_scan(void) { return PyModule_Create(&module); }

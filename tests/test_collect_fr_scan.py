@@ -1,0 +1,219 @@
+"""The compiled flight-recorder scanner: the same tables as the restricted unpickler, and no
+pickle it cannot vouch for (hostile, truncated, wrong types, huge lengths) gets past it."""
+
+from __future__ import annotations
+
+import importlib.util
+import pickle
+import random
+import struct
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from rankscope.collect import _fr_parse
+
+_fr_scan = pytest.importorskip("rankscope.collect._fr_scan", reason="the C scanner is not built")
+
+DATA = Path(__file__).parent / "data"
+sys.path.insert(0, str(Path(__file__).parent))
+import test_collect_untrusted as untrusted  # noqa: E402
+
+
+def _make_dumps():
+    spec = importlib.util.spec_from_file_location("make_dumps", DATA / "nccl_fr" / "make_dumps.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def python_reader(monkeypatch: pytest.MonkeyPatch, items: list[tuple[int, str]]) -> dict:
+    with monkeypatch.context() as m:
+        m.setattr(_fr_parse, "_fr_scan", None)
+        return _fr_parse.parse_entries(items)
+
+
+def assert_same(a: dict, b: dict) -> None:
+    assert a["arrays"].keys() == b["arrays"].keys()
+    for key, x in a["arrays"].items():
+        y = b["arrays"][key]
+        assert x.dtype == y.dtype and x.shape == y.shape, key
+        assert np.array_equal(x, y, equal_nan=x.dtype.kind == "f"), key
+    assert a["meta"] == b["meta"]
+
+
+def scanned(data: bytes) -> bool:
+    return _fr_parse._scan(data) is not None
+
+
+def fixture_pickles() -> list[Path]:
+    return [
+        p
+        for p in sorted(DATA.rglob("*"))
+        if p.is_file() and p.suffix in ("", ".pkl") and p.read_bytes()[:1] == b"\x80"
+    ]
+
+
+def test_every_committed_dump_is_scanned_into_the_same_table(tmp_path, monkeypatch):
+    paths = fixture_pickles()
+    assert len(paths) > 50
+    assert all(scanned(p.read_bytes()) for p in paths)
+    items = [(i, str(p)) for i, p in enumerate(paths)]
+    assert_same(_fr_parse.parse_entries(items), python_reader(monkeypatch, items))
+
+
+def test_every_layout_and_protocol_gives_the_same_table(tmp_path, monkeypatch):
+    dumps = _make_dumps()
+    items = []
+    for divergence in dumps.DIVERGENCES:
+        culprit = None if divergence in ("p2p_cycle", "none") else 2
+        for rank in range(4):
+            kw = {"world": 4, "entries": 24, "culprit": culprit, "divergence": divergence}
+            if divergence == "shape":
+                kw.update(world=8, subgroups=True)
+            dump = dumps.build_dump(rank, **kw)
+            for protocol in range(2, pickle.HIGHEST_PROTOCOL + 1):
+                path = tmp_path / f"{divergence}_{rank}_{protocol}"
+                path.write_bytes(data := pickle.dumps(dump, protocol=protocol))
+                assert scanned(data), path.name
+                items.append((len(items), str(path)))
+    assert_same(_fr_parse.parse_entries(items), python_reader(monkeypatch, items))
+
+
+def test_odd_and_broken_dumps_give_the_same_table_and_problems(tmp_path, monkeypatch):
+    """Whatever the scanner takes or leaves to the unpickler, the result is the Python
+    reader's: odd values, wrong types, hostile pickles, truncations and bit flips."""
+    rng = random.Random(34)
+    base = untrusted.BASES["fr_pickle"].read_bytes()
+    cases = untrusted.odd_fields() + [data for _, data in untrusted.wrong_types()]
+    cases += list(untrusted.hostile_pickles(tmp_path / "pwned").values())
+    for _ in range(60):
+        cases.append(base[: rng.randrange(1, len(base))])
+        flipped = bytearray(base)
+        for _ in range(rng.randint(1, 6)):
+            flipped[rng.randrange(len(flipped))] ^= 1 << rng.randrange(8)
+        cases.append(bytes(flipped))
+    items = []
+    for i, data in enumerate(cases):
+        (path := tmp_path / f"case{i}").write_bytes(data)
+        items.append((i, str(path)))
+        # one file at a time: a file's rows, codes and problems are compared on their own
+        assert_same(_fr_parse.parse_entries(items[-1:]), python_reader(monkeypatch, items[-1:]))
+    assert_same(_fr_parse.parse_entries(items), python_reader(monkeypatch, items))
+    assert not (tmp_path / "pwned").exists()
+
+
+def _nested(depth: int) -> list:
+    out: list = []
+    for _ in range(depth):
+        out = [out]
+    return out
+
+
+def _dump(entries_pickle: bytes) -> bytes:
+    """A protocol-2 pickle of ``{"entries": <entries_pickle>}``."""
+    return b"\x80\x02}X\x07\x00\x00\x00entries" + entries_pickle + b"s."
+
+
+@pytest.mark.parametrize(
+    ("name", "data"),
+    [
+        ("global", pickle.dumps({"entries": [untrusted._Call(print, "x")]})),
+        ("protocol 0 global", b"cos\nsystem\n(S'true'\ntR."),
+        ("truncated", pickle.dumps({"entries": [{"record_id": 1}]})[:-3]),
+        ("no stop", pickle.dumps({"entries": []})[:-1]),
+        ("garbage after stop", pickle.dumps({"entries": []}) + b"xyz"),
+        ("huge string length", _dump(b"\x8d" + struct.pack("<Q", 1 << 62) + b"abc")),
+        ("string past the end", _dump(b"X" + struct.pack("<I", 1 << 20) + b"abc")),
+        ("huge int", _dump(b"]}(X\x09\x00\x00\x00record_id\x8a\x09" + b"\x01" * 9 + b"ua")),
+        ("long4 huge length", _dump(b"\x8b\xff\xff\xff\x7f")),
+        ("memo index past the bound", _dump(b"]r\xff\xff\xff\xff")),
+        ("memo get of nothing", _dump(b"h\x05")),
+        ("frame past the end", b"\x80\x04\x95" + struct.pack("<Q", 1 << 40) + b"}."),
+        ("bad utf-8", _dump(b"]}(X\x09\x00\x00\x00record_id\x8c\x02\xc3\x28ua")),
+        ("entries a dict", _dump(b"}")),
+        ("entry an int", _dump(b"](K\x01e")),
+        ("int field a string", pickle.dumps({"entries": [{"record_id": "7"}]})),
+        ("int field a bool", pickle.dumps({"entries": [{"record_id": True}]})),
+        ("float field a string", pickle.dumps({"entries": [{"duration_ms": "slow"}]})),
+        ("list as a key", _dump(b"]}(]\x8c\x01xua")),
+        ("append to a dict", _dump(b"a")),
+        ("stack underflow", _dump(b"0000")),
+        ("odd setitems", _dump(b"]}(K\x01ua")),
+        ("a set", pickle.dumps({"entries": [{"state": {"x"}}]}, protocol=4)),
+        ("bytes", pickle.dumps({"entries": [{"state": b"x"}]})),
+        ("top level a list", pickle.dumps([{"entries": []}])),
+        ("deep nesting", pickle.dumps({"pg_config": _nested(200), "entries": []})),
+    ],
+)
+def test_the_scanner_leaves_what_it_cannot_vouch_for(name, data):
+    assert _fr_scan.scan(data, *_ARGS) is None, name
+
+
+_ARGS = (
+    _fr_parse.INT_FIELDS,
+    "duration_ms",
+    _fr_parse.BOOL_FIELDS,
+    _fr_parse.COLUMN_CODED,
+    _fr_parse.HEAD_KEYS,
+)
+
+
+def test_the_scanner_reads_what_it_vouches_for():
+    """Memo sharing, duplicate keys (the last wins), None and missing fields, negative and
+    64-bit numbers: the columns as the unpickled dump has them."""
+    shared = [[4, 8]]
+    entries = [
+        {"record_id": -5, "state": "done", "input_sizes": shared, "retired": True},
+        {"record_id": 2**63 - 1, "duration_ms": 3, "input_sizes": shared, "retired": None},
+        {"record_id": None, "duration_ms": 0.5, "state": "done", "retired": False},
+    ]
+    data = pickle.dumps({"version": "2.10", "entries": entries, "pg_status": {"0": {}}})
+    head, n, ints, masks, floats, bools, coded = _fr_scan.scan(data, *_ARGS)
+    assert head == {"version": "2.10", "pg_status": {"0": {}}} and n == 3
+    record = _fr_parse.INT_FIELDS.index("record_id")
+    assert np.frombuffer(ints[record], np.int64).tolist() == [-5, 2**63 - 1, 0]
+    assert np.frombuffer(masks[record], bool).tolist() == [False, False, True]
+    assert np.isnan(np.frombuffer(floats, np.float64)).tolist() == [True, False, False]
+    assert np.frombuffer(bools[_fr_parse.BOOL_FIELDS.index("retired")], np.int8).tolist() == [
+        1,
+        -1,
+        0,
+    ]
+    objs, at = coded[_fr_parse.COLUMN_CODED.index("input_sizes")]
+    assert objs == [[[4, 8]], None] and np.frombuffer(at, np.int32).tolist() == [0, 0, 1]
+    objs, at = coded[_fr_parse.COLUMN_CODED.index("state")]
+    assert [objs[i] for i in np.frombuffer(at, np.int32)] == ["done", None, "done"]
+    # a key set twice: the later value, as a dict keeps it
+    twice = _dump(b"]}(X\x09\x00\x00\x00record_idK\x01X\x09\x00\x00\x00record_idK\x02ua")
+    _, _, ints, *_ = _fr_scan.scan(twice, *_ARGS)
+    assert np.frombuffer(ints[record], np.int64).tolist() == [2]
+
+
+def test_a_part_crosses_the_pipe_whole_and_a_damaged_one_is_refused():
+    import io
+    import json as json_
+
+    part = _fr_parse.parse_entries([(0, str(fixture_pickles()[0]))])
+    out = io.BytesIO()
+    _fr_parse.encode(part, out)
+    data = out.getvalue()
+    # the meta travels as JSON (tuples become lists)
+    assert_same(
+        _fr_parse.decode(io.BytesIO(data)), {**part, "meta": json_.loads(json_.dumps(part["meta"]))}
+    )
+    two = _fr_parse.decode_all(io.BytesIO(data + data))
+    assert len(two) == 2 and all(
+        np.array_equal(p["arrays"]["file_index"], part["arrays"]["file_index"]) for p in two
+    )
+    for damaged in (data[:-1], data + b"x", data[:5]):
+        with pytest.raises(ValueError):
+            _fr_parse.decode_all(io.BytesIO(damaged))
+    size = int.from_bytes(data[:8], "little")
+    header = json_.loads(data[8 : 8 + size])
+    header["arrays"][0][1] = "|O"  # an object array would unpickle: refused
+    forged = json_.dumps(header).encode()
+    with pytest.raises(ValueError, match="type"):
+        _fr_parse.decode(io.BytesIO(len(forged).to_bytes(8, "little") + forged + data[8 + size :]))
