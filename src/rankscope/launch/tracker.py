@@ -351,8 +351,10 @@ class RankTracker:
                 # sleeps, or waits on a socket or a pipe, is idle all the same.
                 busy = True
                 continue
-            # The main thread only: the probe's own threads are not the rank's work.
-            if _main_thread_runs(record.pid):  # running or runnable, or in disk I/O, right now
+            # The main thread only: the probe's own threads are not the rank's work. A process
+            # it started (a compiler, a loader's worker) that runs is its work too: on a loaded
+            # machine that process gets too little CPU for its share to say so.
+            if _main_thread_runs(record.pid) or _a_child_runs(record.pid):
                 busy = True
                 continue
             cpu = _work_cpu(record.pid)
@@ -438,6 +440,15 @@ def _main_thread_runs(pid: int) -> bool:
     except OSError:
         return False
     return stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3] in (b"R", b"D")
+
+
+def _a_child_runs(pid: int) -> bool:
+    """A process the rank started, or one they started, is running or runnable right now."""
+    try:
+        children = psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        return False
+    return any(_main_thread_runs(child.pid) for child in children)
 
 
 def _main_thread_may_want_the_gil(pid: int) -> bool:
