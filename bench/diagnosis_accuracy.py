@@ -5,7 +5,9 @@ capture) on gloo, then ``diagnose()`` answers from its run directory. Printed: o
 with what was expected and what came out (verdict, cause, recipe, culprits, the parting line
 and the values that decided it, where the case names them) and how long the
 answer took: from the start of the job to the verdict (``to verdict``, stall timeout included),
-and ``diagnose()`` alone. Then the accuracy of each field over all cases, and a confusion table
+and ``diagnose()`` alone, and how the stall was called (``proven`` at once, ``no_progress`` after
+the stall timeout, or none: the job ended on its own). Then the median time to verdict by that
+kind, the accuracy of each field over all cases, and a confusion table
 of causes. Target: every case right.
 
 The catalogue's entries say what their broken run must give (``expected``); where an entry leaves
@@ -51,6 +53,8 @@ class Row:
     wrong: list[str]
     to_verdict_s: float
     diagnose_s: float
+    stall: str
+    """How the stall was called: its kind (``proven``, ``no_progress``, ...), or ``none``."""
 
 
 def run_case(
@@ -76,7 +80,9 @@ def run_case(
         "parting": parting.get("source" if kind == "catalogue" else "site"),
         "values": sorted(set(parting.get("values", {})) & set(want.get("values") or [])) or None,
     }
-    return Row(name, kind, want, got, check(d), done - start, done - t0)
+    stalls = job.info()["stalls"]
+    stall = stalls[0]["kind"] if stalls else "none"
+    return Row(name, kind, want, got, check(d), done - start, done - t0, stall)
 
 
 def catalogue_cases(only: set[str]) -> list[tuple[str, JobSpec, dict[str, Any], Any]]:
@@ -148,8 +154,8 @@ def main() -> None:
                 f"{mark} {kind:9} {name:26} {row.got['verdict']:12} {row.got['cause'] or '-':28} "
                 f"{row.got['recipe'] or '-':4} culprits {row.got['culprits']!s:10} "
                 f"parted at {row.got['parting'] or '-':24} "
-                f"to verdict {row.to_verdict_s:5.1f} s  diagnose {row.diagnose_s:5.2f} s"
-                + (f"  <- {'; '.join(row.wrong)}" if row.wrong else ""),
+                f"to verdict {row.to_verdict_s:5.1f} s  diagnose {row.diagnose_s:5.2f} s  "
+                f"stall {row.stall}" + (f"  <- {'; '.join(row.wrong)}" if row.wrong else ""),
                 flush=True,
             )
     print()
@@ -163,6 +169,11 @@ def main() -> None:
         print(
             f"  time to verdict: median {times[len(times) // 2]:.1f} s, max {times[-1]:.1f} s; "
             f"diagnose(): median {diag[len(diag) // 2]:.2f} s, max {diag[-1]:.2f} s"
+        )
+    for stall in sorted({r.stall for r in rows}):
+        by = sorted(r.to_verdict_s for r in rows if r.stall == stall)
+        print(
+            f"  time to verdict, stall {stall}: median {by[len(by) // 2]:.1f} s ({len(by)} cases)"
         )
     print("\ncauses, expected (rows) against diagnosed (columns):")
     pairs = Counter((r.want["cause"] or "(open)", r.got["cause"] or "(none)") for r in rows)

@@ -17,7 +17,7 @@ through the run directory (their pid, for it, is one sleeping process here). It 
   the collective;
 - the delay of the stall decision past what the rule asks (the last progress plus the stall
   timeout);
-- a capture (:func:`rankscope.launch.evidence.capture_evidence`, without py-spy): request to
+- a capture (:func:`rankscope.launch.capture.capture_evidence`, without py-spy): request to
   every rank answered and copied.
 
     python bench/live_scale.py [--ranks 1024] [--steady 10] [--stall-timeout 3]
@@ -36,7 +36,7 @@ import threading
 import time
 from pathlib import Path
 
-from rankscope.launch.evidence import capture_evidence
+from rankscope.launch.capture import capture_evidence
 from rankscope.launch.procs import RankProc
 from rankscope.launch.tracker import RankTracker
 from rankscope.launch.watchdog import Watchdog
@@ -150,7 +150,7 @@ def follow(args: argparse.Namespace, folder: Path) -> dict[str, float]:
         stall_timeout_s=args.stall_timeout,
         startup_timeout_s=60.0,
         lock=lock,
-        on_stall=lambda kind, idle: stalls.append(time.time()),
+        on_stall=lambda kind, idle, proven: stalls.append(time.time()),
         on_new_ranks=lambda: None,
         set_state=lambda *a, **k: None,
     )

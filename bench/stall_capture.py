@@ -1,13 +1,19 @@
-"""Stall onset to evidence complete on a 4-rank CPU job (requirement: at most 5 s).
+"""Stall onset to verdict card, per kind of hang, on real gloo jobs (3 ranks unless told).
 
-Runs a real 4-rank gloo job in which rank 0 alone enters a barrier, with the default stall
-timeout, and reads back from the run directory:
-  onset     the last progress any rank made (its last completed collective),
-  detected  when the watchdog declared the stall,
-  complete  when evidence (stacks, flight recorder, py-spy) from every rank was on disk.
-Prints each interval and the ratio of onset->complete to the 5 s budget.
+Each kind is a real job that freezes one way (``tests/scripts/prove/provable.py``; ``outside``
+is ``tests/scripts/launch/conditional_barrier.py``: rank 0 in a barrier while the others sleep,
+which nothing proves). Read back from the run directory and the job:
+  onset     the moment the last rank involved took its wrong step: entered its call, or ended
+            (the latest ``enter`` or ``end`` event any rank wrote before the stall was called),
+  detected  when the watchdog called the stall (``proven``, or after the stall timeout),
+  evidence  when the capture (stacks, flight recorder, py-spy) from every rank was on disk,
+  card      when the diagnosis of the frozen job was rendered (``diagnose()``, ``to_html()``),
+            as ``rankscope run`` and the workbench show it at the stall.
+Prints each run, then per kind the median over the runs of onset->detected, onset->evidence and
+onset->card, against the goal: provable kinds within 0.5 s of the onset whatever the stall
+timeout; the rest within the stall timeout + 1 s.
 
-    python bench/stall_capture.py [--repeats 3] [--nproc 4] [--stall-timeout 3]
+    python bench/stall_capture.py [--kinds mismatch p2p ...] [--repeats 3] [--stall-timeout 30]
 """
 
 from __future__ import annotations
@@ -15,65 +21,108 @@ from __future__ import annotations
 import argparse
 import statistics
 import tempfile
+import time
 from pathlib import Path
+from typing import Any
 
+from rankscope.analyze import diagnose
 from rankscope.launch import Job, JobSpec
 from rankscope.rundir import RunDir
 
-SCRIPT = Path(__file__).resolve().parent.parent / "tests/scripts/launch/conditional_barrier.py"
-BUDGET_S = 5.0
+ROOT = Path(__file__).resolve().parent.parent
+PROVABLE = ROOT / "tests/scripts/prove/provable.py"
+#: kind -> (script, its arguments); every kind but ``outside`` is provable.
+KINDS = {
+    "mismatch": (PROVABLE, ["mismatch"]),
+    "conditional": (PROVABLE, ["conditional"]),
+    "exited": (PROVABLE, ["exited"]),
+    "p2p": (PROVABLE, ["p2p"]),
+    "cross": (PROVABLE, ["cross"]),
+    "outside": (ROOT / "tests/scripts/launch/conditional_barrier.py", []),
+}
+PROVEN_GOAL_S = 0.5
 
 
-def last_progress(run: RunDir) -> float:
+def onset(run: RunDir, before: float) -> float:
     return max(
         ev["t"]
         for rank in run.rank_ids()
         for ev in run.iter_events(rank)
-        if ev.get("ev") in ("exit", "step", "start")
+        if ev.get("ev") in ("enter", "end") and ev["t"] <= before
     )
 
 
-def one(root: Path, *, nproc: int, stall_timeout: float) -> tuple[float, float, float]:
+def one(root: Path, kind: str, *, nproc: int, stall_timeout: float) -> dict[str, Any]:
+    script, args = KINDS[kind]
     spec = JobSpec(
-        script=str(SCRIPT), nproc_per_node=nproc, stall_timeout_s=stall_timeout, on_stall="stop"
+        script=str(script),
+        args=args,
+        nproc_per_node=nproc,
+        stall_timeout_s=stall_timeout,
+        on_stall="stop",
     )
-    job = Job(spec, runs_root=root).start()
+    cards: list[float] = []
+    job = Job(spec, runs_root=root)
+
+    def card(job: Job, stall: dict[str, Any]) -> None:
+        diagnose(job.run.path).to_html()
+        cards.append(time.time())
+
+    job.on_stall_callbacks.append(card)
+    job.start()
     try:
-        job.wait(timeout=120)
+        job.wait(timeout=stall_timeout + 120)
     finally:
         if job.poll() is None:
             job.stop()
-    (stall,) = job.info()["stalls"]
-    assert not stall["missing"], f"ranks without evidence: {stall['missing']}"
-    onset = last_progress(job.run)
-    return (
-        stall["detected_at"] - onset,
-        stall["evidence_complete_at"] - stall["detected_at"],
-        stall["evidence_complete_at"] - onset,
-    )
+    stalls = job.info()["stalls"]
+    if not stalls or not cards:
+        raise RuntimeError(f"{kind}: no stall was called ({job.run.path})")
+    stall = stalls[0]
+    start = onset(job.run, stall["detected_at"])
+    return {
+        "kind": stall["kind"],
+        "proven": stall.get("proven"),
+        "detected": stall["detected_at"] - start,
+        "evidence": stall["evidence_complete_at"] - start,
+        "card": cards[0] - start,
+    }
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--kinds", nargs="*", default=list(KINDS), choices=list(KINDS))
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--nproc", type=int, default=4)
+    ap.add_argument("--nproc", type=int, default=3)
     ap.add_argument("--stall-timeout", type=float, default=JobSpec.stall_timeout_s)
     args = ap.parse_args()
-    rows = []
+    summary = []
     with tempfile.TemporaryDirectory() as tmp:
-        for i in range(args.repeats):
-            rows.append(one(Path(tmp) / str(i), nproc=args.nproc, stall_timeout=args.stall_timeout))
-            print(
-                f"run {i}: onset->detected {rows[-1][0]:.2f} s  detected->complete "
-                f"{rows[-1][1]:.2f} s  onset->complete {rows[-1][2]:.2f} s"
-            )
-    total = statistics.median(r[2] for r in rows)
-    capture = statistics.median(r[1] for r in rows)
+        for kind in args.kinds:
+            rows = []
+            for i in range(args.repeats):
+                root = Path(tmp) / f"{kind}-{i}"
+                rows.append(one(root, kind, nproc=args.nproc, stall_timeout=args.stall_timeout))
+                r = rows[-1]
+                print(
+                    f"{kind:11} run {i}: {r['kind']:11} onset->detected {r['detected']:6.2f} s  "
+                    f"->evidence {r['evidence']:6.2f} s  ->card {r['card']:6.2f} s"
+                    + (f"  proven: {r['proven']}" if r["proven"] else ""),
+                    flush=True,
+                )
+            summary.append((kind, rows))
     print(
-        f"{args.nproc} ranks, stall timeout {args.stall_timeout:g} s: median onset->complete "
-        f"{total:.2f} s (detected->complete {capture:.2f} s); ratio to the {BUDGET_S:g} s "
-        f"budget {total / BUDGET_S:.2f} (requirement <= 1.00)"
+        f"\n{args.nproc} ranks, stall timeout {args.stall_timeout:g} s, median of {args.repeats}:"
     )
+    for kind, rows in summary:
+        med = {k: statistics.median(r[k] for r in rows) for k in ("detected", "evidence", "card")}
+        proven = sum(r["kind"] == "proven" for r in rows)
+        goal = PROVEN_GOAL_S if kind != "outside" else args.stall_timeout + 1.0
+        print(
+            f"  {kind:11} proven {proven}/{len(rows)}  onset->detected {med['detected']:6.2f} s  "
+            f"->evidence {med['evidence']:6.2f} s  ->card {med['card']:6.2f} s  (goal {goal:g} s: "
+            f"ratio detected {med['detected'] / goal:.2f}, card {med['card'] / goal:.2f})"
+        )
 
 
 if __name__ == "__main__":

@@ -4,12 +4,17 @@ each rule on a context of its own."""
 
 from __future__ import annotations
 
+import ast
+from pathlib import Path
+
 import pandas as pd
+import pytest
 
 from rankscope import schema
 from rankscope.analyze import diagnose, merge_calls, rules, wait_graph
 from rankscope.analyze.activity import rank_activity
 from rankscope.analyze.calls import calls_from_flight_recorder, calls_from_probe
+from rankscope.analyze.causes import DRIVER_FACTS, ENTRIES, FAILURE_KINDS, LAUNCH_KINDS, Cause
 from rankscope.analyze.context import Context
 from rankscope.analyze.evidence import Evidence
 from rankscope.analyze.waits import departed
@@ -226,6 +231,76 @@ def test_the_rules_run_in_their_documented_order_and_can_be_replaced():
     run = run_of(rows, exits=dict.fromkeys(range(3)))
     assert diagnose(run).cause == "lagging_rank"  # rank 2 is alive; no stacks say where
     assert diagnose(run, rules=[rules.straggler]).verdict != "hang"
+
+
+def _homes_and_facts() -> tuple[dict[Cause, list[str]], dict[str, tuple[str, set[str]]]]:
+    """Where each cause is named in the rules package (``Cause.x`` outside a comparison, or a
+    lookup in a map of causes by error kind), by ``module.function`` (or ``module.NAME`` of a map); and
+    for each module, its source and the fact keys it writes (``{"key": ...}``,
+    ``facts["key"] = ...``, ``update(key=...)``, ``Decided``'s facts)."""
+    maps = {"LAUNCH_KINDS": LAUNCH_KINDS, "FAILURE_KINDS": FAILURE_KINDS}
+    homes: dict[Cause, list[str]] = {c: [] for c in Cause}
+    modules = {}
+    for path in sorted(Path(rules.__file__).parent.glob("*.py")):
+        source = path.read_text()
+        tree = ast.parse(source)
+        keys: set[str] = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Dict):
+                keys |= {k.value for k in node.keys if isinstance(k, ast.Constant)}
+            elif isinstance(node, ast.Assign):
+                for t in node.targets:
+                    if isinstance(t, ast.Subscript) and isinstance(t.slice, ast.Constant):
+                        keys.add(t.slice.value)
+            elif isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "update":
+                keys |= {k.arg for k in node.keywords if k.arg}
+        modules[path.stem] = (source, keys)
+        for top in tree.body:
+            name = getattr(top, "name", None) or getattr(
+                getattr(top, "target", None)
+                or (top.targets[0] if hasattr(top, "targets") else None),
+                "id",
+                None,
+            )
+            compared = {
+                id(n) for c in ast.walk(top) if isinstance(c, ast.Compare) for n in ast.walk(c)
+            }
+            named = set()
+            for node in ast.walk(top):
+                if id(node) in compared:
+                    continue
+                if isinstance(node, ast.Attribute) and getattr(node.value, "id", None) == "Cause":
+                    named.add(Cause[node.attr])
+                elif isinstance(node, ast.Subscript) and getattr(node.value, "id", "") in maps:
+                    named |= set(maps[node.value.id].values())  # a cause looked up by kind
+            for cause in named:
+                homes[cause].append(f"{path.stem}.{name}")
+    return homes, modules
+
+
+def test_every_cause_is_decided_in_one_function_that_sets_the_facts_its_templates_name():
+    """Each cause is named by one function of the rules (or one map of them by error kind),
+    and its reason and fix name only facts that function's module, and the modules that call
+    it, write (or the driver adds): a misspelt key in a template or in a rule fails here, not
+    as "unknown" in a card."""
+    assert set(ENTRIES) == set(Cause)
+    homes, modules = _homes_and_facts()
+    for cause, where in homes.items():
+        assert len(where) == 1, f"{cause} is decided in {where or 'no rule'}"
+        module, name = where[0].split(".")
+        users = [m for m, (source, _) in modules.items() if m == module or name in source]
+        written = set().union(*(modules[m][1] for m in users))
+        assert cause.facts - DRIVER_FACTS <= written, (cause, users)
+    # and at run time: a finding without a fact its templates name is refused when made
+    with pytest.raises(ValueError, match=r"straggler lacks the facts \['culprit_op'\]"):
+        rules.Finding(
+            cause=Cause.straggler,
+            culprits=[1],
+            waiting=[0],
+            facts={"culprit_opp": "all_reduce", "late": "2.0 s", "collective": "group 0"},
+        )
+    with pytest.raises(TypeError, match="a finding's cause is a Cause"):
+        rules.Finding(cause="straggler", culprits=[1], waiting=[0])
 
 
 def test_a_barrier_inside_the_loop_is_a_rank_conditional_call_not_running_out(tmp_path):

@@ -540,7 +540,7 @@ def test_nothing_to_diagnose_is_an_error():
 
 
 def test_error_kinds_used_here_are_in_the_collectors_catalogue():
-    from rankscope.analyze.catalogue import FAILURE_KINDS, LAUNCH_KINDS
+    from rankscope.analyze.causes import FAILURE_KINDS, LAUNCH_KINDS
     from rankscope.analyze.evidence import WAITER_KINDS
     from rankscope.collect import SIGNATURES
 

@@ -98,3 +98,15 @@ def test_ddp_s_bucket_all_reduce_from_cpp_is_a_wait(start_job, capsys):
     d = diagnose(load_run(job.run.path))
     assert (d.verdict, d.culprit_ranks, d.waiting_ranks) == ("hang", [2], [0, 1]), d.render()
     assert (d.collective.pg, d.collective.seq) == ("0", 8), d.render()
+
+
+def test_ddp_rank_that_skipped_a_backward_and_exited_is_the_culprit(start_job):
+    """The same skip, and the rank then leaves cleanly: the others' bucket all_reduce fails
+    with gloo's 'Connection closed by peer' (a victim's text), raised in their backward. gloo's
+    recorder retires that failed entry as if it had completed; the rank that left is named."""
+    job = start_job("analyze/ddp_skip_backward.py", args=("exit",), nproc_per_node=3, **HANG)
+    job.wait(timeout=90)
+    d = diagnose(load_run(job.run.path))
+    assert (d.verdict, d.cause, d.culprit_ranks) == ("hang", "early_exit", [2]), d.render()
+    assert d.waiting_ranks == [0, 1], d.render()
+    assert (d.collective.pg, d.collective.seq) == ("0", 8), d.render()

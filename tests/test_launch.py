@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from rankscope.collect import load_run
 from rankscope.launch import Job, JobSpec
 from rankscope.launch.procs import job_processes, pid_alive
 from rankscope.probe import _core
@@ -328,6 +329,13 @@ def test_probe_records_every_kind_of_call(start_job, wrapper):
     assert sub["pg"] != "0" and sub["seq"] == 1 and sub["dtypes"] == ["float64"]
     exits = [e for e in events(job.run, 1) if e["ev"] == "exit"]
     assert len(exits) == len(enters) and all(e["ok"] for e in exits)
+    # the Python wrapper says so once in the rank's log (its stderr), and why; the C one says
+    # nothing
+    logs = load_run(job.run.path).logs
+    own = logs[(logs["rank"] == 1) & (logs["stream"] == "stderr")]
+    said = [t for t in own["text"] if "rankscope probe:" in str(t)]
+    assert len(said) == (wrapper == "python")
+    assert all("RANKSCOPE_PYTHON_PROBE is set" in t for t in said)
 
 
 @pytest.mark.slow

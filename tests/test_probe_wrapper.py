@@ -10,15 +10,24 @@ import functools
 import inspect
 import json
 import os
+import re
 import shutil
+import struct
 import sys
+from pathlib import Path
 
 import pytest
 import torch
 from torch.overrides import TorchFunctionMode
 
-from rankscope.probe import _core
-from rankscope.rundir import RankRecord, RunDir
+from rankscope.probe import _core, _twins
+from rankscope.rundir import (
+    RING_SLOT,
+    RING_SLOT_FIELDS,
+    RING_SLOT_OFFSETS,
+    RankRecord,
+    RunDir,
+)
 
 from .conftest import close_probes
 
@@ -442,6 +451,29 @@ def test_the_c_serves_only_the_layouts_it_reads():
         pytest.skip("the probe's C extension is not built here (no C compiler at install)")
     assert _core._Call._fields == _fast.CALL_FIELDS
     assert _core._Spec._fields == _fast.SPEC_FIELDS
+
+
+def test_the_ring_slot_is_defined_once():
+    """``_fast.c``'s ``RingSlot`` declares RING_SLOT_FIELDS' fields, in their order and types,
+    padded to RING_SLOT's size; the Python writer's offsets are RING_SLOT_OFFSETS'."""
+    source = (Path(_core.__file__).parent / "_fast.c").read_text()
+    body = re.search(r"typedef struct \{([^{}]*)\} RingSlot;", source)[1]
+    codes = {"uint64_t": "Q", "int64_t": "q", "double": "d", "uint32_t": "I"}
+    fields, pad = [], 0
+    for decl in re.sub(r"/\*.*?\*/", "", body, flags=re.S).split(";"):
+        words = decl.replace(",", " ").split()
+        if not words:
+            continue
+        if words[0] == "char":
+            pad = int(re.fullmatch(r"\w+\[(\d+)\]", words[1])[1])
+            continue
+        fields += [(name, codes[words[0]]) for name in words[1:]]
+    assert tuple(fields) == RING_SLOT_FIELDS
+    used = RING_SLOT_OFFSETS[fields[-1][0]] + struct.calcsize(fields[-1][1])
+    assert used + pad == RING_SLOT.size == 64
+    assert (
+        RING_SLOT_OFFSETS["t_end"] == _twins._T_END and RING_SLOT_OFFSETS["state"] == _twins._STATE
+    )
 
 
 @pytest.mark.parametrize("which", ["c", "python"])

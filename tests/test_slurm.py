@@ -15,7 +15,7 @@ import pytest
 
 from rankscope.analyze import diagnose
 from rankscope.launch import Job, JobSpec
-from rankscope.launch.evidence import pyspy_path
+from rankscope.launch.capture import pyspy_path
 from rankscope.rundir import rank_records
 from rankscope.widgets.live import ranks_html
 

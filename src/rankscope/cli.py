@@ -3,24 +3,32 @@
 rankscope run [options] SCRIPT [ARGS...]   start a job, watch every rank, capture a stall
 rankscope diagnose PATH [--json]           explain a run directory or a folder of artifacts
 rankscope attach URL [-o DIR] [--json]     diagnose a live job through torch's debug server
-rankscope status RUN_DIR                   state and per-rank progress of a job
 rankscope replay PATH [-o repro.py]        a small CPU job that freezes the way PATH's job did
+rankscope status RUN_DIR [--json]          state and per-rank progress of a job
 rankscope capture RUN_DIR                  capture evidence from a running job now
 rankscope stop RUN_DIR                     stop a running job
 rankscope presets                          the debug presets and what each one sets
+rankscope scenarios [ID [--fix]]           the failure scenarios, or run one
+rankscope lab [DIR]                        JupyterLab on the guided notebooks
+
+Each command is its handler (``cmd_<name>``) with its parser's arguments just above it
+(``_<name>_arguments``), made a command by :func:`command`; ``rankscope run``'s defaults are
+:class:`~rankscope.launch.JobSpec`'s.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -58,42 +66,100 @@ def _env_pair(text: str) -> tuple[str, str]:
     return key, value
 
 
+#: JobSpec's defaults, which ``rankscope run``'s options take.
+SPEC: dict[str, Any] = {
+    f.name: f.default for f in dataclasses.fields(JobSpec) if f.default is not dataclasses.MISSING
+}
+
+Handler = Callable[[argparse.Namespace], int]
+
+
+@dataclass(frozen=True)
+class Command:
+    """A command: its parser's arguments (added by ``arguments``) next to its handler."""
+
+    handler: Handler
+    help: str
+    description: str | None
+    arguments: Callable[[argparse.ArgumentParser], None] | None
+
+
+#: The commands, by name, in the order ``rankscope --help`` lists them (as they are defined
+#: below, each by :func:`command` on its handler).
+COMMANDS: dict[str, Command] = {}
+
+
+def command(
+    name: str,
+    arguments: Callable[[argparse.ArgumentParser], None] | None = None,
+    *,
+    help: str,
+    description: str | None = None,
+) -> Callable[[Handler], Handler]:
+    """Make the decorated handler the command ``name``, whose parser takes ``arguments``."""
+
+    def register(handler: Handler) -> Handler:
+        COMMANDS[name] = Command(handler, help, description, arguments)
+        return handler
+
+    return register
+
+
+def _run_dir_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run_dir", metavar="RUN_DIR")
+
+
 def build_parser() -> argparse.ArgumentParser:
+    """The parser of every command in :data:`COMMANDS`, each with its own arguments."""
     parser = argparse.ArgumentParser(
         prog="rankscope",
         description="Find which rank of a distributed PyTorch job diverged, where and why.",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, c in COMMANDS.items():
+        p = sub.add_parser(name, help=c.help, description=c.description)
+        if c.arguments is not None:
+            c.arguments(p)
+    return parser
 
-    run = sub.add_parser(
-        "run",
-        help="start a torchrun job, watch every rank, capture evidence on a stall",
-        description="Start SCRIPT under torchrun with the rankscope probe in every rank, show "
-        "live per-rank progress, capture evidence from every rank when the job stalls, stop "
-        "it according to --on-stall, and print where the run directory is. Exits 0 only if "
-        "every rank exited 0.",
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return COMMANDS[args.command].handler(args)
+    except (RunDirError, ValueError, FileNotFoundError) as exc:
+        print(f"rankscope {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+# --- run ------------------------------------------------------------------------------------
+def _run_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("script", metavar="SCRIPT", help="training script (or module with -m)")
+    p.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS", help="script arguments")
+    p.add_argument("-m", "--module", action="store_true", help="SCRIPT is a module name")
+    p.add_argument(
+        "--nproc-per-node",
+        type=int,
+        default=SPEC["nproc_per_node"],
+        metavar="N",
+        help=f"ranks per node ({SPEC['nproc_per_node']})",
     )
-    run.add_argument("script", metavar="SCRIPT", help="training script (or module with -m)")
-    run.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS", help="script arguments")
-    run.add_argument("-m", "--module", action="store_true", help="SCRIPT is a module name")
-    run.add_argument(
-        "--nproc-per-node", type=int, default=2, metavar="N", help="ranks per node (2)"
-    )
-    run.add_argument(
+    p.add_argument(
         "--nnodes",
         type=int,
-        default=1,
+        default=SPEC["nnodes"],
         metavar="N",
         help="nodes: simulated on this host by one torchrun agent each, or SLURM nodes with "
-        "--launcher slurm (1)",
+        f"--launcher slurm ({SPEC['nnodes']})",
     )
-    run.add_argument(
+    p.add_argument(
         "--backend",
         choices=["auto", "gloo", "nccl"],
-        default="auto",
-        help="passed to the script as RANKSCOPE_BACKEND; auto = nccl if a GPU per rank (auto)",
+        default=SPEC["backend"],
+        help="passed to the script as RANKSCOPE_BACKEND; auto = nccl if a GPU per rank "
+        f"({SPEC['backend']})",
     )
-    run.add_argument(
+    p.add_argument(
         "--preset",
         action="append",
         default=[],
@@ -102,43 +168,44 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"switch a debug preset on (repeatable): {', '.join(sorted(PRESETS))}; "
         "see 'rankscope presets'",
     )
-    run.add_argument(
+    p.add_argument(
         "--no-preset",
         action="append",
         default=[],
         choices=sorted(PRESETS),
         metavar="NAME",
-        help=f"switch a preset off (on by default: {', '.join(DEFAULT_PRESETS)})",
+        help=f"switch a preset off (on by default: {', '.join(SPEC['presets'])})",
     )
-    run.add_argument(
+    p.add_argument(
         "--stall-timeout",
         type=_positive,
-        default=3.0,
+        default=SPEC["stall_timeout_s"],
         metavar="SECONDS",
-        help="no progress for this long while a rank waits in a collective is a stall (3); "
+        help="no progress for this long while a rank waits in a collective is a stall "
+        f"({SPEC['stall_timeout_s']:g}); "
         "raise it for jobs that pause longer between collectives",
     )
-    run.add_argument(
+    p.add_argument(
         "--on-stall",
         choices=["keep", "stop"],
-        default="stop",
+        default="stop",  # JobSpec keeps a stalled job (a notebook inspects it); a terminal stops it
         help="after capturing evidence, stop the job or keep it running for inspection (stop)",
     )
-    run.add_argument(
+    p.add_argument(
         "--timeout",
         type=_positive,
-        default=None,
+        default=SPEC["timeout_s"],
         metavar="SECONDS",
         help="hard limit for the whole job",
     )
-    run.add_argument(
+    p.add_argument(
         "--collective-timeout",
         type=_positive,
-        default=None,
+        default=SPEC["collective_timeout_s"],
         metavar="SECONDS",
         help="timeout for init_process_group when the script passes none (torch's default)",
     )
-    run.add_argument(
+    p.add_argument(
         "--env",
         action="append",
         default=[],
@@ -146,144 +213,45 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="KEY=VALUE",
         help="extra environment for every rank (repeatable)",
     )
-    run.add_argument(
+    p.add_argument(
         "--run-dir",
         default=None,
         metavar="DIR",
         help="the run directory itself: created if absent, refused if it holds a run "
         "(default: a fresh, named directory under ./runs/)",
     )
-    run.add_argument(
+    p.add_argument(
         "--launcher",
         choices=LAUNCHERS,
-        default="torchrun",
+        default=SPEC["launcher"],
         help="what starts the ranks: torchrun on this machine (default), or slurm: a batch job "
         "of --nnodes nodes on the SLURM cluster this machine submits to",
     )
-    run.add_argument("--partition", default=None, metavar="P", help="slurm: sbatch --partition")
-    run.add_argument("--time", default=None, metavar="T", help="slurm: sbatch --time (10:00)")
-    run.add_argument("--account", default=None, metavar="A", help="slurm: sbatch --account")
-    run.add_argument(
+    p.add_argument("--partition", default=None, metavar="P", help="slurm: sbatch --partition")
+    p.add_argument("--time", default=None, metavar="T", help="slurm: sbatch --time (10:00)")
+    p.add_argument("--account", default=None, metavar="A", help="slurm: sbatch --account")
+    p.add_argument(
         "--sbatch-arg",
         action="append",
         default=[],
         metavar="ARG",
         help="slurm: one more sbatch option, as --sbatch-arg=--qos=debug (repeatable)",
     )
-    run.add_argument("--quiet", action="store_true", help="no live progress, only the outcome")
-
-    diag = sub.add_parser(
-        "diagnose",
-        help="explain a run directory or a folder of foreign artifacts",
-        description="Say which rank diverged, in which collective, from which line, why, and "
-        "what to do, from a run directory or a folder of dumps and logs. Exits 0 when the "
-        f"evidence gives an answer (whatever the verdict), {EXIT_UNKNOWN} when it cannot tell "
-        "(verdict 'unknown': nothing readable, or ranks that ended for reasons the evidence does "
-        "not show), 2 on bad input.",
-    )
-    diag.add_argument("path", metavar="PATH")
-    diag.add_argument("--json", action="store_true", help="print the diagnosis as JSON")
-
-    att = sub.add_parser(
-        "attach",
-        help="diagnose a live job, not started by rankscope, through torch's debug server",
-        description="Fetch every rank's Python stacks and flight-recorder dump from the debug "
-        "server of a running job (torch.distributed.debug.start_debug_server on every rank; URL "
-        "is rank 0's frontend, http://HOST:PORT), keep them in DIR, and diagnose them as "
-        "'rankscope diagnose DIR' would. Exits as diagnose does: 0 with an answer, "
-        f"{EXIT_UNKNOWN} when the evidence cannot tell, 2 when URL gives nothing to diagnose.",
-    )
-    att.add_argument("url", metavar="URL", help="the debug server's frontend: http://HOST:PORT")
-    att.add_argument(
-        "-o",
-        "--output",
-        default=None,
-        metavar="DIR",
-        help="where to keep what was fetched (new or empty; by default a fresh folder under ./runs/)",
-    )
-    att.add_argument("--json", action="store_true", help="print the diagnosis as JSON")
-    att.add_argument(
-        "--timeout",
-        type=_positive,
-        default=10.0,
-        metavar="SECONDS",
-        help="how long to wait for each answer (10)",
-    )
-
-    rep = sub.add_parser(
-        "replay",
-        help="write a standalone torch script that freezes the way a job did, on CPU",
-        description="Read the flight-recorder dumps (and the probe's events, when the run has "
-        "them) of PATH, a run directory or a folder of dumps from another machine, and write a "
-        "plain torch script (no rankscope import) that, run under torchrun on CPU (gloo), "
-        "issues every rank's collectives in the recorded order, on the same process groups, "
-        "with the same ops, dtypes and shapes, and freezes (or fails) where the original did. "
-        "Its docstring says what was kept, dropped and remapped.",
-    )
-    rep.add_argument("path", metavar="PATH", help="run directory or folder of dumps")
-    rep.add_argument(
-        "-o",
-        "--output",
-        default=REPRO,
-        metavar="FILE",
-        help="where to write the script (repro.py; a folder gets repro.py inside; - prints it)",
-    )
-    rep.add_argument(
-        "--ranks",
-        type=_count,
-        default=None,
-        metavar="K",
-        help="keep at most K ranks that still show the divergence (the culprits, ranks waiting "
-        "on them, the ranks they wait for), renumbered from 0; the others are dropped",
-    )
-    rep.add_argument(
-        "--scale-down",
-        type=_count,
-        default=None,
-        metavar="N",
-        help="cap every tensor at N elements (shapes that differed still differ)",
-    )
-
-    for name, text in (
-        ("status", "state and per-rank progress of a job"),
-        ("capture", "capture evidence from every rank of a running job now"),
-        ("stop", "stop a running job (SIGTERM, then SIGKILL after a grace period)"),
-    ):
-        p = sub.add_parser(name, help=text, description=text)
-        p.add_argument("run_dir", metavar="RUN_DIR")
-        if name == "status":
-            p.add_argument("--json", action="store_true", help="print run.json and rank states")
-
-    sub.add_parser("presets", help="the debug presets and what each one sets")
-
-    scen = sub.add_parser(
-        "scenarios",
-        help="list the failure scenarios, or run one",
-        description="Without ID: the catalogue of scenarios (recipes D1-D23 and reported "
-        "deadlocks). With ID: run it like 'rankscope run' (broken, or with --fix).",
-    )
-    scen.add_argument("id", nargs="?", metavar="ID")
-    scen.add_argument("--fix", action="store_true", help="run with the recipe's fix applied")
-    scen.add_argument("--quiet", action="store_true", help="no live progress, only the outcome")
-
-    lab = sub.add_parser("lab", help="JupyterLab on the guided notebooks")
-    lab.add_argument("notebooks", nargs="?", default="notebooks", metavar="DIR")
-    return parser
+    p.add_argument("--quiet", action="store_true", help="no live progress, only the outcome")
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    try:
-        return COMMANDS[args.command](args)
-    except (RunDirError, ValueError, FileNotFoundError) as exc:
-        print(f"rankscope {args.command}: error: {exc}", file=sys.stderr)
-        return 2
-
-
-# --- run ------------------------------------------------------------------------------------
+@command(
+    "run",
+    _run_arguments,
+    help="start a torchrun job, watch every rank, capture evidence on a stall",
+    description="Start SCRIPT under torchrun with the rankscope probe in every rank, show "
+    "live per-rank progress, capture evidence from every rank when the job stalls, stop "
+    "it according to --on-stall, and print where the run directory is. Exits 0 only if "
+    "every rank exited 0.",
+)
 def cmd_run(args: argparse.Namespace) -> int:
     presets = [
-        p for p in dict.fromkeys([*DEFAULT_PRESETS, *args.preset]) if p not in args.no_preset
+        p for p in dict.fromkeys([*SPEC["presets"], *args.preset]) if p not in args.no_preset
     ]
     return run_job(
         JobSpec(
@@ -380,8 +348,13 @@ def _print_stall(job: Job, stall: dict[str, Any], out: TextIO) -> None:
         for r in stall.get("ranks", [])
     )
     took = stall["evidence_complete_at"] - stall["detected_at"]
+    why = (
+        f"proven: {stall['proven']}"
+        if stall.get("proven")
+        else f"no progress for {stall['idle_s']:.1f} s"
+    )
     print(
-        f"rankscope: STALL: no progress for {stall['idle_s']:.1f} s ({where}); evidence "
+        f"rankscope: STALL: {why} ({where}); evidence "
         f"capture-{stall['capture_id']} complete in {took:.2f} s"
         + (f", missing ranks {stall['missing']}" if stall.get("missing") else ""),
         file=out,
@@ -402,10 +375,8 @@ def _print_outcome(info: dict[str, Any], out: TextIO) -> None:
 
 
 def _print_diagnosis(path: Path, out: TextIO) -> None:
-    try:
-        from rankscope.analyze import diagnose, write_diagnosis
-    except ImportError:
-        return
+    from rankscope.analyze import diagnose, write_diagnosis
+
     try:
         diagnosis = diagnose(path)
         write_diagnosis(path, diagnosis)
@@ -456,6 +427,8 @@ def format_rank(r: dict[str, Any]) -> str:
     node = f"  {r['node']}" if r.get("node") else ""
     now = doing_now(r)
     last = f"  (last completed {r['last_done']})" if r.get("last_done") else ""
+    if r.get("unfinished"):
+        last += f"  (ended with {', '.join(r['unfinished'])} never completed)"
     code = exit_text(r.get("exit_code"))
     return (
         f"  rank {r['rank']:>3}{node}  pid {r['pid'] or '-':>7}  {r['status']:<8} "
@@ -466,6 +439,21 @@ def format_rank(r: dict[str, Any]) -> str:
 
 
 # --- other commands -------------------------------------------------------------------------
+def _diagnose_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("path", metavar="PATH")
+    p.add_argument("--json", action="store_true", help="print the diagnosis as JSON")
+
+
+@command(
+    "diagnose",
+    _diagnose_arguments,
+    help="explain a run directory or a folder of foreign artifacts",
+    description="Say which rank diverged, in which collective, from which line, why, and "
+    "what to do, from a run directory or a folder of dumps and logs. Exits 0 when the "
+    f"evidence gives an answer (whatever the verdict), {EXIT_UNKNOWN} when it cannot tell "
+    "(verdict 'unknown': nothing readable, or ranks that ended for reasons the evidence does "
+    "not show), 2 on bad input.",
+)
 def cmd_diagnose(args: argparse.Namespace) -> int:
     path = Path(args.path)
     if not path.exists():
@@ -475,10 +463,8 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
 
 def _diagnose_and_print(path: Path, *, as_json: bool, keep: bool) -> int:
     """Print the diagnosis of ``path`` (and write it there if ``keep``); the exit code."""
-    try:
-        from rankscope.analyze import diagnose, write_diagnosis
-    except ImportError as exc:
-        raise ValueError(f"the analyzer is not available in this installation: {exc}") from exc
+    from rankscope.analyze import diagnose, write_diagnosis
+
     diagnosis = diagnose(path)
     if keep:
         write_diagnosis(path, diagnosis)
@@ -489,6 +475,35 @@ def _diagnose_and_print(path: Path, *, as_json: bool, keep: bool) -> int:
     return EXIT_UNKNOWN if diagnosis.verdict == "unknown" else 0
 
 
+def _attach_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("url", metavar="URL", help="the debug server's frontend: http://HOST:PORT")
+    p.add_argument(
+        "-o",
+        "--output",
+        default=None,
+        metavar="DIR",
+        help="where to keep what was fetched (new or empty; by default a fresh folder under ./runs/)",
+    )
+    p.add_argument("--json", action="store_true", help="print the diagnosis as JSON")
+    p.add_argument(
+        "--timeout",
+        type=_positive,
+        default=10.0,
+        metavar="SECONDS",
+        help="how long to wait for each answer (10)",
+    )
+
+
+@command(
+    "attach",
+    _attach_arguments,
+    help="diagnose a live job, not started by rankscope, through torch's debug server",
+    description="Fetch every rank's Python stacks and flight-recorder dump from the debug "
+    "server of a running job (torch.distributed.debug.start_debug_server on every rank; URL "
+    "is rank 0's frontend, http://HOST:PORT), keep them in DIR, and diagnose them as "
+    "'rankscope diagnose DIR' would. Exits as diagnose does: 0 with an answer, "
+    f"{EXIT_UNKNOWN} when the evidence cannot tell, 2 when URL gives nothing to diagnose.",
+)
 def cmd_attach(args: argparse.Namespace) -> int:
     """Fetch a live job's evidence from torch's debug server into a folder, then diagnose that
     folder: the evidence stays, so the verdict can be checked and re-read later."""
@@ -517,6 +532,43 @@ def cmd_attach(args: argparse.Namespace) -> int:
     return _diagnose_and_print(dest, as_json=args.json, keep=True)
 
 
+def _replay_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("path", metavar="PATH", help="run directory or folder of dumps")
+    p.add_argument(
+        "-o",
+        "--output",
+        default=REPRO,
+        metavar="FILE",
+        help="where to write the script (repro.py; a folder gets repro.py inside; - prints it)",
+    )
+    p.add_argument(
+        "--ranks",
+        type=_count,
+        default=None,
+        metavar="K",
+        help="keep at most K ranks that still show the divergence (the culprits, ranks waiting "
+        "on them, the ranks they wait for), renumbered from 0; the others are dropped",
+    )
+    p.add_argument(
+        "--scale-down",
+        type=_count,
+        default=None,
+        metavar="N",
+        help="cap every tensor at N elements (shapes that differed still differ)",
+    )
+
+
+@command(
+    "replay",
+    _replay_arguments,
+    help="write a standalone torch script that freezes the way a job did, on CPU",
+    description="Read the flight-recorder dumps (and the probe's events, when the run has "
+    "them) of PATH, a run directory or a folder of dumps from another machine, and write a "
+    "plain torch script (no rankscope import) that, run under torchrun on CPU (gloo), "
+    "issues every rank's collectives in the recorded order, on the same process groups, "
+    "with the same ops, dtypes and shapes, and freezes (or fails) where the original did. "
+    "Its docstring says what was kept, dropped and remapped.",
+)
 def cmd_replay(args: argparse.Namespace) -> int:
     path = Path(args.path)
     if not path.exists():
@@ -539,6 +591,17 @@ def cmd_replay(args: argparse.Namespace) -> int:
     return 0
 
 
+def _status_arguments(p: argparse.ArgumentParser) -> None:
+    _run_dir_argument(p)
+    p.add_argument("--json", action="store_true", help="print run.json and rank states")
+
+
+@command(
+    "status",
+    _status_arguments,
+    help="state and per-rank progress of a job",
+    description="state and per-rank progress of a job",
+)
 def cmd_status(args: argparse.Namespace) -> int:
     job = Job.attach(args.run_dir)
     info = job.info()
@@ -552,6 +615,12 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+@command(
+    "capture",
+    _run_dir_argument,
+    help="capture evidence from every rank of a running job now",
+    description="capture evidence from every rank of a running job now",
+)
 def cmd_capture(args: argparse.Namespace) -> int:
     job = Job.attach(args.run_dir)
     if job.status() in FINAL_STATES:
@@ -565,6 +634,12 @@ def cmd_capture(args: argparse.Namespace) -> int:
     return 0 if not manifest["missing"] else 1
 
 
+@command(
+    "stop",
+    _run_dir_argument,
+    help="stop a running job (SIGTERM, then SIGKILL after a grace period)",
+    description="stop a running job (SIGTERM, then SIGKILL after a grace period)",
+)
 def cmd_stop(args: argparse.Namespace) -> int:
     job = Job.attach(args.run_dir)
     code = job.stop()
@@ -572,6 +647,7 @@ def cmd_stop(args: argparse.Namespace) -> int:
     return 0
 
 
+@command("presets", help="the debug presets and what each one sets")
 def cmd_presets(args: argparse.Namespace) -> int:
     for name, preset in PRESETS.items():
         default = " (on by default)" if name in DEFAULT_PRESETS else ""
@@ -583,6 +659,19 @@ def cmd_presets(args: argparse.Namespace) -> int:
     return 0
 
 
+def _scenarios_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("id", nargs="?", metavar="ID")
+    p.add_argument("--fix", action="store_true", help="run with the recipe's fix applied")
+    p.add_argument("--quiet", action="store_true", help="no live progress, only the outcome")
+
+
+@command(
+    "scenarios",
+    _scenarios_arguments,
+    help="list the failure scenarios, or run one",
+    description="Without ID: the catalogue of scenarios (recipes D1-D23 and reported "
+    "deadlocks). With ID: run it like 'rankscope run' (broken, or with --fix).",
+)
 def cmd_scenarios(args: argparse.Namespace) -> int:
     from rankscope.scenarios import catalogue, get
 
@@ -596,25 +685,16 @@ def cmd_scenarios(args: argparse.Namespace) -> int:
     return run_job(scenario.spec(fix=args.fix, on_stall="stop"), run_dir=None, quiet=args.quiet)
 
 
+def _lab_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("notebooks", nargs="?", default="notebooks", metavar="DIR")
+
+
+@command("lab", _lab_arguments, help="JupyterLab on the guided notebooks")
 def cmd_lab(args: argparse.Namespace) -> int:
     folder = Path(args.notebooks)
     if not folder.is_dir():
         raise FileNotFoundError(f"{folder} is not a folder of notebooks")
     return subprocess.call([sys.executable, "-m", "jupyterlab", str(folder)])
-
-
-COMMANDS = {
-    "run": cmd_run,
-    "diagnose": cmd_diagnose,
-    "attach": cmd_attach,
-    "replay": cmd_replay,
-    "status": cmd_status,
-    "capture": cmd_capture,
-    "stop": cmd_stop,
-    "presets": cmd_presets,
-    "scenarios": cmd_scenarios,
-    "lab": cmd_lab,
-}
 
 
 if __name__ == "__main__":

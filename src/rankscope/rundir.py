@@ -82,6 +82,23 @@ P2P_OPS = frozenset(
     {"send", "recv", "isend", "irecv", "batch_isend_irecv", "send_object_list", "recv_object_list"}
 )
 
+#: Recorded calls that are not collectives: process-group set-up and teardown. They take a
+#: number in the probe's sequence of their group, but only the ranks that make them do (a group
+#: made with ``use_local_synchronization``), so collectives are numbered without them.
+MANAGEMENT_OPS = frozenset(
+    {
+        "init_process_group",
+        "destroy_process_group",
+        "new_group",
+        "new_subgroups",
+        "new_subgroups_by_enumeration",
+    }
+)
+
+#: How many of a rank's latest collectives on each group its record keeps the facts of
+#: (:attr:`RankRecord.recent`).
+RECENT_CALLS = 64
+
 #: The ring file (``calls-<pid>.ring``): a header, then ``nslots`` slots; the call with id
 #: ``cid`` is in slot ``cid % nslots``. The probe maps the file shared and writes a call's slot
 #: as the call is entered and again as it returns, so the kernel keeps both in the file however
@@ -92,9 +109,28 @@ RING_VERSION = 1
 RING_SLOTS = 4096
 #: magic, version, slot size, slots, pid, rank, created (time.time()), then padding to 64 bytes.
 RING_HEADER = struct.Struct("<8sIIIIqd24x")
-#: cid (0: empty or torn), seq, t (enter), t_end, facts id, state (RING_STATES), thread ident,
-#: then padding to 64 bytes.
-RING_SLOT = struct.Struct("<QqddIIQ16x")
+#: A slot's fields, in order, with their struct codes: cid (0: empty or torn), seq, t (enter),
+#: t_end, facts id, state (RING_STATES), thread ident; then padding to 64 bytes. The one
+#: definition of the slot: RING_SLOT, RING_SLOT_OFFSETS and the collector's NumPy dtype follow
+#: from it, and a test checks ``_fast.c``'s ``RingSlot`` against it.
+RING_SLOT_FIELDS: tuple[tuple[str, str], ...] = (
+    ("cid", "Q"),
+    ("seq", "q"),
+    ("t", "d"),
+    ("t_end", "d"),
+    ("fid", "I"),
+    ("state", "I"),
+    ("tid", "Q"),
+)
+_RING_SLOT_USED = struct.calcsize("<" + "".join(code for _, code in RING_SLOT_FIELDS))
+RING_SLOT = struct.Struct(
+    "<" + "".join(code for _, code in RING_SLOT_FIELDS) + f"{64 - _RING_SLOT_USED}x"
+)
+#: Each field's offset in a slot.
+RING_SLOT_OFFSETS: dict[str, int] = {
+    name: struct.calcsize("<" + "".join(code for _, code in RING_SLOT_FIELDS[:i]))
+    for i, (name, _) in enumerate(RING_SLOT_FIELDS)
+}
 #: A slot's state: the call is in flight, returned, or raised.
 RING_STATES = ("in_flight", "returned", "raised")
 
@@ -427,6 +463,25 @@ class RankRecord:
     """Per group, the number of the last collective it called (the probe's numbering)."""
     members: dict[str, list[int]] = dataclasses.field(default_factory=dict)
     """Per group it called on, the group's ranks."""
+    peer: int | None = None
+    """Its latest call's peer (a point-to-point call's) or root (a rooted collective's)."""
+    collectives: dict[str, int] = dataclasses.field(default_factory=dict)
+    """Per group, the collectives it called (:data:`MANAGEMENT_OPS` left out, as the analyzer
+    numbers them; ``issued_seqs`` is the probe's numbering)."""
+    recent: dict[tuple[str, int], tuple[Any, ...]] = dataclasses.field(default_factory=dict)
+    """Its last ``RECENT_CALLS`` collectives on each group, by group and that number: ``(op,
+    shapes, dtypes, root)``, what makes a call the call it is (:func:`rankscope.waitfor.differs`)."""
+    numbered: dict[tuple[str, int], int] = dataclasses.field(default_factory=dict)
+    """The same calls' numbers by group and the probe's ``seq``."""
+    sent: dict[int, int] = dataclasses.field(default_factory=dict)
+    """Point-to-point sends it called, per peer (``received``: receives)."""
+    received: dict[int, int] = dataclasses.field(default_factory=dict)
+    p2p_known: bool = True
+    """False once it made a point-to-point call without one peer (``batch_isend_irecv``, a
+    receive from any source): ``sent`` and ``received`` no longer count every message."""
+    call_thread: int | None = None
+    """The thread that made its recorded calls; ``threads`` is True once a second one did."""
+    threads: bool = False
     _async: dict[int, list[Any]] = dataclasses.field(default_factory=dict, repr=False)
     """Async calls entered, not yet returned from (their facts, for ``issued``)."""
     _completed: dict[int, bool] = dataclasses.field(default_factory=dict, repr=False)
@@ -446,6 +501,9 @@ class RankRecord:
     warming: bool = False
     """The probe is importing what torch's stack traces need (a second or two after the first
     process group); a computing main thread gets little CPU meanwhile."""
+    unfinished: list[str] = dataclasses.field(default_factory=list)
+    """Collectives it issued and the backend never completed before its end:
+    ``all_reduce (group 0 #5)`` (nccl returns at enqueue, so it had returned from them)."""
     last_event_at: float | None = None
     exception: str | None = None
     ended: bool = False
@@ -484,11 +542,26 @@ class RankRecord:
             )
             self.site = _site(ev.get("file"), as_int(ev.get("line")))
             self.in_collective_since = None if ev.get("async_op") else t
+            self.peer = as_int(ev.get("peer"))
             ranks = ev.get("pg_ranks")
-            if self.pg is not None and self.seq is not None and ev.get("op") not in P2P_OPS:
+            if self.op in P2P_OPS:
+                self._count_p2p()
+            elif self.pg is not None and self.seq is not None:
                 self.issued_seqs[self.pg] = self.seq
                 if isinstance(ranks, list) and all(type(r) is int for r in ranks):
                     self.members[self.pg] = ranks
+                self.numbered.pop((self.pg, self.seq - RECENT_CALLS), None)
+                if self.op not in MANAGEMENT_OPS:
+                    n = self.collectives[self.pg] = self.collectives.get(self.pg, 0) + 1
+                    self.numbered[(self.pg, self.seq)] = n
+                    facts = (self.op, ev.get("shapes"), ev.get("dtypes"), self.peer)
+                    self.recent[(self.pg, n)] = facts
+                    self.recent.pop((self.pg, n - RECENT_CALLS), None)
+            tid = ev.get("tid")
+            if self.call_thread is None:
+                self.call_thread = tid
+            elif tid != self.call_thread:
+                self.threads = True
             cid = as_int(ev.get("id"))
             if ev.get("async_op") is True and cid is not None:
                 self._async[cid] = [self.op, self.pg, self.seq, self.site, t]
@@ -545,10 +618,31 @@ class RankRecord:
             self.ended, self.ended_at, self.exit_code = True, t, as_int(ev.get("code"))
             self.end_reason = as_str(ev.get("reason"))
             self.in_collective_since = None
+            self.unfinished = self.uncompleted()
+            if self.last_done in self.unfinished:
+                self.last_done = None
             self.issued.clear()
             self.fr_active = None
             return True
         return False
+
+    def uncompleted(self) -> list[str]:
+        """``all_reduce (group 0 #5)`` for each call returned from that the backend has not
+        completed: its followed Works, and the recorder's uncompleted entries at its last read."""
+        calls = [(c[0], c[1], c[2]) for c in self.issued.values()]
+        calls += [
+            (e[2], e[0], e[1])
+            for e in self.fr_active or ()
+            if isinstance(e, list) and len(e) >= 3 and (e[2], e[0], e[1]) not in calls
+        ]
+        return [f"{op} (group {pg} #{seq})" for op, pg, seq in calls]
+
+    def _count_p2p(self) -> None:
+        if self.peer is None or self.op not in ("send", "isend", "recv", "irecv"):
+            self.p2p_known = False
+            return
+        counts = self.sent if self.op in ("send", "isend") else self.received
+        counts[self.peer] = counts.get(self.peer, 0) + 1
 
     def summary(self) -> dict[str, Any]:
         """What ``run.json`` keeps of it: who it was and how it ended."""

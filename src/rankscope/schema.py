@@ -237,7 +237,7 @@ STACK_SUMMARY: Columns = {
 ERRORS: Columns = {
     "rank": "Int64",
     "t_s": "Float64",
-    "kind": "category",  # catalogue key: gloo_timeout, nccl_watchdog_timeout, ...
+    "kind": "category",  # the signature kind: gloo_timeout, nccl_watchdog_timeout, ...
     "role": "category",  # what the text says of the rank: mismatch peer_exit timeout own ...
     "recipe": "category",  # D1..D23 the signature points to, or null
     "message": "string",  # the matching text
@@ -269,7 +269,10 @@ CALLS: Columns = {
     "key": "int64",  # equal keys: the same call (op, shapes and dtypes)
     "peer": "Int64",  # global rank of the other side of a p2p call, when known
     "root": "Int64",  # the root of a rooted collective (broadcast's src, reduce's dst; probe)
-    "completed": "boolean",
+    "completed": "boolean",  # the backend completed it (not only returned: nccl, async calls)
+    # issued (not completed; on gloo the device has no say), started (on the device: nccl with
+    # TORCH_NCCL_ENABLE_TIMING), completed
+    "state": "category",
     "ok": "boolean",  # the call returned normally (probe only)
     "error": "category",
     "t_start_s": "Float64",

@@ -13,7 +13,7 @@ each usable on plain tables:
 * :mod:`~rankscope.analyze.parting`: the line of the source that sent the culprits another way,
   and the values that decided it (stacks, source, the ``values`` table);
 * :mod:`~rankscope.analyze.rules`: the rules, in order; :mod:`~rankscope.analyze.context`, the
-  facts they read; :mod:`~rankscope.analyze.diagnose`, the driver.
+  facts they read; :mod:`~rankscope.analyze.driver`, the driver.
 """
 
 from rankscope.analyze.align import (
@@ -29,9 +29,9 @@ from rankscope.analyze.calls import (
     fr_sites,
     merge_calls,
 )
-from rankscope.analyze.catalogue import CAUSES, VERDICTS, Cause
-from rankscope.analyze.diagnose import diagnose
+from rankscope.analyze.causes import CAUSES, VERDICTS, Cause
 from rankscope.analyze.diagnosis import CollectiveInfo, Diagnosis, EvidenceRef, write_diagnosis
+from rankscope.analyze.driver import diagnose
 from rankscope.analyze.parting import Parting, find_parting
 from rankscope.analyze.rules import RULES
 from rankscope.analyze.waits import WaitGraph, wait_graph

@@ -27,35 +27,13 @@ import numpy as np
 import pandas as pd
 
 from rankscope.collect import is_user_file
-from rankscope.rundir import P2P_OPS  # only two ranks take part: not aligned by position
+from rankscope.rundir import (  # P2P: only two ranks take part, not aligned by position
+    MANAGEMENT_OPS,
+    P2P_OPS,
+)
 from rankscope.schema import CALLS
+from rankscope.waitfor import UNEVEN_OPS  # the same-call rule: waitfor.differs, vectorised
 
-#: Recorded calls that are not collectives: process-group set-up and teardown.
-MANAGEMENT_OPS = frozenset(
-    {
-        "init_process_group",
-        "destroy_process_group",
-        "new_group",
-        "new_subgroups",
-        "new_subgroups_by_enumeration",
-    }
-)
-#: Collectives whose tensors differ between ranks by design (the root's list, uneven splits).
-UNEVEN_OPS = frozenset(
-    {
-        "gather",
-        "scatter",
-        "gather_object",
-        "scatter_object_list",
-        "all_gather_object",
-        "broadcast_object_list",
-        "all_to_all",
-        "all_to_all_single",
-        "all_to_all_v_single",
-        "all_gather_v",
-        "reduce_scatter_v",
-    }
-)
 #: Collectives with a root (src or dst), which every rank must name alike.
 ROOTED_OPS = frozenset(
     {
@@ -90,6 +68,7 @@ _FR_COLUMNS = [
     "output_dtypes",
     "state",
     "time_created_ns",
+    "time_discovered_started_ns",
     "time_discovered_completed_ns",
     "retired",
     "thread_id",
@@ -198,6 +177,7 @@ def calls_from_probe(collectives: pd.DataFrame) -> pd.DataFrame:
             "peer": peer,
             "root": root,
             "completed": df["completed"],
+            "state": _states(df["completed"].fillna(False).to_numpy(dtype=bool)),
             "ok": df["ok"],
             "error": df["error"],
             "t_start_s": df["t_start_s"],
@@ -210,6 +190,15 @@ def calls_from_probe(collectives: pd.DataFrame) -> pd.DataFrame:
         },
         len(df),
     )
+
+
+#: The calls table's ``state``: issued (not completed), started on the device, completed.
+STATES = ("issued", "started", "completed")
+
+
+def _states(completed: np.ndarray, started: np.ndarray | None = None) -> pd.Categorical:
+    codes = np.where(completed, 2, 0 if started is None else np.where(started, 1, 0))
+    return pd.Categorical.from_codes(codes.astype(np.int8), categories=STATES)
 
 
 def _ranks_per_group(pg: pd.Series, pg_ranks: pd.Series) -> pd.Categorical:
@@ -267,8 +256,11 @@ def calls_from_flight_recorder(flight_recorder: pd.DataFrame) -> pd.DataFrame:
     peer = pd.Series(pd.NA, index=df.index, dtype="Int64")
     if p2p.any():
         peer[p2p] = _fr_peers(df[p2p], pg_ranks[p2p])
-    retired = df["retired"]
-    completed = retired.fillna(df["state"] == "completed").astype("boolean")
+    # Retired (the watchdog has seen it end) or in state "completed": an nccl dump written right
+    # after a collective can hold it completed and not yet retired (seen on an H200).
+    completed = (df["retired"].fillna(False).astype(bool) | (df["state"] == "completed")).astype(
+        "boolean"
+    )
     rank = df["rank"].astype("int64")
     # Dumps list a rank's entries oldest first; a rank's merged order is its record order.
     order = (
@@ -297,6 +289,11 @@ def calls_from_flight_recorder(flight_recorder: pd.DataFrame) -> pd.DataFrame:
             ),
             "peer": peer,
             "completed": completed,
+            "state": _states(
+                completed.to_numpy(dtype=bool),
+                (df["state"] == "started").to_numpy(dtype=bool)
+                | df["time_discovered_started_ns"].notna().to_numpy(dtype=bool),
+            ),
             "t_start_s": df["time_created_ns"].astype("Float64") / 1e9,
             "t_end_s": df["time_discovered_completed_ns"].astype("Float64") / 1e9,
             "thread": None if thread.isna().all() else _thread_text(thread),
@@ -338,7 +335,9 @@ def parse_ranks(text: object) -> tuple[int, ...]:
     return tuple(int(p) for p in parts if p.lstrip("-").isdigit())
 
 
-def merge_calls(probe: pd.DataFrame, fr: pd.DataFrame) -> pd.DataFrame:
+def merge_calls(
+    probe: pd.DataFrame, fr: pd.DataFrame, *, backend_completes: np.ndarray | None = None
+) -> pd.DataFrame:
     """One calls table from the probe's calls and the recorder's (each from the functions above).
 
     A recorder entry is a probe call's when it was made on the same rank, group and thread
@@ -347,12 +346,23 @@ def merge_calls(probe: pd.DataFrame, fr: pd.DataFrame) -> pd.DataFrame:
     collectives) take the recorder's sequence, with the probe's site, thread, outcome and
     function name on the entries that are its calls; other groups take the probe's. Ranks with
     only one source keep it.
+
+    ``backend_completes`` marks the recorder rows whose completion is the backend's word (nccl:
+    a call returns once enqueued): a probe call that returned is not completed while its entry
+    is not.
     """
     if fr.empty:
         return probe
     if probe.empty:
         return fr
     owner = _owning_probe_call(probe, fr)
+    if backend_completes is not None:
+        undone = (owner >= 0) & backend_completes & ~fr["completed"].fillna(False).to_numpy(bool)
+        if undone.any():
+            probe = probe.copy()
+            rows = probe.index[owner[undone]]
+            probe.loc[rows, "completed"] = False
+            probe.loc[rows, "state"] = fr["state"].to_numpy()[undone]
     own_entries = fr[owner < 0]
     backend = set(own_entries.loc[own_entries["seq"].notna(), "pg"].astype(str))
     probe_ranks = set(probe["rank"].unique().tolist())
@@ -455,3 +465,28 @@ def fr_sites(fr_frames: pd.DataFrame, calls: pd.DataFrame, fr: pd.DataFrame) -> 
         index=calls.index,
         dtype="string",
     )
+
+
+# --- reading rows of a calls table (or of the probe's collectives) ---------------------------
+def done(rows: pd.DataFrame) -> pd.Series:
+    """Calls that returned normally."""
+    return rows["completed"].fillna(False).astype(bool) & ~failed(rows)
+
+
+def failed(rows: pd.DataFrame) -> pd.Series:
+    """Calls that raised."""
+    return rows["ok"].eq(False).fillna(False).astype(bool)
+
+
+def opt(value: Any) -> str | None:
+    """A cell as text, None where it is null."""
+    return (
+        None
+        if value is None or value is pd.NA or (isinstance(value, float) and np.isnan(value))
+        else str(value)
+    )
+
+
+def opt_int(value: Any) -> int | None:
+    """A cell as an int, None where it is null."""
+    return None if pd.isna(value) else int(value)

@@ -2,16 +2,15 @@
 
 A :class:`Context` holds the merged calls (:mod:`rankscope.analyze.calls`), the groups' members,
 where each group's ranks part (:mod:`rankscope.analyze.align`), the wait-for graph
-(:mod:`rankscope.analyze.waits`) and what each rank's process did; each is computed on first use
-and kept. The helpers below turn rows into what a diagnosis says (a collective's description, a
-rank's whereabouts, the evidence references, the chain of waits). Nothing here decides a cause:
-the rules do (:mod:`rankscope.analyze.rules`).
+(:mod:`rankscope.analyze.waits`), the call sites, the parting lines and what each rank's process
+did (its whereabouts); each is computed on first use and kept. What the diagnosis says of them
+(a collective's description, the evidence references, the chain of waits, what is missing) is
+:class:`~rankscope.analyze.wording.Phrasing`, which a ``Context`` inherits. Nothing here decides a
+cause: the rules do (:mod:`rankscope.analyze.rules`).
 """
 
 from __future__ import annotations
 
-import datetime as dt
-import re
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from functools import cached_property
@@ -25,11 +24,15 @@ from rankscope.analyze.activity import Activity, rank_activity
 from rankscope.analyze.calls import (
     calls_from_flight_recorder,
     calls_from_probe,
+    done,
+    failed,
     fr_sites,
     merge_calls,
+    opt,
+    opt_int,
 )
-from rankscope.analyze.diagnosis import CollectiveInfo, EvidenceRef, compact_ranks, who_of
-from rankscope.analyze.evidence import SIGNAL_TEXT, Evidence, RankFacts
+from rankscope.analyze.diagnosis import EvidenceRef
+from rankscope.analyze.evidence import Evidence, RankFacts
 from rankscope.analyze.parting import (
     Frame,
     Parting,
@@ -40,14 +43,10 @@ from rankscope.analyze.parting import (
     without_machinery,
 )
 from rankscope.analyze.waits import WaitGraph, wait_graph
-from rankscope.collect import SIGNATURES, VICTIM_ROLES
+from rankscope.analyze.wording import Phrasing, short
 
-#: How many supporting rows of one kind a diagnosis lists (a 16k-rank job has 16k waiters).
-MAX_REFS = 8
 #: Ranks per distinct call whose flight-recorder frames are read to find its call site.
 SITE_SAMPLE = 8
-#: What each error signature means, to explain a rank that died of another's problem.
-SIGNATURE_DOCS = {s.kind: s.doc for s in SIGNATURES}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -64,8 +63,9 @@ class Where:
     """The exit code of an ``exited`` rank (0 for one caught leaving its finished script)."""
 
 
-class Context:
-    """The derived facts of one run's evidence, for the rules to read."""
+class Context(Phrasing):
+    """The derived facts of one run's evidence, for the rules to read (and, inherited, their
+    phrasing)."""
 
     def __init__(self, ev: Evidence, *, straggler_s: float):
         self.ev = ev
@@ -88,8 +88,35 @@ class Context:
 
     @cached_property
     def calls(self) -> pd.DataFrame:
-        """Every rank's calls, the probe's and the flight recorder's as one sequence per rank."""
-        return merge_calls(self.probe_calls, calls_from_flight_recorder(self.fr))
+        """Every rank's calls, the probe's and the flight recorder's as one sequence per rank.
+
+        gloo's recorder retires a collective that failed as it retires one that completed, with
+        no completion time for either. A rank that raised a victim's error (a peer gone, a
+        timeout) outside its Python calls raised it from a collective torch issued (a
+        backward's bucket all_reduce, a Work waited on): its last such entry did not complete,
+        and it waited there."""
+        fr = calls_from_flight_recorder(self.fr)
+        nccl = self.fr["backend"].astype(str).to_numpy()[fr["row"].to_numpy()] == "nccl"
+        calls = merge_calls(self.probe_calls, fr, backend_completes=nccl)
+        probe = self.ev.table("collectives")
+        raised_in_call = set(probe.loc[failed(probe), "rank"].dropna().astype(int).tolist())
+        victims = [
+            r
+            for r in self.ev.waiters - raised_in_call
+            if (f := self.facts.get(r)) is not None and f.exception is not None
+        ]
+        if not victims or calls.empty:
+            return calls
+        last = calls[calls["rank"].isin(victims)].groupby("rank")["order"].idxmax()
+        rows = last[
+            (calls.loc[last, "source"] == "flight_recorder").to_numpy()
+            & calls.loc[last, "t_end_s"].isna().to_numpy()
+        ]
+        if len(rows):
+            calls = calls.copy()
+            calls.loc[rows.to_numpy(), "completed"] = False
+            calls.loc[rows.to_numpy(), "state"] = "issued"
+        return calls
 
     @cached_property
     def source(self) -> str:
@@ -107,6 +134,21 @@ class Context:
         ranks |= {r for r, f in self.facts.items() if f.started}
         ranks |= set(self.ev.table("pg_status")["rank"].dropna().astype(int).tolist())
         return ranks
+
+    @cached_property
+    def untimed_nccl(self) -> list[int]:
+        """Ranks with an uncompleted nccl entry and no start time on any of their entries
+        (timing off: started or not, the recorder cannot say)."""
+        fr = self.fr
+        if fr.empty or "time_discovered_started_ns" not in fr:
+            return []
+        nccl = fr[fr["backend"].astype(str) == "nccl"]
+        if nccl.empty:
+            return []
+        done = nccl["retired"].fillna(False).astype(bool) | (nccl["state"] == "completed")
+        timed = nccl["time_discovered_started_ns"].notna().groupby(nccl["rank"]).any()
+        open_ = (~done).groupby(nccl["rank"]).any()
+        return sorted(int(r) for r in timed.index if open_[r] and not timed[r])
 
     @cached_property
     def complete_ranks(self) -> set[int]:
@@ -287,7 +329,7 @@ class Context:
                 return d
         return None
 
-    # --- what to say about calls ----------------------------------------------------------
+    # --- where calls were made ------------------------------------------------------------
     def sites(self, rows: pd.DataFrame) -> pd.Series:
         """Call sites of these calls. The probe records them; for the recorder's own entries
         they come from the frames of a sample of ranks per distinct call (``SITE_SAMPLE``
@@ -315,67 +357,6 @@ class Context:
                 self.notes_of_sites.append(note)
         return sites
 
-    def label(self, d: align.Divergence) -> str:
-        desc = d.rows["pg_desc"].dropna()
-        name = f"group {d.pg}" + (f" ({desc.iloc[0]})" if len(desc) else "")
-        return f"{name}, collective #{d.seq}"
-
-    def collective(
-        self,
-        d: align.Divergence,
-        *,
-        sites: pd.Series | None = None,
-        absent: dict[int, Where] | None = None,
-    ) -> CollectiveInfo:
-        rows = d.rows
-        sites = self.sites(rows) if sites is None else sites
-        ranks = sorted(set(d.members) | set(rows["rank"].tolist()))
-        op = dict.fromkeys(ranks)
-        site: dict[int, str | None] = dict.fromkeys(ranks)
-        state: dict[int, str] = {}
-        ok = done(rows).tolist()
-        bad = failed(rows).tolist()
-        for r, o, s, fine, broke in zip(rows["rank"], rows["op"], sites, ok, bad, strict=True):
-            op[int(r)] = str(o)
-            site[int(r)] = opt(s)
-            state[int(r)] = "failed" if broke else ("completed" if fine else "waiting")
-        absent = dict(absent or {})
-        unknown = [r for r in ranks if r not in state and r not in absent]
-        absent.update(self.whereabouts(r for r in unknown if r in self.evidence_ranks))
-        for r in ranks:
-            if r in state:
-                continue
-            f = self.facts.get(r) or RankFacts(rank=r)
-            if r not in self.evidence_ranks:
-                state[r] = "no record of this rank's calls" + (f" ({f.died})" if f.died else "")
-                continue
-            site[r] = absent[r].site
-            if self.known_absent(r):
-                state[r] = f"never called it: {absent[r].note}"
-            else:
-                state[r] = (
-                    f"no record of it (its record may stop early: no ring file, no end "
-                    f"event): {absent[r].note}"
-                )
-        desc = rows["pg_desc"].dropna()
-        sources = set(rows["source"].astype(str))
-        return CollectiveInfo(
-            pg=d.pg,
-            pg_desc=str(desc.iloc[0]) if len(desc) else None,
-            pg_ranks=list(d.members),
-            seq=d.seq,
-            op_by_rank=op,
-            site_by_rank=site,
-            shapes_by_rank={
-                int(r): opt(s) for r, s in zip(rows["rank"], rows["shapes"], strict=True)
-            },
-            dtypes_by_rank={
-                int(r): opt(s) for r, s in zip(rows["rank"], rows["dtypes"], strict=True)
-            },
-            state_by_rank=state,
-            source=sources.pop() if len(sources) == 1 else self.source,
-        )
-
     def known_absent(self, rank: int) -> bool:
         """Whether a rank's record of calls is whole, so a call missing from it was not made:
         the probe's, when written durably at every call or flushed at its end; a dump's, up to
@@ -384,28 +365,6 @@ class Context:
         if f is not None and f.started:
             return f.record_complete
         return rank in self.evidence_ranks
-
-    def call_refs(self, d: align.Divergence) -> list[EvidenceRef]:
-        rows = d.rows
-        keys = rows["key"]
-        common = keys.mode().iloc[0] if len(keys) else None
-        odd = rows[keys != common]
-        usual = rows[keys == common].head(MAX_REFS)
-        out = []
-        for part in (odd, usual):
-            for r, row, op, source, fine in zip(
-                part["rank"], part["row"], part["op"], part["source"], done(part), strict=True
-            ):
-                note = f"{op} #{d.seq} on group {d.pg}" + ("" if fine else ", not completed")
-                out.append(EvidenceRef(table=str(source), row=int(row), rank=int(r), note=note))
-        return out
-
-    def call_ref(self, position: int, note: str) -> EvidenceRef:
-        """The evidence reference of the call at ``calls.iloc[position]``."""
-        row = self.calls.iloc[position]
-        return EvidenceRef(
-            table=str(row["source"]), row=int(row["row"]), rank=int(row["rank"]), note=note
-        )
 
     # --- what ranks did ---------------------------------------------------------------------
     def whereabouts(self, ranks: Iterable[int]) -> dict[int, Where]:
@@ -472,240 +431,3 @@ class Context:
                 int(s["rank"]) for s in stall.get("ranks", []) if s.get("status") == "waiting"
             }
         return sorted(blocked - exclude)
-
-    def chain(self, culprits: list[int]) -> list[dict[str, Any]]:
-        """The waits that lead to the culprits, nearest first: the ranks that wait for them
-        directly, the culprits' own wait (or what they were doing), then the ranks that wait
-        for those waiters, and so on. Ranks that wait the same way for the same ranks share a
-        link. Each link: ``rank`` (the first), ``ranks``, ``waits_in`` (group, seq, op, site,
-        thread, peer; None for a rank that waits in nothing), ``waits_for``, ``text``."""
-        g = self.graph
-        if not g.waits:
-            return []
-        targets = set(culprits)
-        seen = set(targets)
-        levels: list[list[dict[str, Any]]] = []
-        frontier = targets
-        while frontier:
-            waiters = [r for r in g.waiting if r not in seen and g.waits[r].waits_for & frontier]
-            if not waiters:
-                break
-            links: dict[tuple[Any, ...], list[int]] = {}
-            for r in waiters:
-                w = g.waits[r]
-                links.setdefault((w.where(), tuple(sorted(w.waits_for & frontier))), []).append(r)
-            levels.append(
-                [
-                    self._link(ranks, g.waits[ranks[0]], list(waits_for))
-                    for (_, waits_for), ranks in links.items()
-                ]
-            )
-            seen |= set(waiters)
-            frontier = set(waiters)
-        own = []
-        waiting = {c: g.waits[c] for c in sorted(targets) if c in g.waits}
-        alike: dict[tuple[str, tuple[int, ...]], list[int]] = {}
-        for c, w in waiting.items():
-            alike.setdefault((w.where(), tuple(sorted(w.waits_for))), []).append(c)
-        for (_, waits_for), ranks in alike.items():
-            own.append(self._link(ranks, waiting[ranks[0]], list(waits_for)))
-        doing: dict[str, list[int]] = {}
-        for c, where in self.whereabouts(sorted(targets - set(waiting))).items():
-            doing.setdefault(where.note, []).append(c)
-        for note, ranks in doing.items():
-            own.append(
-                {
-                    "rank": ranks[0],
-                    "ranks": ranks,
-                    "waits_in": None,
-                    "waits_for": [],
-                    "text": f"{who_of(ranks)}: {note}",
-                }
-            )
-        first = levels[0] if levels else []
-        return first + own + [link for level in levels[1:] for link in level]
-
-    @staticmethod
-    def _link(ranks: list[int], w: Any, waits_for: list[int]) -> dict[str, Any]:
-        who = ("rank " if len(ranks) == 1 else "ranks ") + compact_ranks(ranks)
-        verb = "waits" if len(ranks) == 1 else "wait"
-        return {
-            "rank": ranks[0],
-            "ranks": sorted(ranks),
-            "waits_in": w.as_dict(),
-            "waits_for": waits_for,
-            "text": f"{who} {verb} in {w.where()} for {who_of(waits_for)}",
-        }
-
-    # --- what is missing, and what else is known --------------------------------------------
-    def unreadable(self) -> list[str]:
-        problems = self.ev.table("problems")
-        return [
-            f"{source}: {reason}"
-            for source, reason in zip(problems["source"], problems["reason"], strict=True)
-        ]
-
-    def missing(self) -> list[str]:
-        """What evidence is not there: ranks without records, ranks whose record stops early
-        (and why it may), and (then) the files that could not be read, which may be why.
-        Listing unreadable files loads every table, so it is done only when something is
-        missing."""
-        notes: list[str] = []
-        world = sorted(set(self.ev.world).union(*self.members.values()))
-        lacking = [r for r in world if r not in self.evidence_ranks]
-        if lacking:
-            notes.append(f"no record of the calls of {who_of(lacking)} (no probe events, no dump)")
-        if not world:
-            notes.append("no rank left any evidence")
-        if self.calls.empty:
-            notes.append(
-                "no record of collective calls (neither probe events nor flight-recorder entries)"
-            )
-        early: dict[str, list[int]] = {}
-        for rank in world:
-            if rank in lacking:
-                continue
-            note = self._early_stop(self.facts.get(rank) or RankFacts(rank=rank))
-            if note:
-                early.setdefault(note, []).append(rank)
-        notes += [f"{who_of(ranks)}: {note}" for note, ranks in early.items()]
-        if notes:
-            notes += [f"could not read {text}" for text in self.unreadable()]
-        return notes + self.notes_of_sites
-
-    def _early_stop(self, f: RankFacts) -> str | None:
-        """Why a rank's evidence may stop before its end, if it may."""
-        if f.signal == "SIGKILL":
-            kept = (
-                "its calls up to its death are in its ring file"
-                if f.ring
-                else "its last calls (up to half a second of them) may be missing: it has no "
-                "ring file"
-            )
-            return (
-                "no stacks or flight-recorder dump from its last moment: a process killed by "
-                f"SIGKILL cannot write them; {kept}"
-            )
-        if f.started and f.exit_code is not None and not f.record_complete:
-            at = clock(f.last_seen_s)
-            return (
-                f"its record of calls stops{' at ' + at if at else ''} with no end event and "
-                "no ring file: calls after that are unknown"
-            )
-        if f.signal in SIGNAL_TEXT and f.stack_reason != f.signal:
-            return f"no stacks from its {f.signal}: faulthandler was not on (not probed?)"
-        return None
-
-    def endings(self, ranks: dict[int, RankFacts]) -> str:
-        """``rank 2 died of SIGKILL (exit code -9), then ranks 0-1, 3 died of SIGTERM ...``:
-        how ranks ended, grouped by how, the first to go first (by their last records)."""
-        by_how: dict[str, list[int]] = {}
-        for r, f in sorted(ranks.items(), key=lambda kv: (kv[1].last_seen_s or np.inf, kv[0])):
-            by_how.setdefault(f.died or "ended", []).append(r)
-        return ", then ".join(f"{who_of(rs)} {how}" for how, rs in by_how.items())
-
-    def aftermath(self, culprits: list[int], *, only: list[int] | None = None) -> list[str]:
-        """How the other ranks that did not exit cleanly ended, and what their own error texts
-        say of it (a victim's text names a peer's mismatch, exit or timeout)."""
-        errors = self.ev.table("errors")
-        notes = []
-        for rank, f in sorted(self.facts.items()):
-            if rank in culprits or not f.died or (only is not None and rank not in only):
-                continue
-            if only is None and self.ev.stopped and f.signal:
-                continue  # ended by the stop, as every rank was
-            mine = errors[(errors["rank"] == rank) & errors["role"].isin(list(VICTIM_ROLES))]
-            if f.end_reason and f.signal and f.end_reason == f.signal:
-                how = f"was ended by {f.signal} and left a capture (stacks, flight recorder)"
-            else:
-                how = f.died
-            text = f"rank {rank} {how}"
-            if len(mine):
-                kind = str(mine["kind"].iloc[0])
-                text += f" after it reported {kind} ({short(mine['message'].iloc[0], 100)})"
-                text += f", which says {SIGNATURE_DOCS[kind]}" if kind in SIGNATURE_DOCS else ""
-            notes.append(text)
-        return notes
-
-    def launcher_notes(self, culprits: list[int]) -> list[str]:
-        """What the launcher or the scheduler said of how the job ended, where it adds to the
-        finding: torchrun's root cause when it names another rank, SLURM ending the job."""
-        notes = []
-        info = self.ev.info
-        slurm_job = (info.get("slurm") or {}).get("job_id")
-        if slurm_job and info.get("state") != "failed_to_start" and info.get("error"):
-            notes.append(f"{info['error']} (run.json)")
-        errors = self.ev.table("errors")
-        child = errors[errors["kind"] == "torchrun_child_failed"]
-        for fields in child["fields"]:
-            named = fields.get("root_rank") if isinstance(fields, dict) else None
-            if named is None or int(named) in culprits or not culprits:
-                continue
-            notes.append(
-                f"torchrun's summary names rank {named} as the root cause (its first observed "
-                f"failure); that failure followed from {who_of(culprits)}'s, above"
-            )
-            break
-        return notes
-
-
-# --- small helpers the rules share ------------------------------------------------------------
-def done(rows: pd.DataFrame) -> pd.Series:
-    """Calls that returned normally."""
-    return rows["completed"].fillna(False).astype(bool) & ~failed(rows)
-
-
-def failed(rows: pd.DataFrame) -> pd.Series:
-    """Calls that raised."""
-    return rows["ok"].eq(False).fillna(False).astype(bool)
-
-
-def site_of(sites: pd.Series, rows: pd.DataFrame) -> str | None:
-    values = sites.loc[rows.index].dropna().unique().tolist()
-    return "/".join(map(str, values)) or None
-
-
-def at(site: str | None) -> str:
-    """`` at train.py:12``, or nothing when the site is unknown."""
-    return f" at {site}" if site else ""
-
-
-def clock(t_s: float | None) -> str | None:
-    """``12:43:05.812`` (local time), or None."""
-    if t_s is None or not np.isfinite(t_s):
-        return None
-    return dt.datetime.fromtimestamp(t_s).strftime("%H:%M:%S.%f")[:-3]
-
-
-#: What a native error text puts before its message: ``what():``, ``[enforce fail at x.cc:1]``,
-#: ``[/path/to/pair.cc:537]``.
-_NATIVE_PREFIX = re.compile(
-    r"^(?:what\(\):\s*)?(?:(?P<type>[\w.:]+: )?\[(?:enforce fail at )?[^\]\s]*:\d+\]\s*)?"
-)
-
-
-def short(text: Any, limit: int = 200) -> str:
-    text = "" if text is None or (isinstance(text, float) and np.isnan(text)) else str(text)
-    text = _NATIVE_PREFIX.sub(lambda m: m["type"] or "", text.strip().split("\n", 1)[0])
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def opt(value: Any) -> str | None:
-    return (
-        None
-        if value is None or value is pd.NA or (isinstance(value, float) and np.isnan(value))
-        else str(value)
-    )
-
-
-def opt_int(value: Any) -> int | None:
-    return None if pd.isna(value) else int(value)
-
-
-def error_refs(errors: pd.DataFrame, note: str) -> list[EvidenceRef]:
-    return [
-        EvidenceRef(
-            table="errors", row=int(pos), rank=None if pd.isna(r) else int(r), note=f"{k}: {note}"
-        )
-        for pos, r, k in zip(errors.index[:MAX_REFS], errors["rank"], errors["kind"], strict=False)
-    ]

@@ -16,11 +16,14 @@ import time
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from rankscope.analyze.catalogue import CAUSES, Verdict
+from rankscope.analyze.causes import CAUSES, Verdict
+
+if TYPE_CHECKING:
+    from rankscope.analyze.context import Context
 from rankscope.rundir import RunDir, atomic_write_json
 
 #: Version of the JSON layout written to diagnosis.json.
@@ -130,6 +133,10 @@ class Diagnosis:
     calls: pd.DataFrame | None = field(default=None, repr=False, compare=False)
     """The calls table the diagnosis was built from (:data:`rankscope.schema.CALLS`: the
     probe's and the flight recorder's calls merged); not part of the JSON."""
+    context: Context | None = field(default=None, repr=False, compare=False)
+    """The facts it was derived from (:class:`~rankscope.analyze.context.Context`: the calls,
+    each group's members, the wait-for graph, each rank's facts), for the views and the replay
+    to read rather than derive again; not part of the JSON."""
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form (see the module docstring for the stable keys)."""

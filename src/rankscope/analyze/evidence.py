@@ -33,21 +33,9 @@ SIGNAL_TEXT = {
     "SIGFPE": "an arithmetic fault in native code",
 }
 
-_OOM = re.compile(r"out of memory|OutOfMemoryError|can't allocate memory", re.IGNORECASE)
-_NAN = re.compile(r"\bnan\b|non-finite|not finite", re.IGNORECASE)
 _TRACE_FILE = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+)(?:, in (?P<func>\S+))?')
 #: The probe's exit handler (``Probe.end``): on a rank's stack, its script has returned.
 _PROBE_FILE = re.compile(r"rankscope[/\\]probe[/\\]_core\.py$")
-
-
-def crash_cause(message: str | None) -> str:
-    """``oom``, ``nan`` or ``rank_crashed`` from an exception's text."""
-    text = message or ""
-    if _OOM.search(text):
-        return "oom"
-    if _NAN.search(text):
-        return "nan"
-    return "rank_crashed"
 
 
 class Evidence:
@@ -65,7 +53,7 @@ class Evidence:
             value = getattr(self.run, name, None)
             table = schema.empty(name) if value is None else value
             if name == "errors" and table["role"].isna().any():
-                # a table built by hand: each kind's role is the catalogue's
+                # a table built by hand: each kind's role is its signature's
                 role = table["role"].astype(object).fillna(table["kind"].map(ROLE_OF_KIND))
                 table = table.assign(role=role.astype("category"))
             cache[name] = table

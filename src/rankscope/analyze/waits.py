@@ -11,7 +11,9 @@ departed from the program order the others share: its last two calls follow each
 else in the job (:func:`departed`).
 
 Ranks that wait the same way share one set of ranks they wait for, so a 16k-rank job with half
-its ranks gone is a handful of sets, and the graph is walked set by set, not rank by rank.
+its ranks gone is a handful of sets, and the graph is walked set by set, not rank by rank. The
+walk and the pairing of point-to-point calls are :mod:`rankscope.waitfor`'s, which the live stall
+prover reads too; this module builds the graph from the calls table.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import numpy as np
 import pandas as pd
 
 from rankscope.analyze.align import last_calls
+from rankscope.waitfor import paired, walk
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -137,23 +140,17 @@ def wait_graph(
             waits_for=waits_for,
             row=int(row.position),
         )
-    return _walk(_pair_up(waits))
-
-
-_SENDS, _RECVS = {"send", "isend"}, {"recv", "irecv"}
+    waits = _pair_up(waits)
+    roots, cycles = walk({r: w.waits_for for r, w in waits.items()})
+    return WaitGraph(waits=waits, roots=roots, cycles=cycles)
 
 
 def _pair_up(waits: dict[int, Wait]) -> dict[int, Wait]:
-    """A send facing a receive from the same peer would complete: neither waits for the other
-    (something below Python holds them)."""
-    out = dict(waits)
-    for rank, w in waits.items():
-        other = waits.get(w.peer) if w.seq is None and w.peer is not None else None
-        if other is None or other.seq is not None or other.peer != rank:
-            continue
-        if (w.op in _SENDS and other.op in _RECVS) or (w.op in _RECVS and other.op in _SENDS):
-            out[rank] = replace(w, waits_for=frozenset())
-    return out
+    """A send facing a receive from the same peer would complete: neither waits for the other."""
+    facing = paired(
+        {r: (w.op, w.peer) for r, w in waits.items() if w.seq is None and w.peer is not None}
+    )
+    return {r: replace(w, waits_for=frozenset()) if r in facing else w for r, w in waits.items()}
 
 
 def _collective_waits(
@@ -182,79 +179,6 @@ def _collective_waits(
         arrived = set(np.unique(rank[here]).tolist())
         out[(pg, s, k)] = frozenset(set(members.get(pg, ())) - arrived)
     return out
-
-
-def _walk(waits: dict[int, Wait]) -> WaitGraph:
-    """Roots and terminal cycles, computed over the distinct sets of waited-for ranks."""
-    waiting = set(waits)
-    groups: dict[int, tuple[frozenset[int], set[int]]] = {}
-    for rank, w in waits.items():
-        groups.setdefault(id(w.waits_for), (w.waits_for, set()))[1].add(rank)
-    classes = list(groups.values())
-    roots = sorted(set().union(*(s - waiting for s, _ in classes)) if classes else set())
-    # Class graph: C -> D when a rank of D is one that C waits for.
-    n = len(classes)
-    edges = [[j for j in range(n) if classes[i][0] & classes[j][1]] for i in range(n)]
-    has_sink = [bool(s - waiting) for s, _ in classes]
-    cycles = []
-    for component in _terminal_components(edges):
-        if any(has_sink[i] for i in component):
-            continue
-        waited = set().union(*(classes[i][0] for i in component))
-        inside = set().union(*(classes[i][1] for i in component))
-        ranks = tuple(sorted(waited & inside))
-        if ranks:
-            cycles.append(ranks)
-    return WaitGraph(waits=waits, roots=tuple(roots), cycles=tuple(cycles))
-
-
-def _terminal_components(edges: list[list[int]]) -> list[list[int]]:
-    """Strongly connected components with no edge leaving them (Tarjan's, iterative)."""
-    n = len(edges)
-    index = [-1] * n
-    low = [0] * n
-    on_stack = [False] * n
-    stack: list[int] = []
-    comp_of = [-1] * n
-    comps: list[list[int]] = []
-    counter = 0
-    for start in range(n):
-        if index[start] != -1:
-            continue
-        work = [(start, 0)]
-        while work:
-            v, i = work.pop()
-            if i == 0:
-                index[v] = low[v] = counter
-                counter += 1
-                stack.append(v)
-                on_stack[v] = True
-            recurse = False
-            for k in range(i, len(edges[v])):
-                w = edges[v][k]
-                if index[w] == -1:
-                    work.append((v, k + 1))
-                    work.append((w, 0))
-                    recurse = True
-                    break
-                if on_stack[w]:
-                    low[v] = min(low[v], index[w])
-            if recurse:
-                continue
-            if low[v] == index[v]:
-                comp = []
-                while True:
-                    w = stack.pop()
-                    on_stack[w] = False
-                    comp_of[w] = len(comps)
-                    comp.append(w)
-                    if w == v:
-                        break
-                comps.append(comp)
-            if work:
-                parent = work[-1][0]
-                low[parent] = min(low[parent], low[v])
-    return [c for i, c in enumerate(comps) if all(comp_of[w] == i for v in c for w in edges[v])]
 
 
 def departed(calls: pd.DataFrame, ranks: Iterable[int]) -> list[int]:

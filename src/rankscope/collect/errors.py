@@ -1,4 +1,4 @@
-"""Known error signatures found in the logs (catalogue: :mod:`rankscope.collect.signatures`).
+"""Known error signatures found in the logs (their table: :mod:`rankscope.collect.signatures`).
 
 The same exception usually reaches several files: the rank's stderr, its ``error.json``, the
 launcher's tee'd copy and torchrun's failure summary. Each (rank, kind, message) is reported once,
@@ -46,14 +46,14 @@ def find_errors(
     logs: pd.DataFrame,
     *,
     nccl: pd.DataFrame | None = None,
-    catalogue: Sequence[Signature] = SIGNATURES,
+    signatures: Sequence[Signature] = SIGNATURES,
 ) -> pd.DataFrame:
     """Known error signatures in a ``logs`` table (and the WARN lines of an ``nccl`` table).
 
     ``role`` is what the text says of the rank that logged it (:data:`~rankscope.collect.
     signatures.ROLES`): ``mismatch``, ``peer_exit`` and ``timeout`` make it a victim of another
     rank's mismatch, exit or delay, never the culprit by that text alone.
-    ``fields`` holds what each signature parses (see the catalogue): a gloo timeout's
+    ``fields`` holds what each signature parses (see :mod:`rankscope.collect.signatures`): a gloo timeout's
     ``timeout_ms`` and ``operation``, the watchdog's ``seq``/``op_type``/``numel_in``/
     ``numel_out``/``timeout_ms``, both fingerprints of a DETAIL mismatch, torchrun's root-cause
     rank, exit code and signal, ... Example::
@@ -65,13 +65,13 @@ def find_errors(
     Args:
         logs: the ``logs`` table (:func:`~rankscope.collect.read_logs`); never modified.
         nccl: the ``nccl`` table; its WARN lines are reported as ``nccl_warn``.
-        catalogue: the signatures to look for.
+        signatures: the signatures to look for.
     """
     rows: list[dict[str, Any]] = []
     if len(logs):
-        rows += _scan(logs, catalogue)
+        rows += _scan(logs, signatures)
     if nccl is not None and len(nccl):
-        rows += _nccl_warnings(nccl, catalogue)
+        rows += _nccl_warnings(nccl, signatures)
     return _dedupe(rows)
 
 
@@ -85,7 +85,7 @@ def read_errors(
     return find_errors(read_logs(sources, local_ranks=local_ranks, problems=problems))
 
 
-def _scan(logs: pd.DataFrame, catalogue: Sequence[Signature]) -> list[dict[str, Any]]:
+def _scan(logs: pd.DataFrame, signatures: Sequence[Signature]) -> list[dict[str, Any]]:
     text = pa.array(logs["text"].array)
     source_codes, _ = pd.factorize(logs["source"])
     meta = {
@@ -100,7 +100,7 @@ def _scan(logs: pd.DataFrame, catalogue: Sequence[Signature]) -> list[dict[str, 
     # only the summary itself counts.
     summaries: list[tuple[int, int]] = []
     found: list[dict[str, Any]] = []
-    ordered = sorted(catalogue, key=lambda s: s.parser != "child_failed")
+    ordered = sorted(signatures, key=lambda s: s.parser != "child_failed")
     for sig in ordered:
         hits = pc.match_substring(text, sig.literal)
         for i in np.flatnonzero(hits.fill_null(False).to_numpy(zero_copy_only=False)):
@@ -248,8 +248,8 @@ def _child_failed(following: list[str]) -> tuple[int, dict[str, Any] | None]:
     return end, out
 
 
-def _nccl_warnings(nccl: pd.DataFrame, catalogue: Sequence[Signature]) -> list[dict[str, Any]]:
-    sig = next((s for s in catalogue if s.kind == "nccl_warn"), None)
+def _nccl_warnings(nccl: pd.DataFrame, signatures: Sequence[Signature]) -> list[dict[str, Any]]:
+    sig = next((s for s in signatures if s.kind == "nccl_warn"), None)
     if sig is None:
         return []
     warn = nccl[nccl["level"] == "WARN"]

@@ -30,7 +30,7 @@ from rankscope.collect._common import (
     read_bytes,
     split_lines,
 )
-from rankscope.rundir import RING_HEADER, RING_MAGIC, RING_SLOT, RING_VERSION
+from rankscope.rundir import RING_HEADER, RING_MAGIC, RING_SLOT, RING_SLOT_FIELDS, RING_VERSION
 
 READER = "events"
 RING_READER = "ring"
@@ -178,19 +178,9 @@ class _Life:
     """Its probe follows async calls' Works to completion (``done`` events)."""
 
 
-#: A ring slot as NumPy reads it (``rankscope.rundir.RING_SLOT``).
-_SLOT = np.dtype(
-    [
-        ("cid", "<u8"),
-        ("seq", "<i8"),
-        ("t", "<f8"),
-        ("t_end", "<f8"),
-        ("fid", "<u4"),
-        ("state", "<u4"),
-        ("tid", "<u8"),
-        ("pad", "V16"),
-    ]
-)
+#: A ring slot as NumPy reads it (``rankscope.rundir.RING_SLOT_FIELDS``).
+_FIELDS = [(name, "<" + code) for name, code in RING_SLOT_FIELDS]
+_SLOT = np.dtype([*_FIELDS, ("pad", f"V{RING_SLOT.size - np.dtype(_FIELDS).itemsize}")])
 assert _SLOT.itemsize == RING_SLOT.size
 
 

@@ -1,4 +1,4 @@
-"""The catalogue of known error signatures: one entry per signature, data only.
+"""The known error signatures: one entry per signature, data only.
 
 Each entry says what it is (``kind``), a plain substring that every matching line contains
 (``literal``, checked first and vectorised, so most lines are never regex-matched), the regex
@@ -120,7 +120,7 @@ SIGNATURES: tuple[Signature, ...] = (
         literal="Watchdog caught collective operation timeout",
         role="timeout",
         regex=_re(
-            r"(?:\[(?:PG (?:ID )?(?P<pg>\d+)[^\]]*? )?Rank (?P<reporting_rank>\d+)\] )?"
+            r"(?:\[(?:PG (?:ID )?(?P<pg>\d+)[^\]]*? )?Rank (?P<reporting_rank>\d+)\] +)?"
             r"Watchdog caught collective operation timeout: "
             r"WorkNCCL\((?:SeqNum=(?P<seq>\d+), )?OpType=(?P<op_type>\w+)"
             r"(?:, NumelIn=(?P<numel_in>\d+), NumelOut=(?P<numel_out>\d+))?"
@@ -140,7 +140,7 @@ SIGNATURES: tuple[Signature, ...] = (
         literal="detected by watchdog at work",
         role="abort",
         regex=_re(
-            r"(?:\[(?:PG (?:ID )?(?P<pg>\d+)[^\]]*? )?Rank (?P<reporting_rank>\d+)\] )?"
+            r"(?:\[(?:PG (?:ID )?(?P<pg>\d+)[^\]]*? )?Rank (?P<reporting_rank>\d+)\] +)?"
             r"(?:failure|Exception \(either an error or timeout\)) detected by watchdog at work"
             r"(?: sequence id)?: (?P<seq>\d+)"
             r"(?:,? (?:PG status: )?last enqueued (?:NCCL )?work: (?P<last_enqueued>-?\d+), "

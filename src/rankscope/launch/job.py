@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from rankscope.launch import slurm
-from rankscope.launch.evidence import capture_evidence
+from rankscope.launch.capture import capture_evidence
 from rankscope.launch.procs import pid_alive, terminate
 from rankscope.launch.spec import JobSpec, free_port, launch_commands, launch_files
 from rankscope.launch.tracker import RankTracker, doing_now, exit_text
@@ -172,7 +172,7 @@ class Job:
             _observe(run)
         data = run.read_run()
         try:
-            spec = JobSpec.from_dict(data["spec"])
+            spec = JobSpec.from_dict(data["spec"], recorded=True)
         except (KeyError, TypeError, ValueError) as exc:
             raise RunDirError(f"{run.run_json} has no usable job spec: {exc}") from exc
         job = cls(spec, detached=bool(data.get("detached")))
@@ -404,7 +404,7 @@ class Job:
 
         self.run.update_run(change)  # type: ignore[union-attr]
 
-    def _on_stall(self, kind: str, idle_s: float) -> None:
+    def _on_stall(self, kind: str, idle_s: float, proven: str | None = None) -> None:
         run, tracker = self.run, self._tracker
         assert run is not None and tracker is not None
         detected = time.time()
@@ -417,6 +417,7 @@ class Job:
             "kind": kind,
             "detected_at": detected,
             "idle_s": idle_s,
+            "proven": proven,
             "capture_id": manifest["id"] if manifest else None,
             "evidence_complete_at": manifest["completed_at"] if manifest else time.time(),
             "missing": manifest["missing"] if manifest else [],

@@ -15,6 +15,7 @@ process, so the probe records the same events whatever started it:
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import importlib.util
 import json
@@ -78,6 +79,10 @@ PRESETS: dict[str, Preset] = {
 DEFAULT_PRESETS = ("flight_recorder",)
 
 
+#: Set while a spec is read back from a run directory (:meth:`JobSpec.from_dict`).
+_RECORDED: contextvars.ContextVar[bool] = contextvars.ContextVar("recorded", default=False)
+
+
 @dataclass(frozen=True, kw_only=True)
 class JobSpec:
     """A small distributed job.
@@ -136,7 +141,7 @@ class JobSpec:
     def __post_init__(self) -> None:
         if (self.script is None) == (self.module is None):
             raise ValueError("JobSpec needs exactly one of script= or module=")
-        if self.script is not None:
+        if self.script is not None and not _RECORDED.get():
             path = Path(self.cwd or ".", self.script)
             if not path.is_file():
                 raise ValueError(f"script {str(path)!r} does not exist or is not a file")
@@ -239,9 +244,15 @@ class JobSpec:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> JobSpec:
+    def from_dict(cls, data: Mapping[str, Any], *, recorded: bool = False) -> JobSpec:
+        """The spec from :meth:`to_dict`'s dict. ``recorded``: a run directory's, read on a
+        machine where its script may not be (a run copied from a cluster): not checked."""
         known = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in known})
+        token = _RECORDED.set(recorded)
+        try:
+            return cls(**{k: v for k, v in data.items() if k in known})
+        finally:
+            _RECORDED.reset(token)
 
     def check_launcher_installed(self) -> None:
         """Raise ValueError, saying what to install, if the launcher's package is missing here."""

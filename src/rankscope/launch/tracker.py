@@ -10,6 +10,7 @@ its state (issued, started on the device) and the line where the rank waits."""
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import os
 import signal
@@ -19,7 +20,8 @@ from typing import Any
 import psutil
 
 from rankscope.launch.procs import RankProc
-from rankscope.rundir import EventTail, RankRecord, RunDir
+from rankscope.rundir import P2P_OPS, EventTail, RankRecord, RunDir
+from rankscope.waitfor import RankState
 
 #: A live rank outside every collective that used at least this share of a core since the last
 #: look (its main thread and the processes it started) is busy (computing, loading, saving,
@@ -30,6 +32,21 @@ BUSY_CPU_SHARE = 0.2
 #: (the attribute cache, 3 s and more), while an open revalidates it (close-to-open), so what
 #: a rank on another node wrote is seen within this, whatever the mount's caching.
 FULL_READ_S = 1.0
+
+
+#: What a record keeps for the stall prover alone (:meth:`RankTracker.states`), not shown.
+_PROVER_ONLY = frozenset(
+    {
+        "collectives",
+        "recent",
+        "numbered",
+        "sent",
+        "received",
+        "p2p_known",
+        "call_thread",
+        "threads",
+    }
+)
 
 
 def rank_status(record: RankRecord) -> str:
@@ -54,9 +71,15 @@ def snapshot(
     growing. A rank of a stopped job that ended of the stop's SIGTERM is ``stopped`` too.
     """
     now = time.time() if now is None else now
-    d = {k: v for k, v in dataclasses.asdict(record).items() if not k.startswith("_")}
+    d = {
+        f.name: copy.deepcopy(getattr(record, f.name))
+        for f in dataclasses.fields(record)
+        if not f.name.startswith("_") and f.name not in _PROVER_ONLY
+    }
     d["status"] = rank_status(record)
-    d["heartbeat_age_s"] = None if record.last_event_at is None else now - record.last_event_at
+    # an ended rank beats no more: the age of its last event says nothing
+    ended = record.ended or record.last_event_at is None
+    d["heartbeat_age_s"] = None if ended else now - record.last_event_at
     d["in_collective_s"] = (
         None if record.in_collective_since is None else now - record.in_collective_since
     )
@@ -66,10 +89,7 @@ def snapshot(
     if waits is not None and waits["started_s"] is not None:
         waits["started_for_s"] = max(0.0, now - waits["started_s"])
     d["waiting"] = waits
-    if (
-        waits is not None
-        and d["last_done"] == f"{waits['op']} (group {waits['pg']} #{waits['seq']})"
-    ):
+    if d["last_done"] in record.uncompleted():
         d["last_done"] = None  # nccl returned from it at enqueue: not completed
     stopped = job_ended is not None and job_ended.get("state") == "stopped"
     if job_ended is not None and not record.ended:
@@ -226,6 +246,9 @@ class RankTracker:
         #: When an update last read progress (monotonic). Whoever reads the events (the
         #: watchdog, a live panel through ``Job.ranks()``), the watchdog sees it here.
         self.progressed_at = time.monotonic()
+        #: Events read so far that change what a rank called or waits in (all but heartbeats):
+        #: the prover's facts changed since a look that saw fewer.
+        self.changes = 0
 
     def update(self) -> bool:
         """Read new events; return True if any rank made progress (started, completed,
@@ -252,6 +275,8 @@ class RankTracker:
             record = self.records[rank]
             for ev in tail.read():
                 progress |= record.apply(ev)
+                if ev.get("ev") != "heartbeat":
+                    self.changes += 1
         if progress:
             self.progressed_at = time.monotonic()
         return progress
@@ -339,9 +364,46 @@ class RankTracker:
                 busy |= (cpu - last[1]) / (now - last[0]) >= BUSY_CPU_SHARE
         return busy
 
+    def states(self) -> dict[int, RankState]:
+        """Every rank as the stall prover reads it (:func:`rankscope.waitfor.prove`): its
+        collectives in flight, the call its one calling thread is blocked in, what it called
+        and sent, and whether it ended cleanly. What the probe did not record (collectives torch
+        issues from C++, seen only in the flight recorder) is left out: it proves nothing."""
+        return {rank: _state(record) for rank, record in self.records.items()}
+
     def waiting_in_collective(self) -> bool:
         """A live rank is inside a collective."""
         return any(not s.ended and in_collective(s) for s in self.records.values())
+
+
+def _state(record: RankRecord) -> RankState:
+    sent = record.sent if record.p2p_known else None
+    common = {
+        "rank": record.rank,
+        "members": record.members,
+        "called": record.collectives,
+        "calls": record.recent,
+        "sent": sent,
+    }
+    if record.ended:
+        return RankState(**common, exited=0 if record.exit_code == 0 else None)
+    numbered = record.numbered
+    # Point-to-point calls are numbered apart: their seq is no collective's.
+    pending = [
+        (call[1], n)
+        for call in record.issued.values()
+        if call[0] not in P2P_OPS and (n := numbered.get((call[1], call[2]))) is not None
+    ]
+    blocked = receiving = None
+    if record.in_collective_since is not None:
+        n = None if record.op in P2P_OPS else numbered.get((record.pg, record.seq))
+        if n is not None:
+            pending.append((record.pg, n))
+            blocked = None if record.threads else (record.pg, n)
+        elif record.op == "recv" and record.p2p_known and not record.threads:
+            assert record.peer is not None  # a receive from any source is not p2p_known
+            receiving = (record.peer, record.received.get(record.peer, 0))
+    return RankState(**common, pending=tuple(pending), blocked=blocked, receiving=receiving)
 
 
 def _work_cpu(pid: int) -> float | None:

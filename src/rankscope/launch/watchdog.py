@@ -8,6 +8,12 @@ counted once every rank has started; or some rank has not started after the star
 rank outside every collective whose main thread is working is a straggler, not a hang: only
 ``BUSY_LIMIT`` stall timeouts of that count as a stall (a rank spinning in a loop it never
 leaves).
+
+Beside the timeout, the prover (:func:`rankscope.waitfor.prove`): at every look that read new
+calls while a rank waits (at most every ``PROVE_BUSY_S`` while the ranks make progress), the ranks' live state is asked whether it proves that no rank can
+progress (two calls at one place of a group that are not the same call, a peer that ended
+before making the call waited in, a cycle of ranks inside calls that wait for each other). When
+it does, the stall is ``proven`` at once, with the fact that proves it, whatever the timeout.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from dataclasses import dataclass
 
 from rankscope.launch.tracker import RankTracker
 from rankscope.rundir import FINAL_STATES, RunDir, RunDirError
+from rankscope.waitfor import prove
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +37,10 @@ BUSY_LIMIT = 10.0
 #: CPU counters tick coarsely: whether a rank outside the collectives works is looked at this
 #: often.
 CPU_LOOK_S = 0.5
+#: While the ranks make progress the prover looks at most this often (tens of milliseconds at
+#: a thousand ranks); a hang stops the progress of the ranks it holds, and the first look after
+#: that asks it.
+PROVE_BUSY_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -69,8 +80,9 @@ def stall_decision(look: Look, *, stall_timeout_s: float, startup_timeout_s: flo
 
 
 class Watchdog:
-    """Follows a job's ranks until the job ends and calls ``on_stall(kind, idle_s)`` once per
-    stall; ``set_state`` marks the job running again when progress resumes after one."""
+    """Follows a job's ranks until the job ends and calls ``on_stall(kind, idle_s, proven)``
+    once per stall (``proven``: the fact that proves a ``proven`` stall, else None);
+    ``set_state`` marks the job running again when progress resumes after one."""
 
     def __init__(
         self,
@@ -81,7 +93,7 @@ class Watchdog:
         stall_timeout_s: float,
         startup_timeout_s: float,
         lock: threading.Lock,
-        on_stall: Callable[[str, float], None],
+        on_stall: Callable[[str, float, str | None], None],
         on_new_ranks: Callable[[], None],
         set_state: Callable[..., None],
     ):
@@ -104,6 +116,8 @@ class Watchdog:
         next_cpu_look = 0.0
         stalled_at: float | None = None
         known: set[int] = set()
+        proved_upto = -1  # the tracker's changes at the prover's last look
+        next_proof = 0.0  # while the ranks progress, the prover's next look
         while not self.closing.is_set():
             try:
                 state = run.read_run()["state"]
@@ -116,8 +130,19 @@ class Watchdog:
                 # The startup timeout counts from when the job runs, not from its submission.
                 launched = busy_at = time.monotonic()
             with self.lock:
-                tracker.update()
+                progress = tracker.update()
                 new = set(tracker.records) - known
+                waiting = tracker.waiting_in_collective()
+                proven = None
+                if (
+                    waiting
+                    and stalled_at is None
+                    and state in ("running", "stalled")
+                    and tracker.changes != proved_upto
+                    and (not progress or time.monotonic() >= next_proof)
+                ):
+                    proved_upto, next_proof = tracker.changes, time.monotonic() + PROVE_BUSY_S
+                    proven = prove(tracker.states())
             now = time.monotonic()
             if new:
                 known |= new
@@ -129,7 +154,6 @@ class Watchdog:
                 log.info("%s: progress again after the stall", run.path.name)
                 stalled_at = None
                 self.set_state("running", only_from="stalled")
-            waiting = tracker.waiting_in_collective()
             if not waiting:
                 waiting_since = now
             if waiting and stalled_at is None and now >= next_cpu_look:
@@ -146,8 +170,8 @@ class Watchdog:
                 progressed_at=tracker.progressed_at,
                 busy_at=busy_at,
             )
-            kind = None
-            if stalled_at is None and state in ("running", "stalled"):
+            kind = "proven" if proven else None
+            if kind is None and stalled_at is None and state in ("running", "stalled"):
                 kind = stall_decision(
                     look,
                     stall_timeout_s=self.stall_timeout_s,
@@ -156,8 +180,12 @@ class Watchdog:
             if kind is not None:
                 idle = now - tracker.progressed_at
                 log.warning(
-                    "%s: stall (%s) after %.1f s without progress", run.path.name, kind, idle
+                    "%s: stall (%s) after %.1f s without progress%s",
+                    run.path.name,
+                    kind,
+                    idle,
+                    f"; proven: {proven}" if proven else "",
                 )
                 stalled_at = now
-                self.on_stall(kind, idle)
+                self.on_stall(kind, idle, proven)
             time.sleep(POLL_S)

@@ -222,7 +222,11 @@ def _with_hover(table: pd.DataFrame, *, culprits: list[int], inflight: np.ndarra
 def _hover(table: pd.DataFrame, op: pd.Series, dur: np.ndarray, inflight: np.ndarray) -> np.ndarray:
     number = text_or(table["seq"].fillna(table["p2p_seq"]))
     took = pd.Series(dur, index=table.index).map("{:.3f} s".format)
-    state = np.where(inflight, "in flight for ", "took ")
+    # a calls table says whether the device started it (nccl with timing): issued or started
+    started = table["state"].eq("started").to_numpy(dtype=bool) if "state" in table else False
+    state = np.where(
+        inflight, np.where(started, "started, in flight for ", "issued, in flight for "), "took "
+    )
     text = (
         "rank "
         + table["rank"].astype(str)

@@ -11,8 +11,8 @@ read where their arguments lie and recorded as plain C structs, with no Python o
 tensor's sizes and dtype are read from the tensor (``_meta.cpp``, built against the installed
 torch) and compared with the call site's last ones, where torch's getters would make a torch.Size
 at every call; other calls go to ``Probe._enter``, whose ``_Call`` becomes the same kind of
-record. Without the C the same steps run in ``Probe._python_wrapper``, a few microseconds more a
-call.
+record. Without the C the same steps run in Python (``_twins``: each C function's twin, in a
+table), a few microseconds more a call; the rank's log says so once, and why.
 
 The probe's daemon thread wakes every ``HEARTBEAT_S`` to write a heartbeat and turn the
 records into JSON lines appended to an ``O_APPEND`` descriptor (``State.write``, in C where
@@ -63,47 +63,47 @@ import faulthandler
 import functools
 import gc
 import inspect
-import itertools
 import json
-import mmap
 import os
 import pickle
 import signal
 import socket
-import struct
 import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
 from rankscope.probe import _values
+from rankscope.probe._twins import (
+    C_OFF,
+    _Call,
+    _Counter,
+    _enter_line,
+    _exit_line,
+    _fast,
+    _fragment,
+    _line,
+    _Lines,
+    _python_wrapper,
+    _Ring,
+    _seconds,
+    _Spec,
+    _State,
+)
 from rankscope.rundir import (
     DIST_ENV,
     ENV_RUN_DIR,
     P2P_OPS,
-    RING_HEADER,
-    RING_MAGIC,
-    RING_SLOT,
-    RING_SLOTS,
-    RING_VERSION,
     RunDir,
     atomic_write_bytes,
 )
-
-#: The wrapper in C (``_fast.c``), built at install where a compiler exists; without it, or with
-#: ``RANKSCOPE_PYTHON_PROBE=1`` in the environment, the same steps run in Python.
-_fast: Any = None
-if not os.environ.get("RANKSCOPE_PYTHON_PROBE"):
-    with contextlib.suppress(ImportError):
-        from rankscope.probe import _fast
 
 
 def _meta_reader() -> Any:
@@ -187,8 +187,6 @@ _INTERNAL_DIRS = (
 
 _probe: Probe | None = None
 
-#: Call ids and sequence numbers: the C wrappers bump a ``_fast.Counter`` without making ints.
-_Counter: Any = _fast.Counter if _fast is not None else itertools.count
 
 #: (is the NCCL recorder, dump function) for the recorders this torch build has.
 _DUMPS = [
@@ -222,6 +220,8 @@ class Probe:
         self._fr_seen: tuple[Any, Any] = (None, None)  # (what was uncompleted, its entries)
         # JSON fragments of lines: a facts id's enter fragment, (op, pg)'s exit fragment.
         self._static: dict[Any, str] = {}
+        self._enter_line = functools.partial(_enter_line, self._static, rank)
+        self._exit_line = functools.partial(_exit_line, self._static, rank)
         lines = _Lines(
             entered=self._entered,
             statics=self._static,
@@ -254,6 +254,7 @@ class Probe:
         self._pid = os.getpid()  # a forked child (a DataLoader worker) is not the rank
         self._thread = threading.Thread(target=self._loop, name="rankscope-probe", daemon=True)
         self._warmup: threading.Thread | None = None
+        self._symbolized = False  # a dump with stack traces was written (capture)
 
     # --- writing ----------------------------------------------------------------------------
     def emit(self, ev: str, **fields: Any) -> None:
@@ -306,39 +307,6 @@ class Probe:
             os.write(self._fd, line.encode())
         return fid
 
-    def _enter_line(self, call: _Call) -> str:
-        # Everything but the id, sequence number, thread and time is the call's facts, encoded
-        # once when they were new (_facts_id). _fast.c writes the same line.
-        static = self._static.get(call.fid)
-        if static is None:  # dropped from the bounded cache while the call was queued
-            static = _fragment(
-                call.op,
-                call.pg,
-                call.pg_desc,
-                call.pg_ranks,
-                call.peer,
-                call.shapes,
-                call.dtypes,
-                call.async_op,
-                call.site,
-            )
-        return (
-            f'{{"id":{call.cid},"seq":{call.seq},"tid":{call.tid},{static},"ev":"enter",'
-            f'"t":{_seconds(call.t)},"rank":{self.rank}}}\n'
-        )
-
-    def _exit_line(self, call: _Call, t_end: float, ok: bool, error: str | None) -> str:
-        key = (call.op, call.pg)
-        static = self._static.get(key)
-        if static is None:
-            static = f'"op":"{call.op}","pg":{_js(call.pg)}'
-            self._static[key] = static
-        return (
-            f'{{"id":{call.cid},{static},"seq":{call.seq},"dur_s":{_seconds(t_end - call.t)},'
-            f'"ok":{"true" if ok else "false"},"error":{_js(error)},"ev":"exit",'
-            f'"t":{_seconds(t_end)},"rank":{self.rank}}}\n'
-        )
-
     # --- lifecycle --------------------------------------------------------------------------
     def start(self) -> None:
         env = {
@@ -356,6 +324,13 @@ class Probe:
             works=True,  # async calls stay in flight until a "done" event (see _returned)
         )
         self.flush()
+        if _fast is None:  # said once, in the rank's log: a C path off costs every call
+            print(
+                "rankscope probe: collectives are recorded by the Python wrapper, not the C one: "
+                + (C_OFF or "the C wrapper was turned off in this process"),
+                file=sys.stderr,
+                flush=True,
+            )
         # A fatal signal (abort, segfault, bus error, illegal instruction) leaves every
         # thread's Python stack here; the collectors read it as a capture with that reason.
         faulthandler.enable(file=self._stacks, all_threads=True)
@@ -653,17 +628,28 @@ class Probe:
             # has done that, dump without them rather than wait on the import (the probe's
             # events carry every call site anyway).
             warm = self._warmup is not None and not self._warmup.is_alive()
+            # On nccl the first dump that holds entries with stack traces symbolizes them: 4.7 s
+            # on an H200 (torch 2.11), under a millisecond after. Answer with a dump without
+            # them first, then replace it (README, "Checked on a GPU").
+            later = warm and not self._symbolized and _backend_is_nccl()
+            written = []
             for nccl, fn in _DUMPS:
                 try:
-                    data = fn(includeStackTraces=warm)
+                    data = fn(includeStackTraces=warm and not later)
                 except Exception:
                     continue
                 if data:
                     path = self.run.fr_dump(self.rank, nccl=nccl)
                     atomic_write_bytes(path, data)
                     files.append(path.name)
+                    written.append((fn, path))
             self.emit("capture", id=capture_id, reason=reason, files=files)
             self.flush()
+        if later:
+            for fn, path in written:
+                with contextlib.suppress(Exception):
+                    atomic_write_bytes(path, fn(includeStackTraces=True))
+            self._symbolized = True
         return files
 
     # --- collectives ------------------------------------------------------------------------
@@ -710,56 +696,11 @@ class Probe:
         if name in ("init_process_group", "destroy_process_group"):
             after = self._groups_changed
         if isinstance(self._state, _State):  # made without the C extension
-            wrapper = self._python_wrapper(fn, spec, before, after)
+            wrapper = _python_wrapper(self, fn, spec, before, after)
         else:
             wrapper = _fast.Wrapper(fn, spec, self, before, after, torch.Tensor, _META)
         functools.update_wrapper(wrapper, fn)
         wrapper.__rankscope__ = True
-        return wrapper
-
-    def _python_wrapper(self, fn: Any, spec: _Spec, before: Any, after: Any) -> Any:
-        """The wrapper without the C extension; ``_fast.c`` does the same steps."""
-        local = self._local
-        state = self._state
-        ring = self._ring
-        returned = self._returned
-        clock = time.time
-
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            if getattr(local, "busy", False):  # a call made by another recorded call
-                return fn(*args, **kwargs)
-            local.busy = True
-            try:
-                if before is not None:
-                    before(args, kwargs)
-                try:
-                    call = self._enter(spec, args, kwargs, sys._getframe(1))
-                    ring.enter(call)  # in the file before anything can see the call in flight
-                    state.current = call
-                except Exception:  # the probe must never break the user's collective
-                    call = None
-                error = result = None
-                try:
-                    result = fn(*args, **kwargs)
-                    return result
-                except BaseException as exc:
-                    error = f"{type(exc).__name__}: {exc}"
-                    raise
-                finally:
-                    if after is not None:
-                        after()
-                    if call is not None:  # the exit record, inline: the hot path
-                        t_end = clock()
-                        ring.exit(call, t_end, error is None)
-                        if state.current is call:
-                            state.current = None
-                        state.done += 1
-                        if result is not None or call.async_op:
-                            returned.append((call.cid, result, call.async_op))
-                        state.append((call, t_end, error is None, error))
-            finally:
-                local.busy = False
-
         return wrapper
 
     def _enter(
@@ -889,115 +830,6 @@ class Probe:
         self.emit("step", step=self._step)
 
 
-class _Ring:
-    """A process's ``calls-<pid>.ring`` (layout in :mod:`rankscope.rundir`), mapped shared: what
-    is stored in it is in the file whatever becomes of the process. ``_fast.c`` writes the same
-    slots into the same map."""
-
-    def __init__(self, path: Path, rank: int, slots: int = RING_SLOTS):
-        size = RING_HEADER.size + slots * RING_SLOT.size
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            os.ftruncate(fd, size)
-            self.map = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-        finally:
-            os.close(fd)
-        for at in range(0, size, mmap.PAGESIZE):  # fault every page in now, not at a call
-            self.map[at] = 0
-        header = (RING_MAGIC, RING_VERSION, RING_SLOT.size, slots, os.getpid(), rank, time.time())
-        RING_HEADER.pack_into(self.map, 0, *header)
-        self.slots = slots
-
-    def _at(self, cid: int) -> int:
-        return RING_HEADER.size + cid % self.slots * RING_SLOT.size
-
-    def enter(self, call: _Call) -> None:
-        at = self._at(call.cid)
-        _U64.pack_into(self.map, at, 0)  # torn until the id is written again, last
-        RING_SLOT.pack_into(self.map, at, 0, call.seq, call.t, 0.0, call.fid, 0, call.tid)
-        _U64.pack_into(self.map, at, call.cid)
-
-    def exit(self, call: _Call, t_end: float, ok: bool) -> None:
-        at = self._at(call.cid)
-        if _U64.unpack_from(self.map, at)[0] == call.cid:  # not taken by a later call meanwhile
-            _F64.pack_into(self.map, at + _T_END, t_end)
-            _U32.pack_into(self.map, at + _STATE, 1 if ok else 2)
-
-
-_U64, _U32, _F64 = struct.Struct("<Q"), struct.Struct("<I"), struct.Struct("<d")
-_T_END, _STATE = 24, 36  # offsets in a RING_SLOT
-
-
-@dataclass
-class _Lines:
-    """How the queued records become lines: what :meth:`_State.write` formats with."""
-
-    entered: set[int]
-    """Calls whose enter line is written (at a flush while they were in flight)."""
-    statics: dict[Any, str]
-    """The JSON fragments of the calls' facts by facts id (see ``Probe._facts_id``)."""
-    enter_line: Callable[[_Call], str]
-    exit_line: Callable[[_Call, float, bool, str | None], str]
-    event_line: Callable[[dict[str, Any]], str]
-    rank: int
-    in_flight: Callable[[], str | None]
-    """The enter line of the call in flight, once; None when there is none to write."""
-
-
-class _State:
-    """What the wrappers and the probe thread share: the records queued for the next write,
-    the call in flight and the ring file."""
-
-    __slots__ = ("current", "done", "epoch", "lines", "queue", "ring")
-
-    def __init__(self, ring: _Ring | None, lines: _Lines) -> None:
-        self.queue: list[tuple[Any, ...]] = []  # records: (fields,) or (call, t_end, ok, error)
-        self.current: _Call | None = None  # the call in flight
-        self.done = 0  # calls completed
-        self.epoch = 0  # process groups created or destroyed (see Probe._groups_changed)
-        self.ring = ring  # the wrapper writes a call's slot at entry and exit
-        self.lines = lines
-
-    def append(self, record: tuple[Any, ...]) -> None:
-        self.queue.append(record)
-
-    def write(self, fd: int) -> None:
-        """Take every record queued and write their JSON lines to ``fd``, then the line of the
-        call in flight if there is one to write."""
-        records, self.queue = self.queue, []
-        lines = self.lines
-        out = []
-        for item in records:
-            if len(item) == 1:
-                out.append(lines.event_line(item[0]))
-                continue
-            call, t_end, ok, error = item
-            if call.cid in lines.entered:  # written at a flush while the call was in flight
-                lines.entered.discard(call.cid)
-            else:
-                out.append(lines.enter_line(call))
-            out.append(lines.exit_line(call, t_end, ok, error))
-        try:
-            out.append(lines.in_flight() or "")
-        finally:  # what is formatted is written even when in_flight() fails
-            data = memoryview("".join(out).encode())
-            while data:
-                data = data[os.write(fd, data) :]
-
-
-class _Spec(NamedTuple):
-    """What a wrapper knows about its function, worked out once when it is wrapped."""
-
-    name: str
-    group_at: int | None
-    peer: str | None
-    peer_at: int | None
-    async_at: int | None
-    always_async: bool
-    one_tensor: bool
-    p2p: bool  # numbered among the group's point-to-point calls, not its collectives
-
-
 #: Parameters of torch.distributed's functions that hold tensors or lists of tensors.
 _TENSOR_PARAMS = frozenset(
     {
@@ -1018,66 +850,6 @@ _TENSOR_PARAMS = frozenset(
 )
 
 
-class _Call(NamedTuple):
-    """One recorded call, as taken on the rank's hot path (formatted later, off it)."""
-
-    cid: int
-    seq: int
-    t: float
-    tid: int  # threading.get_ident() of the calling thread
-    # The call's "facts": what repeats from call to call at a call site.
-    op: str
-    pg: str | None
-    pg_desc: str | None
-    pg_ranks: list[int] | None
-    peer: Any
-    shapes: tuple[Any, ...]  # torch.Size objects
-    dtypes: tuple[Any, ...]  # torch.dtype objects
-    async_op: bool
-    site: tuple[str | None, int | None, str | None]  # file, line, function
-    fid: int  # the facts' id (Probe._facts_id)
-
-
-# The C reads a _Call and a _Spec by position, in the layouts it declares: it serves only where
-# they are these classes' fields (a field added or moved here, and the Python path runs).
-if _fast is not None and (
-    getattr(_fast, "CALL_FIELDS", None) != _Call._fields
-    or getattr(_fast, "SPEC_FIELDS", None) != _Spec._fields
-):
-    _fast = None
-
-
-def _fragment(
-    op: str,
-    pg: str | None,
-    pg_desc: str | None,
-    pg_ranks: list[int] | None,
-    peer: Any,
-    shapes: tuple[Any, ...],
-    dtypes: tuple[Any, ...],
-    async_op: bool,
-    site: tuple[str | None, int | None, str | None],
-) -> str:
-    """The JSON fields of a call's facts, without braces: its ``facts`` and ``enter`` lines'."""
-    return json.dumps(
-        {
-            "op": op,
-            "pg": pg,
-            "pg_desc": pg_desc,
-            "pg_ranks": pg_ranks,
-            "peer": peer,
-            "shapes": [list(s) for s in shapes],
-            "dtypes": [str(d).removeprefix("torch.") for d in dtypes],
-            "async_op": async_op,
-            "file": site[0],
-            "line": site[1],
-            "func": site[2],
-        },
-        separators=(",", ":"),
-        default=str,
-    )[1:-1]
-
-
 def _die_of(signum: int) -> None:
     """End the process by ``signum`` with its default action, as if no handler had caught it
     (torchrun then reports the signal), from any thread: Python's ``signal.signal`` may only be
@@ -1091,27 +863,6 @@ def _die_of(signum: int) -> None:
         time.sleep(5)  # delivered to some thread meanwhile
     finally:
         os._exit(128 + signum)
-
-
-def _js(value: Any) -> str:
-    if value is None:
-        return "null"
-    if type(value) is int:
-        return str(value)
-    return json.dumps(value, default=str)
-
-
-def _line(fields: dict[str, Any]) -> str:
-    return json.dumps(fields, separators=(",", ":"), default=str) + "\n"
-
-
-def _seconds(x: float) -> str:
-    """Seconds to the microsecond, as JSON (``_fast.c``'s ``put_seconds`` writes the same)."""
-    us = x * 1e6
-    if not abs(us) < 9e18:  # NaN too
-        return "null"
-    n = abs(round(us))
-    return f"{'-' if us < 0 and n else ''}{n // 1_000_000}.{n % 1_000_000:06d}"
 
 
 #: The first torch release checked to read TORCH_FR_BUFFER_SIZE and to warn, in every rank, that

@@ -1,7 +1,8 @@
 """Replay: turn a frozen job's evidence into a small CPU job that freezes the same way.
 
-``build(run)`` reads the calls the diagnosis was based on (the probe's events when the run has
-them: exact call sites; else torch's flight-recorder dumps), and writes a plain torch script (no
+``build(run)`` reads what the diagnosis was derived from (its ``context``: the calls, from the
+probe's events when the run has them, exact call sites, else torch's flight-recorder dumps; each
+group's members; the wait-for graph; each rank's facts), derives none of it again, and writes a plain torch script (no
 rankscope import) that issues every rank's collectives in the recorded order on gloo: the same
 process groups (created in the same order on every rank), ops, dtypes and shapes, up to the call
 where each rank was left, and ends each rank as the original ended (exit, raise, or stay alive
@@ -22,9 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rankscope.analyze import align, diagnose
+from rankscope.analyze import diagnose
 from rankscope.analyze.diagnosis import Diagnosis, compact_ranks
-from rankscope.analyze.evidence import Evidence
 from rankscope.collect import load_run
 from rankscope.replay import _plan
 from rankscope.replay._plan import WORLD, Plan
@@ -122,28 +122,25 @@ def build(
     if diagnosis is None:
         diagnosis = diagnose(run)
     _check_replayable(diagnosis, name)
-    calls = _plan.calls_of(run, diagnosis)
+    ctx = _plan.facts_of(run, diagnosis)
+    calls, members = ctx.calls, ctx.members
     source = _plan.source_of(calls)
-    ev = Evidence(run)
-    members = align.group_members(calls, world=ev.world)
     world = sorted(
-        set(ev.world)
+        set(ctx.ev.world)
         | set(calls["rank"].unique().tolist())
         | {r for m in members.values() for r in m}
     )
     # A rank with no record (no dump, no probe events) cannot be replayed: what it did is unknown.
-    evidence = set(calls["rank"].unique().tolist()) | set(diagnosis.culprit_ranks)
-    evidence |= {r for r, f in ev.ranks.items() if f.started}
-    evidence |= set(ev.table("pg_status")["rank"].dropna().astype(int).tolist())
+    evidence = ctx.evidence_ranks | set(diagnosis.culprit_ranks)
     silent = [r for r in world if r not in evidence]
     candidates = [r for r in world if r in evidence]
-    waits = _plan.waits_for(calls, members)
+    waits = {rank: set(w.waits_for) for rank, w in ctx.graph.waits.items()}
     kept = _plan.choose_ranks(candidates, diagnosis, waits, _plan.signatures(calls), ranks)
     new_rank = {r: i for i, r in enumerate(kept)}
     steps = _plan.steps_of(
         run, calls, kept, members, site_ranks=_site_sample(kept, diagnosis, calls)
     )
-    ends = _plan.ends_of(run, steps)
+    ends = _plan.ends_of(ctx.ev, steps)
     steps, trimmed, left = _plan.trim(steps, kept, new_rank)
     steps, dtype_notes = _plan.gloo_dtypes(steps)
     scaled: dict[tuple[int, ...], tuple[int, ...]] = {}

@@ -1,6 +1,7 @@
 """From a diagnosed run to a replay plan: which ranks, which groups, which calls, how each rank ends.
 
-The calls are the ones the analyzer built its diagnosis from (``Diagnosis.calls``): the probe's
+The calls, the groups' members, the wait-for graph and each rank's facts are the ones the analyzer
+built its diagnosis from (``Diagnosis.context``), read and not derived again. The calls: the probe's
 events (every call made from Python, exact call sites) and torch's flight recorder (the last
 entries of each rank's ring buffer, collectives torch issues from C++ included), merged into one
 sequence per rank. Each call's details (tensors, peers) are read from the row it came from.
@@ -18,15 +19,10 @@ from typing import Any
 import pandas as pd
 
 from rankscope.analyze import align
-from rankscope.analyze.calls import (
-    calls_from_flight_recorder,
-    calls_from_probe,
-    fr_sites,
-    merge_calls,
-)
+from rankscope.analyze.calls import fr_sites
+from rankscope.analyze.context import Context
 from rankscope.analyze.diagnosis import Diagnosis, compact_ranks
 from rankscope.analyze.evidence import Evidence
-from rankscope.analyze.waits import wait_graph
 from rankscope.replay._ops import GLOO_DTYPES, OPS, OpSpec, dtype_name, op_spec
 
 WORLD = "0"
@@ -129,12 +125,12 @@ class Plan:
 
 
 # --- the calls -------------------------------------------------------------------------------
-def calls_of(run: Any, diagnosis: Diagnosis) -> pd.DataFrame:
-    """The calls the diagnosis was built from; made again when it does not carry them."""
-    if diagnosis.calls is not None:
-        return diagnosis.calls
-    probe, fr = run.collectives, run.flight_recorder
-    return merge_calls(calls_from_probe(probe), calls_from_flight_recorder(fr))
+def facts_of(run: Any, diagnosis: Diagnosis) -> Context:
+    """What the diagnosis was derived from (its ``context``); derived here, the same way, only
+    for a diagnosis that does not carry it (one made by hand)."""
+    if diagnosis.context is not None:
+        return diagnosis.context
+    return Context(Evidence(run), straggler_s=1.0)
 
 
 def source_of(calls: pd.DataFrame) -> str:
@@ -404,10 +400,9 @@ def _frames(run: Any, ranks: set[int]) -> pd.DataFrame | None:
         return None
 
 
-def ends_of(run: Any, steps: Mapping[int, list[Step]]) -> dict[int, End]:
+def ends_of(ev: Evidence, steps: Mapping[int, list[Step]]) -> dict[int, End]:
     """How each rank's record ends, from its last call and what the evidence says of its
     process (exit code, exception, last stack)."""
-    ev = Evidence(run)
     facts = ev.ranks
     out = {}
     for rank, mine in steps.items():
@@ -447,14 +442,6 @@ def _same(a: str, b: str | None) -> bool:
 
 
 # --- which ranks -----------------------------------------------------------------------------
-def waits_for(calls: pd.DataFrame, members: Mapping[str, Sequence[int]]) -> dict[int, set[int]]:
-    """For each rank left inside a call: the ranks that kept it there (the analyzer's wait-for
-    graph: those of the group that never made the call, or made a different one; the peer of a
-    p2p call)."""
-    graph = wait_graph(calls, members=members)
-    return {rank: set(w.waits_for) for rank, w in graph.waits.items()}
-
-
 def choose_ranks(
     world: Sequence[int],
     diagnosis: Diagnosis,

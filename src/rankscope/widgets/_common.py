@@ -132,11 +132,9 @@ def set_figure(out: widgets.Output, fig: go.Figure) -> None:
 
 
 def scenarios() -> list[Any]:
-    """The scenario catalogue (:func:`rankscope.scenarios.catalogue`), empty where it is
-    missing. Entries have ``id``, ``title``, ``path``, ``args``, ``nproc_per_node``, ``nnodes``,
-    ``presets`` and ``stall_timeout_s``."""
-    try:
-        from rankscope.scenarios import catalogue
-    except ImportError:
-        return []
+    """The scenario catalogue (:func:`rankscope.scenarios.catalogue`). Entries have ``id``,
+    ``title``, ``path``, ``args``, ``nproc_per_node``, ``nnodes``, ``presets`` and
+    ``stall_timeout_s``."""
+    from rankscope.scenarios import catalogue
+
     return catalogue()

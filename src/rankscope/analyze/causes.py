@@ -1,15 +1,24 @@
-"""What each cause means: the verdict it gives, its recipe, a one-line reason and the fix.
+"""The causes a diagnosis can name: each a constant of :class:`Cause`, with its entry (the
+verdict it gives, its recipe, a one-line reason and the fix).
 
 Recipes are those of the guide in ``seeds/002`` (D1-D23). The reason is a template filled from the
 facts of one diagnosis (see :func:`explain`); the fix is advice in our own words. A template
 names only facts every diagnosis of its cause has; what may be unknown (a call site) comes as a
-phrase that is empty when unknown (``culprit_at``: `` at train.py:12`` or nothing).
+phrase that is empty when unknown (``culprit_at``: `` at train.py:12`` or nothing). The facts
+a template names are :attr:`Cause.facts`; a rule's :class:`~rankscope.analyze.rules.Finding`
+must set them all (its constructor checks), so a misspelt key fails at once instead of rendering
+as "unknown".
+
+A new cause: a member of :class:`Cause`, its :class:`Entry` in :data:`ENTRIES`, and the rule that
+decides it (see :mod:`rankscope.analyze.rules`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from enum import StrEnum
+from string import Formatter
 from typing import Any, Literal
 
 Verdict = Literal["ok", "hang", "crash", "launch_error", "unknown"]
@@ -19,10 +28,9 @@ VERDICTS: tuple[Verdict, ...] = ("ok", "hang", "crash", "launch_error", "unknown
 
 
 @dataclass(frozen=True, kw_only=True)
-class Cause:
-    """One entry of the catalogue."""
+class Entry:
+    """What a cause means: one entry of :data:`ENTRIES`."""
 
-    name: str
     verdict: Verdict
     recipe: str | None
     title: str
@@ -32,9 +40,79 @@ class Cause:
     """The advice; a template too where it depends on what the culprit was doing."""
 
 
-_CAUSES = (
-    Cause(
-        name="op_mismatch",
+class Cause(StrEnum):
+    """A cause a rule can name; equal to its name as a string (the ``cause`` of a
+    :class:`~rankscope.analyze.Diagnosis` and of ``diagnosis.json``). Its entry's fields read as
+    its own (``Cause.oom.verdict``)."""
+
+    op_mismatch = "op_mismatch"
+    shape_mismatch = "shape_mismatch"
+    dtype_mismatch = "dtype_mismatch"
+    root_mismatch = "root_mismatch"
+    rank_conditional_collective = "rank_conditional_collective"
+    early_exit = "early_exit"
+    uneven_inputs = "uneven_inputs"
+    stuck_outside = "stuck_outside"
+    ddp_model_mismatch = "ddp_model_mismatch"
+    busy_outside = "busy_outside"
+    lagging_rank = "lagging_rank"
+    stream_stuck = "stream_stuck"
+    rank_crashed = "rank_crashed"
+    rank_killed = "rank_killed"
+    nan = "nan"
+    oom = "oom"
+    ddp_unused_parameters = "ddp_unused_parameters"
+    p2p_cycle = "p2p_cycle"
+    straggler = "straggler"
+    silent_rank = "silent_rank"
+    stuck_collective = "stuck_collective"
+    collective_timeout = "collective_timeout"
+    env_contract_missing = "env_contract_missing"
+    address_in_use = "address_in_use"
+    invalid_device_ordinal = "invalid_device_ordinal"
+    duplicate_gpu = "duplicate_gpu"
+    rendezvous_timeout = "rendezvous_timeout"
+    hostfile_invalid = "hostfile_invalid"
+    launch_failed = "launch_failed"
+
+    @property
+    def entry(self) -> Entry:
+        return ENTRIES[self]
+
+    @property
+    def verdict(self) -> Verdict:
+        return self.entry.verdict
+
+    @property
+    def recipe(self) -> str | None:
+        return self.entry.recipe
+
+    @property
+    def title(self) -> str:
+        return self.entry.title
+
+    @property
+    def reason(self) -> str:
+        return self.entry.reason
+
+    @property
+    def fix(self) -> str:
+        return self.entry.fix
+
+    @property
+    def facts(self) -> frozenset[str]:
+        """The facts its reason and fix name."""
+        return frozenset(
+            field
+            for text in (self.reason, self.fix)
+            for _, field, _, _ in Formatter().parse(text)
+            if field
+        )
+
+
+#: Each cause's entry.
+ENTRIES: Mapping[Cause, Entry] = {
+    Cause.op_mismatch: Entry(
         verdict="hang",
         recipe="D19",
         title="collective op mismatch",
@@ -43,8 +121,7 @@ _CAUSES = (
         fix="Make every rank issue the same collectives in the same order; rerun with "
         "TORCH_DISTRIBUTED_DEBUG=DETAIL (the 'detail' preset) so torch names the mismatch at once.",
     ),
-    Cause(
-        name="shape_mismatch",
+    Cause.shape_mismatch: Entry(
         verdict="hang",
         recipe="D19",
         title="shape mismatch",
@@ -53,8 +130,7 @@ _CAUSES = (
         fix="Give the collective tensors of the same shape on every rank (pad, or all-gather "
         "the sizes first); the 'detail' preset checks shapes before each collective.",
     ),
-    Cause(
-        name="dtype_mismatch",
+    Cause.dtype_mismatch: Entry(
         verdict="hang",
         recipe="D19",
         title="dtype mismatch",
@@ -63,8 +139,7 @@ _CAUSES = (
         fix="Cast to one dtype on every rank before the collective (mixed-precision settings "
         "must match across ranks); the 'detail' preset checks dtypes too.",
     ),
-    Cause(
-        name="root_mismatch",
+    Cause.root_mismatch: Entry(
         verdict="hang",
         recipe="D19",
         title="the ranks disagree on the root",
@@ -74,8 +149,7 @@ _CAUSES = (
         "group_src/group_dst or torch.distributed.get_global_rank(group, r), not the rank "
         "within the group; the 'detail' preset checks the collectives first.",
     ),
-    Cause(
-        name="rank_conditional_collective",
+    Cause.rank_conditional_collective: Entry(
         verdict="hang",
         recipe="D21",
         title="rank-conditional collective",
@@ -84,8 +158,7 @@ _CAUSES = (
         fix="Call collectives on every rank unconditionally and gate only the side effect "
         "(logging, saving) on the rank; look for collectives hidden in `if rank == 0:` blocks.",
     ),
-    Cause(
-        name="early_exit",
+    Cause.early_exit: Entry(
         verdict="hang",
         recipe="D9",
         title="rank exited early (uneven inputs)",
@@ -94,8 +167,7 @@ _CAUSES = (
         fix="Give every rank the same number of steps (DistributedSampler with the same "
         "drop_last everywhere), or wrap the loop in torch.distributed.algorithms.Join.",
     ),
-    Cause(
-        name="uneven_inputs",
+    Cause.uneven_inputs: Entry(
         verdict="hang",
         recipe="D9",
         title="a rank ran out of data (uneven inputs)",
@@ -106,8 +178,7 @@ _CAUSES = (
         "torch.distributed.algorithms.Join; a loader whose length differs per rank is recipe "
         "D22.",
     ),
-    Cause(
-        name="stuck_outside",
+    Cause.stuck_outside: Entry(
         verdict="hang",
         recipe="D19",
         title="a rank is stuck outside the collectives",
@@ -115,8 +186,7 @@ _CAUSES = (
         "{culprit_doing}",
         fix="{wait_fix}",
     ),
-    Cause(
-        name="ddp_model_mismatch",
+    Cause.ddp_model_mismatch: Entry(
         verdict="crash",
         recipe="D19",
         title="DDP was given a different model on some rank",
@@ -127,8 +197,7 @@ _CAUSES = (
         "or a checkpoint that depends on the rank or on a file only some ranks read, and "
         "broadcast such a decision from rank 0.",
     ),
-    Cause(
-        name="busy_outside",
+    Cause.busy_outside: Entry(
         verdict="hang",
         recipe=None,
         title="a rank computes without end outside the collectives",
@@ -139,8 +208,7 @@ _CAUSES = (
         "Bound the loop (a maximum number of iterations), decide its exit on every rank alike "
         "(all-reduce the condition), or raise the stall timeout if the rank is only slow.",
     ),
-    Cause(
-        name="lagging_rank",
+    Cause.lagging_rank: Entry(
         verdict="hang",
         recipe="D19",
         title="a rank never joined the collective",
@@ -149,8 +217,7 @@ _CAUSES = (
         fix="Look at what that rank was doing instead (its stacks, its last log lines): it is "
         "stuck or busy outside the collective; TORCH_DISTRIBUTED_DEBUG=DETAIL names it at once.",
     ),
-    Cause(
-        name="stream_stuck",
+    Cause.stream_stuck: Entry(
         verdict="hang",
         recipe="D19",
         title="a rank's stream never reached the collective",
@@ -163,8 +230,7 @@ _CAUSES = (
         "recorded, a custom op that blocks. py-spy dump --native shows the host side; "
         "CUDA_LAUNCH_BLOCKING=1 makes the stuck kernel show at its launch.",
     ),
-    Cause(
-        name="rank_crashed",
+    Cause.rank_crashed: Entry(
         verdict="crash",
         recipe="D20",
         title="a rank crashed",
@@ -173,8 +239,7 @@ _CAUSES = (
         "waited for it. With nccl, TORCH_NCCL_ASYNC_ERROR_HANDLING=1 makes the peers abort "
         "promptly.",
     ),
-    Cause(
-        name="rank_killed",
+    Cause.rank_killed: Entry(
         verdict="crash",
         recipe="D20",
         title="a rank was killed",
@@ -185,8 +250,7 @@ _CAUSES = (
         "Host memory is the usual suspect: data-loader workers, pinned buffers, a rank that "
         "loads more than the others.",
     ),
-    Cause(
-        name="nan",
+    Cause.nan: Entry(
         verdict="crash",
         recipe="D20",
         title="a rank hit NaN",
@@ -195,8 +259,7 @@ _CAUSES = (
         fix="Find why this rank's values became NaN (its data shard, learning rate, precision); "
         "lowering the batch size does not fix one rank's data bug.",
     ),
-    Cause(
-        name="oom",
+    Cause.oom: Entry(
         verdict="crash",
         recipe="D20",
         title="a rank ran out of memory",
@@ -204,8 +267,7 @@ _CAUSES = (
         fix="Cut this rank's peak memory: uneven sample lengths put the largest batch on one "
         "rank; shard or checkpoint activations rather than waiting out the hang.",
     ),
-    Cause(
-        name="ddp_unused_parameters",
+    Cause.ddp_unused_parameters: Entry(
         verdict="crash",
         recipe="D8",
         title="DDP reduction never finished (unused parameters)",
@@ -213,8 +275,7 @@ _CAUSES = (
         fix="Make every output take part in the loss; only if a branch is unused by design, "
         "pass find_unused_parameters=True to DistributedDataParallel (it costs a graph walk).",
     ),
-    Cause(
-        name="p2p_cycle",
+    Cause.p2p_cycle: Entry(
         verdict="hang",
         recipe="D19",
         title="point-to-point cycle",
@@ -223,8 +284,7 @@ _CAUSES = (
         fix="Order the calls so one side sends while the other receives (for example even ranks "
         "send first), or post both with isend/irecv (batch_isend_irecv) and wait on both.",
     ),
-    Cause(
-        name="straggler",
+    Cause.straggler: Entry(
         verdict="ok",
         recipe="D23",
         title="straggler",
@@ -233,8 +293,7 @@ _CAUSES = (
         fix="Not a hang: balance the slow rank's work (data loading, rank-0-only eval or "
         "saving), and tell slow from stuck with the step counter before raising timeouts.",
     ),
-    Cause(
-        name="silent_rank",
+    Cause.silent_rank: Entry(
         verdict="hang",
         recipe="D19",
         title="a rank left no evidence",
@@ -243,8 +302,7 @@ _CAUSES = (
         fix="Get that rank's evidence (flight-recorder dump, stacks, logs): it may have died or "
         "hung before its recorder started; keep the flight recorder on for every rank.",
     ),
-    Cause(
-        name="stuck_collective",
+    Cause.stuck_collective: Entry(
         verdict="hang",
         recipe="D19",
         title="every rank is inside the same collective",
@@ -253,8 +311,7 @@ _CAUSES = (
         fix="The ranks agree, so look below Python: the transport (NCCL_DEBUG=INFO, the network "
         "between hosts), a device fault, or native stacks (py-spy dump --native).",
     ),
-    Cause(
-        name="collective_timeout",
+    Cause.collective_timeout: Entry(
         verdict="hang",
         recipe="D19",
         title="collectives timed out",
@@ -263,8 +320,7 @@ _CAUSES = (
         fix="Capture evidence from every rank before the timeout (flight recorder, stacks): "
         "the rank that is missing or different there is the one to fix.",
     ),
-    Cause(
-        name="env_contract_missing",
+    Cause.env_contract_missing: Entry(
         verdict="launch_error",
         recipe="D1",
         title="the rank/world-size environment is missing",
@@ -272,8 +328,7 @@ _CAUSES = (
         fix="Launch through torchrun, which sets RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and "
         "MASTER_PORT for every process, or set them yourself.",
     ),
-    Cause(
-        name="address_in_use",
+    Cause.address_in_use: Entry(
         verdict="launch_error",
         recipe="D4",
         title="port already in use",
@@ -281,8 +336,7 @@ _CAUSES = (
         fix="Give each job on a host its own port (--master-port, or --rdzv-endpoint "
         "localhost:0 to let torchrun pick one), and stop leftovers of earlier runs.",
     ),
-    Cause(
-        name="invalid_device_ordinal",
+    Cause.invalid_device_ordinal: Entry(
         verdict="launch_error",
         recipe="D3",
         title="invalid device ordinal",
@@ -290,8 +344,7 @@ _CAUSES = (
         fix="Select the device with LOCAL_RANK, not RANK: "
         "torch.cuda.set_device(int(os.environ['LOCAL_RANK'])).",
     ),
-    Cause(
-        name="duplicate_gpu",
+    Cause.duplicate_gpu: Entry(
         verdict="launch_error",
         recipe="D3",
         title="two ranks on one GPU",
@@ -301,8 +354,7 @@ _CAUSES = (
         "exists: torch.cuda.set_device(int(os.environ['LOCAL_RANK'])), not RANK and not a "
         "fixed index. rankscope run refuses more nccl ranks per node than visible GPUs.",
     ),
-    Cause(
-        name="rendezvous_timeout",
+    Cause.rendezvous_timeout: Entry(
         verdict="launch_error",
         recipe="D2",
         title="the rendezvous timed out",
@@ -311,8 +363,7 @@ _CAUSES = (
         "from every node) and the same --nnodes, all within the join timeout; a single node "
         "needs none of it: torchrun --standalone.",
     ),
-    Cause(
-        name="hostfile_invalid",
+    Cause.hostfile_invalid: Entry(
         verdict="launch_error",
         recipe="D6",
         title="the DeepSpeed hostfile is invalid",
@@ -321,8 +372,7 @@ _CAUSES = (
         "(not `host:N`), each host once; on a single node, drop the hostfile and pass "
         "--num_gpus instead.",
     ),
-    Cause(
-        name="launch_failed",
+    Cause.launch_failed: Entry(
         verdict="launch_error",
         recipe=None,
         title="the process group never formed",
@@ -330,40 +380,39 @@ _CAUSES = (
         fix="Read the failing rank's error and launcher.log: the ranks failed while setting up "
         "(rendezvous, store, backend) before their first collective.",
     ),
-)
+}
 
-#: The catalogue: cause name -> :class:`Cause`.
-CAUSES: Mapping[str, Cause] = {c.name: c for c in _CAUSES}
+#: Facts the driver (:func:`rankscope.analyze.diagnose`) adds to every finding's own: the ranks
+#: named, and each site as a phrase (`` at train.py:12`` or nothing).
+DRIVER_FACTS = frozenset({"culprits", "others", "culprit_at", "other_at"})
 
-#: Error kinds (the collectors' catalogue keys) that name a launch problem, by cause.
-LAUNCH_KINDS: Mapping[str, str] = {
-    "env_missing": "env_contract_missing",
-    "address_in_use": "address_in_use",
-    "invalid_device_ordinal": "invalid_device_ordinal",
-    "nccl_duplicate_gpu": "duplicate_gpu",
-    "deepspeed_hostfile": "hostfile_invalid",
-    "rendezvous_timeout": "rendezvous_timeout",
+#: Cause name -> :class:`Cause`.
+CAUSES: Mapping[str, Cause] = {c.value: c for c in Cause}
+
+#: Error kinds (the collectors' signature kinds) that name a launch problem, by cause.
+LAUNCH_KINDS: Mapping[str, Cause] = {
+    "env_missing": Cause.env_contract_missing,
+    "address_in_use": Cause.address_in_use,
+    "invalid_device_ordinal": Cause.invalid_device_ordinal,
+    "nccl_duplicate_gpu": Cause.duplicate_gpu,
+    "deepspeed_hostfile": Cause.hostfile_invalid,
+    "rendezvous_timeout": Cause.rendezvous_timeout,
 }
 
 #: Error kinds that are a primary failure of the rank that logged them, by cause.
-FAILURE_KINDS: Mapping[str, str] = {
-    "cuda_oom": "oom",
-    "cuda_error": "rank_crashed",
-    "ddp_unused_parameters": "ddp_unused_parameters",
+FAILURE_KINDS: Mapping[str, Cause] = {
+    "cuda_oom": Cause.oom,
+    "cuda_error": Cause.rank_crashed,
+    "ddp_unused_parameters": Cause.ddp_unused_parameters,
 }
 
 
 def explain(cause: str, facts: Mapping[str, Any]) -> str:
-    """The cause's one-line reason filled from ``facts``; a fact that is not there reads as
-    ``unknown`` (a template names only facts its cause always has)."""
-    return CAUSES[cause].reason.format_map(_Facts(facts))
+    """The cause's one-line reason filled from ``facts``, which hold every fact it names
+    (:attr:`Cause.facts`)."""
+    return CAUSES[cause].reason.format_map(facts)
 
 
 def fix_for(cause: str, facts: Mapping[str, Any]) -> str:
     """The cause's advice, filled from ``facts`` where it depends on them."""
-    return CAUSES[cause].fix.format_map(_Facts(facts))
-
-
-class _Facts(dict):
-    def __missing__(self, key: str) -> str:
-        return "unknown"
+    return CAUSES[cause].fix.format_map(facts)

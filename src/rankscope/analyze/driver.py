@@ -1,10 +1,10 @@
 """``diagnose()``: from the collected tables of one job to one :class:`Diagnosis`.
 
 A short driver: it derives the run's facts once (:class:`~rankscope.analyze.context.Context`),
-asks the rules in their order (:data:`~rankscope.analyze.rules.RULES`, whose docstring says
-which comes first and why), and the first that answers decides. With no answer, the job is
-``ok`` only if the evidence shows it healthy; a rank that ended in a way nothing explains, or no
-record at all, is ``unknown``. Ranks that are victims (their own error texts name a peer's exit,
+asks the rules in their order (:func:`~rankscope.analyze.rules.rules_for`: the package's
+docstring says which comes first and why), and the first that answers decides. With no answer,
+the job is ``ok`` only if the evidence shows it healthy; a rank that ended in a way nothing
+explains, or no record at all, is ``unknown``. Ranks that are victims (their own error texts name a peer's exit,
 a mismatch or a timeout, or a call of theirs failed) and ranks ended by a teardown or a stop are
 never culprits for that.
 """
@@ -15,12 +15,13 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from rankscope.analyze.catalogue import CAUSES, Verdict, explain, fix_for
-from rankscope.analyze.context import Context, at, who_of
-from rankscope.analyze.diagnosis import Diagnosis
+from rankscope.analyze.causes import CAUSES, Verdict, explain, fix_for
+from rankscope.analyze.context import Context
+from rankscope.analyze.diagnosis import Diagnosis, who_of
 from rankscope.analyze.evidence import Evidence
 from rankscope.analyze.parting import RANK_ENV, Parting
-from rankscope.analyze.rules import RULES, Finding, Rule, straggler
+from rankscope.analyze.rules import RULES, Finding, Rule, rules_for
+from rankscope.analyze.wording import at
 from rankscope.collect import load_run
 from rankscope.rundir import RunDir
 
@@ -34,11 +35,12 @@ def diagnose(run: Any, *, straggler_s: float = 1.0, rules: Sequence[Rule] = RULE
             :func:`rankscope.collect.load_run`.
         straggler_s: a rank that reaches a completed collective this many seconds after the
             first rank is reported as a straggler.
-        rules: the rules to ask, in order (:data:`rankscope.analyze.rules.RULES`).
+        rules: the rules to ask, in order (:data:`rankscope.analyze.rules.RULES`); of a job whose
+            every rank exited 0, only :data:`~rankscope.analyze.rules.ON_CLEAN_EXIT`.
 
     Returns:
-        The :class:`Diagnosis`, with the calls table it was built from (``calls``); nothing is
-        written (see :func:`write_diagnosis`).
+        The :class:`Diagnosis`, with the calls table it was built from (``calls``) and the
+        facts derived from it (``context``); nothing is written (see :func:`write_diagnosis`).
     """
     if straggler_s <= 0:
         raise ValueError(f"straggler_s must be positive, got {straggler_s}")
@@ -48,13 +50,7 @@ def diagnose(run: Any, *, straggler_s: float = 1.0, rules: Sequence[Rule] = RULE
     unreadable = _require_evidence(ctx)
     if unreadable is not None:
         return unreadable
-    codes = [f.exit_code for f in ctx.facts.values()]  # one per rank of the world
-    if codes and all(c == 0 for c in codes):
-        # Whatever the flight recorder still lists as in flight (DDP's last bucket is often
-        # never retired), a job whose every rank exited 0 did not hang.
-        finding = straggler(ctx)
-        return _diagnosis(ctx, finding) if finding else _healthy(ctx)
-    for rule in rules:
+    for rule in rules_for(ctx, rules):
         finding = rule(ctx)
         if finding is not None:
             return _diagnosis(ctx, finding)
@@ -72,7 +68,9 @@ def _diagnosis(ctx: Context, f: Finding) -> Diagnosis:
     facts["other_at"] = at(facts.get("other_site"))
     reason = explain(f.cause, facts)
     summary = f"{cause.title[0].upper()}{cause.title[1:]}: {reason.rstrip('.')}."
-    parting, notes = None, list(f.notes)
+    # The watchdog's proof that the job could not move again (rankscope.waitfor.prove).
+    notes = [f"proven: {s['proven']}" for s in ctx.ev.stalls[-1:] if s.get("proven")]
+    parting, notes = None, notes + list(f.notes)
     others = f.waiting or (
         sorted(set(f.collective.pg_ranks) - set(f.culprits)) if f.collective else []
     )
@@ -100,6 +98,7 @@ def _diagnosis(ctx: Context, f: Finding) -> Diagnosis:
         notes=notes + ctx.aftermath(f.culprits) + ctx.launcher_notes(f.culprits),
         run=ctx.ev.path,
         calls=ctx.calls,
+        context=ctx,
     )
 
 
@@ -181,6 +180,7 @@ def _causeless(
         notes=notes,
         run=ctx.ev.path,
         calls=ctx.calls,
+        context=ctx,
     )
 
 

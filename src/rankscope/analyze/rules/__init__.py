@@ -1,0 +1,166 @@
+"""The rules of a diagnosis: each a function of a :class:`~rankscope.analyze.context.Context`
+that answers with a :class:`Finding` or passes (``None``), grouped by family, one file each.
+
+The order (:func:`rules_for`; the first that answers decides):
+
+0. Every rank exited 0: whatever the flight recorder still lists as in flight (DDP's last bucket
+   is often never retired), the job did not hang; only ``straggler`` is asked
+   (:data:`ON_CLEAN_EXIT`). Otherwise :data:`RULES`, in this order:
+1. ``launch_error`` (:mod:`.launch`): the ranks never formed a group (environment, port,
+   rendezvous, hostfile).
+2. ``model_mismatch`` (:mod:`.failures`): DDP's constructor found models that differ across
+   ranks; its texts name each rank's parameters, and the odd ones out are the culprits (every
+   rank raised).
+3. ``reported_failure`` (:mod:`.failures`): a rank reported a failure of its own (an exception
+   outside any collective, an OOM, a NaN, DDP's reduction error) and left the others waiting.
+4. ``mismatch`` (:mod:`.mismatch`): ranks called different collectives (op, shapes, dtype) where
+   their sequences first part. This comes before any death: a mismatch can kill a rank (gloo
+   aborts one that receives more bytes than it expects), which is then its victim.
+5. ``signal_death`` (:mod:`.failures`): a rank died of a signal (SIGKILL, SIGSEGV, SIGABRT, ...)
+   that no text of its own blames on a peer.
+6. ``stream_stuck`` (:mod:`.stream`): a collective that some ranks' devices started and others'
+   never did (nccl with timing, from the recorder's entry states): those ranks' streams are held
+   by earlier work.
+7. ``waits`` (:mod:`.waits`): the wait-for graph across every group leads to the culprit: a rank
+   waited on that waits for nobody (what was it doing instead: exited, crashed, out of data,
+   blocked on a lock or a sleep, busy elsewhere, silent), or, where every rank waits, the rank of
+   a cycle that left the program order the others share (a skipped call, a point-to-point
+   cycle), or every rank stuck in one collective.
+8. ``errors_only`` (:mod:`.errors`): no record of calls says anything, the error texts may (DETAIL
+   fingerprints, monitored_barrier, timeouts in foreign logs).
+9. ``bare_exit`` (:mod:`.failures`): a rank exited non-zero and nothing else says why.
+10. ``straggler`` (:mod:`.straggler`): every collective completed, but one rank arrived far behind
+    (``ok``).
+
+A rule is a plain function: test it on a context built from tables (see the tests). It returns a
+new :class:`Finding` and changes none after. Each cause is named in one function alone (a test
+checks), which decides it; where several rules reach one cause (a branch some ranks took is seen
+where the sequences part, in the stacks, or in a cycle of waits), they call that function, which
+returns a :class:`Decided` (the cause, its culprits, the facts it adds, its notes) for the rule
+to build its finding from:
+
+==================================================  ===========================================
+cause                                               decided in
+==================================================  ===========================================
+the launch causes (by error kind), launch_failed    :func:`.launch.launch_error`
+ddp_model_mismatch                                  :func:`.failures.model_mismatch`
+oom, nan, rank_crashed, rank_killed,                :func:`.failures.failure_cause`
+ddp_unused_parameters
+op/shape/dtype/root_mismatch                        :data:`.mismatch.DIFFERENT_CALL`
+rank_conditional_collective                         :func:`.mismatch.took_a_branch`
+uneven_inputs                                       :func:`.mismatch.ran_out`
+stream_stuck                                        :func:`.stream.stream_stuck`
+early_exit, busy_outside                            :func:`.waits._decide_root_cause`
+stuck_outside                                       :func:`.waits.blocked_outside`
+lagging_rank, silent_rank                           :func:`.waits.lagging`, :func:`.waits.silent`
+p2p_cycle, stuck_collective                         ``.waits._p2p_cycle``, ``.waits._all_stuck``
+collective_timeout                                  :func:`.errors.errors_only`
+straggler                                           :func:`.straggler.straggler`
+==================================================  ===========================================
+
+How to add a rule
+-----------------
+Say some jobs die because a rank lost its network file system, and their logs say
+``Stale file handle``. Three edits:
+
+1. The cause, in :mod:`rankscope.analyze.causes`: a member of ``Cause`` and its ``Entry``. Its
+   templates name the facts the rule sets (here ``{error}``) and those the driver adds to every
+   finding (``culprits``, ``others``, ``culprit_at``, ``other_at``)::
+
+       stale_mount = "stale_mount"  # in class Cause
+
+       Cause.stale_mount: Entry(  # in ENTRIES
+           verdict="crash",
+           recipe=None,
+           title="a rank lost its file system",
+           reason="{culprits} lost a mounted file system ({error}), leaving {others} waiting",
+           fix="Check the mount on that host (NFS server, network) before rerunning.",
+       ),
+
+2. The rule, in its family's file (here :mod:`.failures`: a rank's own failure)::
+
+       def stale_mount(ctx: Context) -> Finding | None:
+           logs = ctx.ev.table("logs")
+           hit = logs[logs["text"].str.contains("Stale file handle", na=False)]
+           if hit.empty:
+               return None
+           culprits = sorted(set(hit["rank"].dropna().astype(int).tolist()))
+           return Finding(
+               cause=Cause.stale_mount,
+               culprits=culprits,
+               waiting=ctx.blocked(exclude=set(culprits)),
+               facts={"error": short(hit["text"].iloc[0])},
+           )
+
+3. Its place in :data:`RULES` below (imported from its family's file): where its evidence ranks
+   among the others' (here after ``reported_failure``, which already names a rank's exception).
+
+A finding that lacks a fact its templates name raises when it is made, and
+``tests/test_analyze_rules.py`` checks that each cause is named in one function, whose rules set
+every fact its templates name: a misspelt key fails the suite rather than rendering as
+"unknown".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from rankscope.analyze.context import Context
+from rankscope.analyze.rules.errors import errors_only
+from rankscope.analyze.rules.failures import (
+    bare_exit,
+    model_mismatch,
+    reported_failure,
+    signal_death,
+)
+from rankscope.analyze.rules.finding import Decided, Failure, Finding, Rule
+from rankscope.analyze.rules.launch import launch_error
+from rankscope.analyze.rules.mismatch import mismatch
+from rankscope.analyze.rules.straggler import straggler
+from rankscope.analyze.rules.stream import stream_stuck
+from rankscope.analyze.rules.waits import waits
+
+#: The rules, in the order they are asked (see the module docstring).
+RULES: tuple[Rule, ...] = (
+    launch_error,
+    model_mismatch,
+    reported_failure,
+    mismatch,
+    signal_death,
+    stream_stuck,
+    waits,
+    errors_only,
+    bare_exit,
+    straggler,
+)
+
+#: The rules asked of a job whose every rank exited 0 (step 0 of the order).
+ON_CLEAN_EXIT: tuple[Rule, ...] = (straggler,)
+
+
+def rules_for(ctx: Context, rules: Sequence[Rule] = RULES) -> Sequence[Rule]:
+    """The rules to ask of this run, in order: :data:`ON_CLEAN_EXIT` where every rank of the
+    world exited 0 (it did not hang, whatever the recorder lists in flight), else ``rules``."""
+    codes = [f.exit_code for f in ctx.facts.values()]  # one per rank of the world
+    return ON_CLEAN_EXIT if codes and all(c == 0 for c in codes) else rules
+
+
+__all__ = [
+    "ON_CLEAN_EXIT",
+    "RULES",
+    "Decided",
+    "Failure",
+    "Finding",
+    "Rule",
+    "bare_exit",
+    "errors_only",
+    "launch_error",
+    "mismatch",
+    "model_mismatch",
+    "reported_failure",
+    "rules_for",
+    "signal_death",
+    "straggler",
+    "stream_stuck",
+    "waits",
+]

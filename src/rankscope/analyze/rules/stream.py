@@ -1,0 +1,70 @@
+"""6. ``stream_stuck``: a collective that some ranks' devices started and others' never did
+(nccl with timing, from the recorder's entry states): those ranks' streams are held by earlier
+work."""
+
+from __future__ import annotations
+
+from rankscope.analyze.causes import Cause
+from rankscope.analyze.context import Context
+from rankscope.analyze.diagnosis import EvidenceRef, who_of
+from rankscope.analyze.rules.finding import Finding
+
+
+def stream_stuck(ctx: Context) -> Finding | None:
+    """The first collective (by group and number) that the device of some ranks started while
+    on others it stayed ``scheduled``: enqueued on the stream, never started. That rank's
+    stream is busy with earlier work (a kernel that never ends, a wait on an event never
+    recorded). Only where the recorder says when entries start (nccl with
+    ``TORCH_NCCL_ENABLE_TIMING``): without it every entry reads ``scheduled`` until it
+    completes, and its start time is None, started or not."""
+    fr = ctx.ev.table("flight_recorder")
+    if fr.empty:
+        return None
+    coll = fr[fr["collective_seq_id"].notna() & ~fr["is_p2p"].fillna(False).astype(bool)]
+    coll = coll[coll["backend"].astype(str) == "nccl"]
+    timed = set(coll.loc[coll["time_discovered_started_ns"].notna(), "rank"].astype(int))
+    state = coll["state"].astype(str)
+    began = state.isin(["started", "completed"]) | coll["time_discovered_started_ns"].notna()
+    waiting = coll[(state == "scheduled") & coll["rank"].isin(list(timed)) & ~began]
+    for (pg, seq), rows in waiting.groupby(["pg_name", "collective_seq_id"], observed=True):
+        same = coll[(coll["pg_name"] == pg) & (coll["collective_seq_id"] == seq)]
+        started = same[began.loc[same.index] & (same["state"].astype(str) != "completed")]
+        if started.empty and coll["rank"].nunique() > 1:
+            continue  # on one rank alone, a collective never started is its stream's too
+        culprits = sorted(set(rows["rank"].astype(int)))
+        others = sorted(set(started["rank"].astype(int)) - set(culprits))
+        culprit = culprits[0]
+        mine = coll[(coll["rank"] == culprit) & (state == "completed")]
+        earlier = mine[mine["record_id"] < rows["record_id"].min()]
+        ran = (
+            f"{earlier['op'].iloc[-1]} #{int(earlier['collective_seq_id'].iloc[-1])} on group "
+            f"{earlier['pg_name'].iloc[-1]}"
+            if len(earlier)
+            else None
+        )
+        op = str(rows["op"].iloc[0])
+        where = ctx.whereabouts(culprits).get(culprit)
+        return Finding(
+            cause=Cause.stream_stuck,
+            culprits=culprits,
+            waiting=others,
+            facts={
+                "culprit_op": op,
+                "collective": f"group {pg}, collective #{int(seq)}",
+                "others_started": f"{who_of(others)} started it and wait"
+                if others
+                else "no other rank takes part",
+                "stream_last": ran or "nothing the recorder kept",
+                "culprit_doing": (where.note if where is not None else None) or "unknown",
+            },
+            refs=[
+                EvidenceRef(
+                    table="flight_recorder",
+                    row=int(pos),
+                    rank=int(r),
+                    note="issued, never started on its stream",
+                )
+                for pos, r in zip(rows.index, rows["rank"], strict=True)
+            ],
+        )
+    return None

@@ -1,0 +1,45 @@
+"""The wait-for core on plain data: the same-call rule, facing point-to-point calls, roots and
+cycles."""
+
+from __future__ import annotations
+
+from rankscope.waitfor import Call, differs, paired, walk
+
+
+def test_differs_names_the_first_fact_that_differs():
+    a = Call(op="all_reduce", shapes=[[4]], dtypes=["float32"])
+    assert differs(a, Call(op="all_reduce", shapes=[[4]], dtypes=["float32"])) is None
+    assert differs(a, Call(op="broadcast", shapes=[[4]], dtypes=["float32"])) == "op"
+    assert differs(a, Call(op="all_reduce", shapes=[[8]], dtypes=["float32"])) == "shapes"
+    assert differs(a, Call(op="all_reduce", shapes=[[4]], dtypes=["float64"])) == "dtypes"
+    b = Call(op="broadcast", shapes=[[4]], dtypes=["float32"], root=0)
+    assert differs(b, Call(op="broadcast", shapes=[[4]], dtypes=["float32"], root=1)) == "root"
+    # a root not recorded on one side is not a difference
+    assert differs(b, Call(op="broadcast", shapes=[[4]], dtypes=["float32"])) is None
+
+
+def test_uneven_ops_take_different_tensors_by_design():
+    a = Call(op="all_to_all_single", shapes=[[4]], dtypes=["float32"])
+    assert differs(a, Call(op="all_to_all_single", shapes=[[6]], dtypes=["float32"])) is None
+    g = Call(op="gather", shapes=[[4]], root=0)
+    assert differs(g, Call(op="gather", shapes=[[4], [4]], root=0)) is None
+    assert differs(g, Call(op="gather", shapes=[[4]], root=1)) == "root"
+
+
+def test_paired_point_to_point_calls_would_complete():
+    assert paired({0: ("send", 1), 1: ("recv", 0)}) == {0, 1}
+    assert paired({0: ("isend", 1), 1: ("irecv", 0)}) == {0, 1}
+    assert paired({0: ("recv", 1), 1: ("recv", 0)}) == set()  # both receive: a cycle
+    assert paired({0: ("send", 1), 1: ("recv", 2), 2: ("send", 1)}) == {1, 2}
+
+
+def test_walk_finds_roots_and_cycles():
+    gone = frozenset({3})
+    roots, cycles = walk({0: gone, 1: gone, 2: frozenset({0})})
+    assert roots == (3,) and cycles == ()
+    roots, cycles = walk({0: frozenset({1}), 1: frozenset({0})})
+    assert roots == () and cycles == ((0, 1),)
+    # a cycle with a way out (rank 2 waits on one that runs) is no terminal cycle
+    roots, cycles = walk({0: frozenset({1}), 1: frozenset({0, 2}), 2: frozenset({5})})
+    assert roots == (5,) and cycles == ()
+    assert walk({}) == ((), ())
