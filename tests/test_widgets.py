@@ -338,6 +338,18 @@ def test_the_rank_table_groups_ranks_alike_at_scale() -> None:
     assert opened.count("<tr") == 4 + 1022 and "▾ 1022 ranks" in opened
     assert ranks_html(rows[:8], culprits=[517]).count("<tr") == 9  # few ranks: a row each
 
+    from rankscope.widgets.live import LivePanel
+
+    panel = LivePanel()
+    panel.rows, panel.culprits = rows, {517}
+    panel._show_ranks()
+    assert panel.expand.layout.display == "" and panel.ranks.value.count("<tr") == 4
+    assert [label for label, _ in panel.expand.options] == ["no group", groups[2].label]
+    panel.expand.value = groups[2].label  # a click: its ranks under its row
+    assert panel.ranks.value.count("<tr") == 4 + 1022
+    panel._show_ranks()  # the next refresh keeps the choice
+    assert panel.expand.value == groups[2].label
+
 
 def test_stopping_or_closing_leaves_the_answer_once(tmp_path: Path, monkeypatch) -> None:
     from rankscope.widgets import workbench as wb_module
