@@ -12,7 +12,8 @@ Writes, under OUT_DIR, one folder per case, each a run directory ``rankscope dia
 * ``nccl_healthy_dump``: 50 all_reduces, then a dump taken right after the last one.
 * ``two_ranks_one_gpu``: two ranks that map to one device.
 
-and ``fr_read_cost.json``: what a live read of the flight recorder (``onlyActive``, no stack
+(each with its ``train.py``: the scripts below, whose lines the dumps and logs name; the
+fixtures in tests/data/nccl_gpu leave them out) and ``fr_read_cost.json``: what a live read of the flight recorder (``onlyActive``, no stack
 traces) costs on nccl, with nothing and with 8 collectives uncompleted.
 """
 
