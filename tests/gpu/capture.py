@@ -5,16 +5,17 @@ figures in the README. Not a test: ``tests/gpu/device_check.sh`` runs it once pe
 
 Writes, under OUT_DIR, one folder per case, each a run directory ``rankscope diagnose`` reads:
 
-* ``nccl_timeout``: one rank started by hand (torchrun, no rankscope), a kernel that never
-  ends in front of an all_reduce, a 10 s collective timeout: NCCL's watchdog times it out,
-  the recorder dumps on timeout; NCCL_DEBUG=INFO, timing on.
+* ``nccl_timeout``: one rank started by hand (torchrun, no rankscope), a kernel that outlives
+  the 10 s collective timeout in front of an all_reduce: NCCL's watchdog times it out, the
+  recorder dumps on timeout; NCCL_DEBUG=INFO, timing on.
 * ``nccl_timeout_untimed``: the same with ``TORCH_NCCL_ENABLE_TIMING=0``.
 * ``nccl_healthy_dump``: 50 all_reduces, then a dump taken right after the last one.
 * ``two_ranks_one_gpu``: two ranks that map to one device.
 
-(each with its ``train.py``: the scripts below, whose lines the dumps and logs name; the
-fixtures in tests/data/nccl_gpu leave them out) and ``fr_read_cost.json``: what a live read of the flight recorder (``onlyActive``, no stack
-traces) costs on nccl, with nothing and with 8 collectives uncompleted.
+Each folder also holds its ``train.py`` (the scripts below, whose lines the dumps and logs
+name; the fixtures in tests/data/nccl_gpu leave them out). ``fr_read_cost.json``: what a live
+read of the flight recorder (``onlyActive``, no stack traces) costs on nccl, with nothing and
+with 8 collectives uncompleted.
 """
 
 from __future__ import annotations
