@@ -116,7 +116,8 @@ def build_parser() -> argparse.ArgumentParser:
         default=3.0,
         metavar="SECONDS",
         help="no progress for this long while a rank waits in a collective is a stall (3); "
-        "raise it for jobs that pause longer between collectives",
+        "raise it for jobs that pause longer between collectives (a hang the ranks' state "
+        "proves is called at once, whatever this)",
     )
     run.add_argument(
         "--on-stall",
