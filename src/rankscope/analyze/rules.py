@@ -417,7 +417,7 @@ def _mismatch(ctx: Context, d: align.Divergence) -> Finding:
         "collective": ctx.label(d),
     }
     notes = _tie_note(ctx, d, groups, tied, norm_key)
-    differ = differs(_call(o), _call(n))
+    differ = differs(_call_of(o), _call_of(n))
     if differ == "op":
         # Out of data: the odd ranks left a loop the others are still in, for the barrier that
         # follows it (a data collective elsewhere is a different call, not the loop's end).
@@ -462,7 +462,7 @@ def _mismatch(ctx: Context, d: align.Divergence) -> Finding:
     )
 
 
-def _call(row: pd.Series) -> Call:
+def _call_of(row: pd.Series) -> Call:
     root = row["root"]
     root = None if pd.isna(root) else int(root)
     return Call(op=str(row["op"]), shapes=row["shapes"], dtypes=row["dtypes"], root=root)
