@@ -208,6 +208,16 @@ def test_the_tracker_counts_point_to_point_calls_per_peer():
     assert _state(record).sent is None
 
 
+def test_a_receive_behind_an_irecv_in_flight_waits_for_no_one_known():
+    # with tags, the message there is may be for the blocking receive, not the irecv
+    record = events(
+        enter(1, "irecv", 1, peer=1, async_op=True),
+        {"ev": "exit", "id": 1},  # its Work not completed
+        enter(2, "recv", 2, peer=1),
+    )
+    assert _state(record).receiving is None
+
+
 def test_a_second_calling_thread_makes_a_blocked_rank_free():
     record = events(enter(1, "all_reduce", 1), {"ev": "exit", "id": 1})
     record.apply({**enter(2, "all_reduce", 2), "tid": 8, "t": 2.0})

@@ -183,7 +183,8 @@ def _run_arguments(p: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="no progress for this long while a rank waits in a collective is a stall "
         f"({SPEC['stall_timeout_s']:g}); "
-        "raise it for jobs that pause longer between collectives",
+        "raise it for jobs that pause longer between collectives (a hang the ranks' state "
+        "proves is called at once, whatever this)",
     )
     p.add_argument(
         "--on-stall",

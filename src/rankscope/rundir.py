@@ -96,8 +96,10 @@ MANAGEMENT_OPS = frozenset(
 )
 
 #: How many of a rank's latest collectives on each group its record keeps the facts of
-#: (:attr:`RankRecord.recent`).
-RECENT_CALLS = 64
+#: (:attr:`RankRecord.recent`): a rank blocked at one collective holds every member within one
+#: blocking call of it, and the few kept stay cheap at a thousand ranks (fewer objects for the
+#: garbage collector to walk).
+RECENT_CALLS = 8
 
 #: The ring file (``calls-<pid>.ring``): a header, then ``nslots`` slots; the call with id
 #: ``cid`` is in slot ``cid % nslots``. The probe maps the file shared and writes a call's slot

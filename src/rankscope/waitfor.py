@@ -280,7 +280,7 @@ def _differ(
         theirs = st.calls.get(cell) if st is not None else None
         if theirs is None or theirs == mine:
             continue
-        a, b = _call(mine), _call(theirs)
+        a, b = _as_call(mine), _as_call(theirs)
         what = differs(a, b)
         if what is not None:
             return (
@@ -290,7 +290,7 @@ def _differ(
     return None
 
 
-def _call(facts: tuple[Any, ...]) -> Call:
+def _as_call(facts: tuple[Any, ...]) -> Call:
     return Call(op=facts[0], shapes=facts[1], dtypes=facts[2], root=facts[3])
 
 

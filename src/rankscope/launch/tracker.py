@@ -402,7 +402,15 @@ def _state(record: RankRecord) -> RankState:
         if n is not None:
             pending.append((record.pg, n))
             blocked = None if record.threads else (record.pg, n)
-        elif record.op == "recv" and record.p2p_known and not record.threads:
+        elif (
+            record.op == "recv"
+            and record.p2p_known
+            and not record.threads
+            and not any(call[0] == "irecv" for call in record.issued.values())
+        ):
+            # Its earlier receives all completed, each with a message of its own: this one
+            # needs one more than they took, whatever the tags (an irecv still in flight may
+            # be the one a message is for).
             assert record.peer is not None  # a receive from any source is not p2p_known
             receiving = (record.peer, record.received.get(record.peer, 0))
     return RankState(**common, pending=tuple(pending), blocked=blocked, receiving=receiving)

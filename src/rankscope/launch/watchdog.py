@@ -41,6 +41,9 @@ CPU_LOOK_S = 0.5
 #: a thousand ranks); a hang stops the progress of the ranks it holds, and the first look after
 #: that asks it.
 PROVE_BUSY_S = 1.0
+#: Otherwise it waits this many times its last look's duration before the next: at most a fifth
+#: of the watchdog's time, so that reading the ranks' events keeps up (nothing, for small jobs).
+PROVE_SHARE = 4.0
 
 
 @dataclass(frozen=True)
@@ -117,7 +120,7 @@ class Watchdog:
         stalled_at: float | None = None
         known: set[int] = set()
         proved_upto = -1  # the tracker's changes at the prover's last look
-        next_proof = 0.0  # while the ranks progress, the prover's next look
+        next_proof = next_quiet = 0.0  # the prover's next look while the ranks progress, or not
         while not self.closing.is_set():
             try:
                 state = run.read_run()["state"]
@@ -139,10 +142,14 @@ class Watchdog:
                     and stalled_at is None
                     and state in ("running", "stalled")
                     and tracker.changes != proved_upto
-                    and (not progress or time.monotonic() >= next_proof)
+                    and time.monotonic() >= (next_proof if progress else next_quiet)
                 ):
-                    proved_upto, next_proof = tracker.changes, time.monotonic() + PROVE_BUSY_S
+                    began = time.monotonic()
+                    proved_upto = tracker.changes
                     proven = prove(tracker.states())
+                    took = time.monotonic() - began
+                    next_proof = began + max(PROVE_BUSY_S, PROVE_SHARE * took)
+                    next_quiet = began + (1 + PROVE_SHARE) * took
             now = time.monotonic()
             if new:
                 known |= new

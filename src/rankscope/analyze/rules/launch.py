@@ -3,12 +3,13 @@ from the launch error texts, a failed setup call, or a job that never started.""
 
 from __future__ import annotations
 
-from rankscope.analyze.calls import MANAGEMENT_OPS, failed
+from rankscope.analyze.calls import failed
 from rankscope.analyze.causes import LAUNCH_KINDS, Cause
 from rankscope.analyze.context import Context
 from rankscope.analyze.diagnosis import EvidenceRef, who_of
 from rankscope.analyze.rules.finding import Finding
 from rankscope.analyze.wording import error_refs, short
+from rankscope.rundir import MANAGEMENT_OPS
 
 
 def launch_error(ctx: Context) -> Finding | None:

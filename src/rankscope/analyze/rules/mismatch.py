@@ -88,7 +88,7 @@ def _mismatch(ctx: Context, d: align.Divergence) -> Finding:
         "collective": ctx.label(d),
     }
     notes = _tie_note(ctx, d, groups, tied, norm_key)
-    differ = differs(_call(o), _call(n))
+    differ = differs(_call_of(o), _call_of(n))
     branch = took_a_branch(
         culprits,
         doing=f"called {o['op']}{at(facts['culprit_site'])}",
@@ -127,7 +127,7 @@ def _mismatch(ctx: Context, d: align.Divergence) -> Finding:
     )
 
 
-def _call(row: pd.Series) -> Call:
+def _call_of(row: pd.Series) -> Call:
     root = row["root"]
     root = None if pd.isna(root) else int(root)
     return Call(op=str(row["op"]), shapes=row["shapes"], dtypes=row["dtypes"], root=root)
