@@ -347,3 +347,20 @@ def test_a_barrier_inside_the_loop_is_a_rank_conditional_call_not_running_out(tm
     assert (past.cause, past.culprits) == ("uneven_inputs", [1])
     d = diagnose(run_of(rows(6), exits={0: None, 1: None}, world=2))
     assert d.parting["source"] == "for step in range(6):" and d.parting["ranks_out"] == [1]
+
+
+def test_every_rule_of_the_package_is_found_at_its_place():
+    """A function decorated ``@rule(place)`` in any file of the rules package is asked, in the
+    order of the places; a place is one rule's."""
+    package = Path(rules.__file__).parent
+    decorated = {}
+    for path in package.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef):
+                for dec in node.decorator_list:
+                    if isinstance(dec, ast.Call) and getattr(dec.func, "id", None) == "rule":
+                        decorated[dec.args[0].value] = node.name
+    assert [r.__name__ for r in rules.RULES] == [decorated[p] for p in sorted(decorated)]
+    assert rules.RULES[0].__name__ == "launch_error" and rules.RULES[-1].__name__ == "straggler"
+    with pytest.raises(ValueError, match="taken by mismatch"):
+        rules.rule(40)(lambda ctx: None)

@@ -1,7 +1,9 @@
 """The rules of a diagnosis: each a function of a :class:`~rankscope.analyze.context.Context`
 that answers with a :class:`Finding` or passes (``None``), grouped by family, one file each.
 
-The order (:func:`rules_for`; the first that answers decides):
+The order (:func:`rules_for`; the first that answers decides). Each rule says its place with
+``@rule(place)`` above its function: its number in this list times ten (``launch_error`` is
+10, ``straggler`` 100), so a new rule takes a place between two.
 
 0. Every rank exited 0: whatever the flight recorder still lists as in flight (DDP's last bucket
    is often never retired), the job did not hang; only ``straggler`` is asked
@@ -61,7 +63,7 @@ straggler                                           :func:`.straggler.straggler`
 How to add a rule
 -----------------
 Say some jobs die because a rank lost its network file system, and their logs say
-``Stale file handle``. Three edits:
+``Stale file handle``. Two edits:
 
 1. The cause, in :mod:`rankscope.analyze.causes`: a member of ``Cause`` and its ``Entry``. Its
    templates name the facts the rule sets (here ``{error}``) and those the driver adds to every
@@ -79,6 +81,7 @@ Say some jobs die because a rank lost its network file system, and their logs sa
 
 2. The rule, in its family's file (here :mod:`.failures`: a rank's own failure)::
 
+       @rule(35)
        def stale_mount(ctx: Context) -> Finding | None:
            logs = ctx.ev.table("logs")
            hit = logs[logs["text"].str.contains("Stale file handle", na=False)]
@@ -92,8 +95,10 @@ Say some jobs die because a rank lost its network file system, and their logs sa
                facts={"error": short(hit["text"].iloc[0])},
            )
 
-3. Its place in :data:`RULES` below (imported from its family's file): where its evidence ranks
-   among the others' (here after ``reported_failure``, which already names a rank's exception).
+The decorator is its place in the order: ``@rule(35)`` above the function asks it after
+``reported_failure`` (30), which already names a rank's exception, and before ``mismatch``
+(40). Nothing else: every file of this package is loaded, and :data:`RULES` is every rule by
+its place.
 
 A finding that lacks a fact its templates name raises when it is made, and
 ``tests/test_analyze_rules.py`` checks that each cause is named in one function, whose rules set
@@ -103,6 +108,8 @@ every fact its templates name: a misspelt key fails the suite rather than render
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
 from collections.abc import Sequence
 
 from rankscope.analyze.context import Context
@@ -113,26 +120,21 @@ from rankscope.analyze.rules.failures import (
     reported_failure,
     signal_death,
 )
-from rankscope.analyze.rules.finding import Decided, Failure, Finding, Rule
+from rankscope.analyze.rules.finding import REGISTERED, Decided, Failure, Finding, Rule, rule
 from rankscope.analyze.rules.launch import launch_error
 from rankscope.analyze.rules.mismatch import mismatch
 from rankscope.analyze.rules.straggler import straggler
 from rankscope.analyze.rules.stream import stream_stuck
 from rankscope.analyze.rules.waits import waits
 
-#: The rules, in the order they are asked (see the module docstring).
-RULES: tuple[Rule, ...] = (
-    launch_error,
-    model_mismatch,
-    reported_failure,
-    mismatch,
-    signal_death,
-    stream_stuck,
-    waits,
-    errors_only,
-    bare_exit,
-    straggler,
-)
+# Every family's file is loaded (those above and any other), so that each rule in it registers
+# at its place.
+for _family in pkgutil.iter_modules(__path__):
+    importlib.import_module(f"{__name__}.{_family.name}")
+
+#: The rules, in the order they are asked (see the module docstring): each family's rules,
+#: registered at their places by :func:`rule`.
+RULES: tuple[Rule, ...] = tuple(REGISTERED[place] for place in sorted(REGISTERED))
 
 #: The rules asked of a job whose every rank exited 0 (step 0 of the order).
 ON_CLEAN_EXIT: tuple[Rule, ...] = (straggler,)
@@ -158,6 +160,7 @@ __all__ = [
     "mismatch",
     "model_mismatch",
     "reported_failure",
+    "rule",
     "rules_for",
     "signal_death",
     "straggler",

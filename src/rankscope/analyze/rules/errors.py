@@ -10,12 +10,13 @@ import pandas as pd
 from rankscope.analyze.causes import Cause
 from rankscope.analyze.context import Context
 from rankscope.analyze.diagnosis import CollectiveInfo
-from rankscope.analyze.rules.finding import Finding, log_site
+from rankscope.analyze.rules.finding import Finding, log_site, rule
 from rankscope.analyze.rules.mismatch import DIFFERENT_CALL
 from rankscope.analyze.rules.waits import blocked_outside, lagging
 from rankscope.analyze.wording import error_refs, short
 
 
+@rule(80)
 def errors_only(ctx: Context) -> Finding | None:
     """No record of calls says anything; the error messages may (foreign logs)."""
     errors = ctx.ev.table("errors")

@@ -15,7 +15,7 @@ from rankscope.analyze.causes import FAILURE_KINDS, Cause
 from rankscope.analyze.context import Context
 from rankscope.analyze.diagnosis import EvidenceRef, who_of
 from rankscope.analyze.evidence import SIGNAL_TEXT, RankFacts
-from rankscope.analyze.rules.finding import Failure, Finding, log_site
+from rankscope.analyze.rules.finding import Failure, Finding, log_site, rule
 from rankscope.analyze.wording import MAX_REFS, at, error_refs, short
 from rankscope.collect import VICTIM_ROLES
 
@@ -41,6 +41,7 @@ def failure_cause(
     return Cause.rank_crashed
 
 
+@rule(20)
 def model_mismatch(ctx: Context) -> Finding | None:
     """DDP's constructor compared the ranks' models and every rank raised: its texts name each
     rank's count of parameters (or the shapes that differ from rank 0's); the ranks whose model
@@ -144,6 +145,7 @@ def failures(ctx: Context) -> list[Failure]:
     return sorted(out, key=lambda o: (o.t_s, o.rank))
 
 
+@rule(30)
 def reported_failure(ctx: Context) -> Finding | None:
     return crash(ctx, failures(ctx))
 
@@ -215,10 +217,12 @@ def _death(ctx: Context, f: RankFacts) -> Failure:
     )
 
 
+@rule(50)
 def signal_death(ctx: Context) -> Finding | None:
     return crash(ctx, deaths(ctx))
 
 
+@rule(90)
 def bare_exit(ctx: Context) -> Finding | None:
     return crash(ctx, deaths(ctx, bare=True))
 

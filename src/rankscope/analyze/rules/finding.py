@@ -69,6 +69,23 @@ class Failure:
 #: A rule: the context of one run in, a finding or None (it passes) out.
 Rule = Callable[[Context], "Finding | None"]
 
+#: Every rule, by its place in the order: filled by :func:`rule` as the families' files load.
+REGISTERED: dict[int, Rule] = {}
+
+
+def rule(place: int) -> Callable[[Rule], Rule]:
+    """Make a function a rule, asked at ``place`` in the order (lower first; the package's
+    docstring lists the places taken). Two rules may not share a place."""
+
+    def register(fn: Rule) -> Rule:
+        taken = REGISTERED.get(place)
+        if taken is not None and taken is not fn:
+            raise ValueError(f"rule place {place} is taken by {taken.__name__}")
+        REGISTERED[place] = fn
+        return fn
+
+    return register
+
 
 def log_site(ctx: Context, errors: pd.DataFrame) -> str | None:
     """The user's line in the traceback above the first of these error lines."""

@@ -7,11 +7,12 @@ from rankscope.analyze.calls import failed
 from rankscope.analyze.causes import LAUNCH_KINDS, Cause
 from rankscope.analyze.context import Context
 from rankscope.analyze.diagnosis import EvidenceRef, who_of
-from rankscope.analyze.rules.finding import Finding
+from rankscope.analyze.rules.finding import Finding, rule
 from rankscope.analyze.wording import error_refs, short
 from rankscope.rundir import MANAGEMENT_OPS
 
 
+@rule(10)
 def launch_error(ctx: Context) -> Finding | None:
     calls = ctx.calls
     if (calls["seq"].notna() & calls["completed"].fillna(False).astype(bool)).any():

@@ -18,7 +18,7 @@ from rankscope.analyze.calls import BARRIER_OPS, done, opt
 from rankscope.analyze.causes import Cause
 from rankscope.analyze.context import Context
 from rankscope.analyze.diagnosis import who_of
-from rankscope.analyze.rules.finding import Decided, Finding
+from rankscope.analyze.rules.finding import Decided, Finding, rule
 from rankscope.analyze.rules.loops import fewer_calls, left_the_loop, thread_notes
 from rankscope.analyze.wording import at, error_refs, short, site_of
 from rankscope.waitfor import Call, differs
@@ -37,6 +37,7 @@ def root_divergence(ctx: Context, divs: list[align.Divergence]) -> align.Diverge
     return min(unexplained or divs, key=lambda d: _earliest(d.rows))
 
 
+@rule(40)
 def mismatch(ctx: Context) -> Finding | None:
     divs = ctx.divergences
     if not divs:

@@ -6,10 +6,11 @@ from __future__ import annotations
 from rankscope.analyze import align
 from rankscope.analyze.causes import Cause
 from rankscope.analyze.context import Context
-from rankscope.analyze.rules.finding import Finding
+from rankscope.analyze.rules.finding import Finding, rule
 from rankscope.analyze.wording import site_of
 
 
+@rule(100)
 def straggler(ctx: Context) -> Finding | None:
     spread = align.arrival_spread(ctx.calls, members=ctx.members)
     if spread.empty or spread["late_s"].iloc[0] < ctx.straggler_s:

@@ -7,9 +7,10 @@ from __future__ import annotations
 from rankscope.analyze.causes import Cause
 from rankscope.analyze.context import Context
 from rankscope.analyze.diagnosis import EvidenceRef, who_of
-from rankscope.analyze.rules.finding import Finding
+from rankscope.analyze.rules.finding import Finding, rule
 
 
+@rule(60)
 def stream_stuck(ctx: Context) -> Finding | None:
     """The first collective (by group and number) that the device of some ranks started while
     on others it stayed ``scheduled``: enqueued on the stream, never started. That rank's

@@ -17,7 +17,7 @@ from rankscope.analyze.causes import Cause
 from rankscope.analyze.context import Context, Where
 from rankscope.analyze.diagnosis import CollectiveInfo, who_of
 from rankscope.analyze.rules.failures import failure_cause
-from rankscope.analyze.rules.finding import Decided, Finding
+from rankscope.analyze.rules.finding import Decided, Finding, rule
 from rankscope.analyze.rules.loops import fewer_calls, left_the_loop, thread_notes
 from rankscope.analyze.rules.mismatch import ran_out, took_a_branch
 from rankscope.analyze.waits import Wait, departed
@@ -25,6 +25,7 @@ from rankscope.analyze.wording import MAX_REFS, at, short, site_of
 from rankscope.collect import short_site
 
 
+@rule(70)
 def waits(ctx: Context) -> Finding | None:
     """Follow the wait-for graph to its roots (or its cycle) and say what the culprit was
     doing."""
