@@ -192,6 +192,13 @@ def calls_from_probe(collectives: pd.DataFrame) -> pd.DataFrame:
     )
 
 
+def fr_completed(entries: pd.DataFrame) -> pd.Series:
+    """Flight-recorder entries the backend completed: retired (the watchdog saw it end) or in
+    state ``completed`` (an nccl dump written right after a collective can hold it completed and
+    not yet retired: seen on an H200)."""
+    return entries["retired"].fillna(False).astype(bool) | (entries["state"] == "completed")
+
+
 #: The calls table's ``state``: issued (not completed), started on the device, completed.
 STATES = ("issued", "started", "completed")
 
@@ -256,11 +263,7 @@ def calls_from_flight_recorder(flight_recorder: pd.DataFrame) -> pd.DataFrame:
     peer = pd.Series(pd.NA, index=df.index, dtype="Int64")
     if p2p.any():
         peer[p2p] = _fr_peers(df[p2p], pg_ranks[p2p])
-    # Retired (the watchdog has seen it end) or in state "completed": an nccl dump written right
-    # after a collective can hold it completed and not yet retired (seen on an H200).
-    completed = (df["retired"].fillna(False).astype(bool) | (df["state"] == "completed")).astype(
-        "boolean"
-    )
+    completed = fr_completed(df).astype("boolean")
     rank = df["rank"].astype("int64")
     # Dumps list a rank's entries oldest first; a rank's merged order is its record order.
     order = (

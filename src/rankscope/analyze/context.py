@@ -26,6 +26,7 @@ from rankscope.analyze.calls import (
     calls_from_probe,
     done,
     failed,
+    fr_completed,
     fr_sites,
     merge_calls,
     opt,
@@ -98,11 +99,9 @@ class Context(Phrasing):
         fr = calls_from_flight_recorder(self.fr)
         nccl = self.fr["backend"].astype(str).to_numpy()[fr["row"].to_numpy()] == "nccl"
         calls = merge_calls(self.probe_calls, fr, backend_completes=nccl)
-        probe = self.ev.table("collectives")
-        raised_in_call = set(probe.loc[failed(probe), "rank"].dropna().astype(int).tolist())
         victims = [
             r
-            for r in self.ev.waiters - raised_in_call
+            for r in self.ev.waiters - self.raised_in_call
             if (f := self.facts.get(r)) is not None and f.exception is not None
         ]
         if not victims or calls.empty:
@@ -145,7 +144,7 @@ class Context(Phrasing):
         nccl = fr[fr["backend"].astype(str) == "nccl"]
         if nccl.empty:
             return []
-        done = nccl["retired"].fillna(False).astype(bool) | (nccl["state"] == "completed")
+        done = fr_completed(nccl)
         timed = nccl["time_discovered_started_ns"].notna().groupby(nccl["rank"]).any()
         open_ = (~done).groupby(nccl["rank"]).any()
         return sorted(int(r) for r in timed.index if open_[r] and not timed[r])
@@ -177,17 +176,26 @@ class Context(Phrasing):
         )
 
     @cached_property
+    def raised_in_call(self) -> set[int]:
+        """Ranks whose own recorded call raised (the probe's: a collective that failed)."""
+        probe = self.ev.table("collectives")
+        return set(probe.loc[failed(probe), "rank"].dropna().astype(int).tolist())
+
+    @cached_property
+    def victims(self) -> set[int]:
+        """Ranks that failed because of others: a call of theirs raised, or their own texts say
+        they waited on others."""
+        return self.raised_in_call | self.ev.waiters
+
+    @cached_property
     def gone(self) -> set[int]:
         """Ranks that left on their own (an exit that no teardown or stop explains, or a script
         that had returned): they wait for nothing. Not a victim, which left because a call of
         its own failed or its own texts say it waited on others."""
-        probe = self.ev.table("collectives")
-        victims = set(probe.loc[failed(probe), "rank"].dropna().astype(int).tolist())
-        victims |= self.ev.waiters
         out = set()
         for rank, f in self.facts.items():
             left = f.exiting or (f.exit_code is not None and not self.ev.terminated(f.exit_code))
-            if left and rank not in victims:
+            if left and rank not in self.victims:
                 out.add(rank)
         return out
 

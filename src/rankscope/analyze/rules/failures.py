@@ -163,13 +163,10 @@ def deaths(ctx: Context, *, bare: bool = False) -> list[Failure]:
     (``bare=False``), or only a non-zero exit code (``bare=True``: weaker than any other
     evidence, so asked last). Not a rank ended by a teardown or a stop, one whose call failed,
     nor one whose own texts say it waited on others."""
-    probe = ctx.ev.table("collectives")
-    victims = set(probe.loc[failed(probe), "rank"].dropna().astype(int).tolist())
-    victims |= ctx.ev.waiters
     reported = {f.rank for f in failures(ctx)}
     out = []
     for rank, f in ctx.facts.items():
-        if f.died is None or rank in victims or rank in reported or f.exception:
+        if f.died is None or rank in ctx.victims or rank in reported or f.exception:
             continue
         if ctx.ev.terminated(f.exit_code) or bool(f.signal) == bare:
             continue
