@@ -29,7 +29,6 @@ import json
 import math
 import os
 import statistics
-import sys
 import threading
 import time
 from array import array
@@ -222,25 +221,11 @@ def blocks(probe, torch_fn, barrier) -> dict:
     return {**sums, "cap_ns": cap, "cap_x": CAP, "wakes": pacer.wakes, "on_s": pacer.elapsed}
 
 
-def warmed_up(probe) -> float:
-    """Wait out the probe's one-off warm-up (the import behind torch's first dump); seconds."""
-    start = time.monotonic()
-    while probe._warmup is None and time.monotonic() < start + 30:
-        time.sleep(0.05)
-    if probe._warmup is not None:
-        probe._warmup.join()
-    return time.monotonic() - start
-
-
 if args.mode == "loop":
-    # Under the bootstrap, the loop starts once its warm-up is over: steady state in both jobs.
-    # Both start at the same age, --age seconds after the process group is up (or when the
-    # warm-up ends, if later): on this machine a job's calls slow down by a few per cent over
-    # its first seconds, so a loop started sooner would be timed faster.
-    probe_module = sys.modules.get("rankscope.probe")
-    probe = probe_module.current() if probe_module is not None else None
-    waited = warmed_up(probe) if probe is not None else 0.0
-    time.sleep(max(0.0, args.age - waited))
+    # Both jobs start their loop at the same age, --age seconds after the process group is up:
+    # on this machine a job's calls slow down by a few per cent over its first seconds, so a
+    # loop started sooner would be timed faster.
+    time.sleep(args.age)
     fn = dist.all_reduce
     for _ in range(2000):
         issue(fn)
@@ -248,7 +233,7 @@ if args.mode == "loop":
     start = clock()
     for _ in range(args.calls):
         issue(fn)
-    out = {"loop_us": (clock() - start) / args.calls / 1e3, "warmup_s": waited}
+    out = {"loop_us": (clock() - start) / args.calls / 1e3}
 else:
     import rankscope.probe
     from rankscope.probe import _core
@@ -267,7 +252,6 @@ else:
         bare = _core.Probe(RunDir(probe.run.path / "python-arm"), probe.rank)
         arms["python"] = bare._wrap("all_reduce", torch_fn, None)
         _core._fast = fast
-    warmed_up(probe)
     for _ in range(2000):
         for fn in arms.values():
             issue(fn)

@@ -157,7 +157,7 @@ def main() -> None:
             f" (every {HEARTBEAT_S} s on a rank that completes calls)"
         )
         print("  requirement: ratio <= 1.03")
-        plain, probed, warmups = [], [], []
+        plain, probed = [], []
         for i in range(args.jobs):
             pair = ((False, plain), (True, probed))
             for is_probe, out in pair if i % 2 == 0 else pair[::-1]:  # which goes first, too
@@ -168,23 +168,16 @@ def main() -> None:
                     nproc=nproc,
                 )
                 out.append(job["loop_us"])
-                if is_probe:
-                    warmups.append(job["warmup_s"])
         if args.jobs:
             a, b = statistics.median(plain), statistics.median(probed)
             print(
                 f"separate jobs, {args.jobs} pairs of {args.loop}-call loops, flight recorder on"
-                f" in both, each loop started {args.age:g} s after set-up (or once the"
-                " bootstrap's one-off warm-up was over, if later):"
+                f" in both, each loop started {args.age:g} s after set-up:"
             )
             print(
                 f"  plain torchrun {a:8.1f} us/call (jobs {min(plain):.1f}-{max(plain):.1f})   "
                 f"bootstrap {b:8.1f} us/call (jobs {min(probed):.1f}-{max(probed):.1f})   "
                 f"ratio {b / a:.3f}"
-            )
-            print(
-                f"  the warm-up (torch's first dump imports its compiler, on a thread) ended"
-                f" {statistics.median(warmups):.1f} s after the process group was up"
             )
 
 

@@ -52,15 +52,6 @@ def test_the_flight_recorder_s_completions_are_progress():
     assert not in_collective(r)
 
 
-def test_the_probe_s_warm_up_is_marked_and_is_not_progress():
-    # While the probe imports what stack traces need, the watchdog counts the rank as busy.
-    r = RankRecord(rank=0)
-    assert not r.apply({"ev": "warmup", "t": 1.0, "running": True}) and r.warming
-    assert not r.apply({"ev": "warmup", "t": 2.5, "running": False}) and not r.warming
-    r.apply({"ev": "warmup", "running": "yes"})
-    assert not r.warming
-
-
 def test_a_rank_under_slurm_knows_its_node_and_its_main_thread_s_cpu():
     r = RankRecord(rank=2)
     r.apply({**START, "env": {**START["env"], "SLURM_JOB_ID": "17", "SLURMD_NODENAME": "node2"}})

@@ -21,22 +21,27 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import importlib
 import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from rankscope.launch import PRESETS, Job, JobSpec
 from rankscope.launch.job import state_text
 from rankscope.launch.spec import DEFAULT_PRESETS, LAUNCHERS
 from rankscope.launch.tracker import doing_now, exit_text
 from rankscope.rundir import FINAL_STATES, REPRO, RunDirError, new_run_dir
+
+if TYPE_CHECKING:
+    from rankscope.analyze import Diagnosis
 
 #: ``rankscope diagnose``'s exit code when the evidence cannot tell what happened.
 EXIT_UNKNOWN = 3
@@ -291,10 +296,30 @@ def _slurm_options(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run_job(spec: JobSpec, *, run_dir: str | None, quiet: bool) -> int:
-    """Start ``spec``, show progress, report stalls, the outcome and the diagnosis."""
-    job = Job(spec, run_dir=run_dir).start()
+    """Start ``spec``, show progress, report stalls, the outcome and the diagnosis.
+
+    A stall is reported from the watchdog's thread the moment its evidence is in, with the
+    diagnosis of the frozen job, before the job is stopped; the diagnosis after the job ended
+    is printed again only if it names another cause or other culprits."""
     out = sys.stdout
+    printing = threading.Lock()  # the live view and the stall's report share the terminal
+    said: list[tuple[Any, ...]] = []  # (verdict, cause, culprits) of each card printed
+
+    def on_stall(job: Job, stall: dict[str, Any]) -> None:
+        diagnosis = _diagnosis(job.run.path, out)
+        with printing:
+            _print_stall(job, stall, out)
+            if diagnosis is not None:
+                print(diagnosis.render(), file=out, flush=True)
+                said.append(_gist(diagnosis))
+
+    job = Job(spec, run_dir=run_dir)
+    job.on_stall_callbacks.append(on_stall)
+    job.start()
     print(f"rankscope: run directory {_rel(job.run.path)}", file=out, flush=True)
+    # The analyzer's import (about half a second) is paid now, while the ranks start, not
+    # between a stall and its card.
+    importlib.import_module("rankscope.analyze")
     live = None if quiet else LiveView(out)
     interrupted = False
 
@@ -302,17 +327,11 @@ def run_job(spec: JobSpec, *, run_dir: str | None, quiet: bool) -> int:
         raise KeyboardInterrupt
 
     previous = signal.signal(signal.SIGTERM, on_sigterm)
-    reported_stalls = 0
     try:
         while job.poll() is None:
             if live is not None:
-                live.update(job)
-            if len(job.stalls) > reported_stalls:
-                for stall in job.stalls[reported_stalls:]:
-                    _print_stall(job, stall, out)
-                reported_stalls = len(job.stalls)
-                if spec.on_stall == "keep":  # the job stays frozen: say why now, not at its end
-                    _print_diagnosis(job.run.path, out)
+                with printing:
+                    live.update(job)
             time.sleep(0.25)
     except KeyboardInterrupt:
         interrupted = True
@@ -320,15 +339,18 @@ def run_job(spec: JobSpec, *, run_dir: str | None, quiet: bool) -> int:
         job.stop(reason="interrupted")
     finally:
         signal.signal(signal.SIGTERM, previous)
-    for stall in job.stalls[reported_stalls:]:
-        _print_stall(job, stall, out)
-    if live is not None:
-        live.update(job, final=True)
-    info = job.info()
-    code = job.poll() or 0
-    _print_outcome(info, out)
-    _print_diagnosis(job.run.path, out)
-    print(f"rankscope: run directory {_rel(job.run.path)}", file=out, flush=True)
+    with printing:
+        if live is not None:
+            live.update(job, final=True)
+        info = job.info()
+        code = job.poll() or 0
+        _print_outcome(info, out)
+        diagnosis = _diagnosis(job.run.path, out)
+        if diagnosis is not None and _gist(diagnosis) not in said:
+            print(diagnosis.render(), file=out, flush=True)
+        elif diagnosis is not None:
+            print("rankscope: the diagnosis after the stop is the one above", file=out)
+        print(f"rankscope: run directory {_rel(job.run.path)}", file=out, flush=True)
     if interrupted:
         return 130
     return 0 if code == 0 else 1
@@ -375,16 +397,21 @@ def _print_outcome(info: dict[str, Any], out: TextIO) -> None:
     print(line, file=out, flush=True)
 
 
-def _print_diagnosis(path: Path, out: TextIO) -> None:
+def _diagnosis(path: Path, out: TextIO) -> Diagnosis | None:
+    """The run's diagnosis, written into it; None, with the reason printed, when it fails."""
     from rankscope.analyze import diagnose, write_diagnosis
 
     try:
         diagnosis = diagnose(path)
         write_diagnosis(path, diagnosis)
-    except Exception as exc:  # the job's outcome is already printed; say why there is no verdict
+    except Exception as exc:  # the job's outcome is printed all the same; say why no verdict
         print(f"rankscope: could not diagnose the run: {type(exc).__name__}: {exc}", file=out)
-        return
-    print(diagnosis.render(), file=out, flush=True)
+        return None
+    return diagnosis
+
+
+def _gist(d: Diagnosis) -> tuple[Any, ...]:
+    return (d.verdict, d.cause, tuple(d.culprit_ranks))
 
 
 class LiveView:

@@ -68,8 +68,6 @@ EVENT_KINDS = {
     "line, func",
     "exit": "id, op, pg, seq, dur_s, ok, error",
     "step": "step (the user's step marker)",
-    "warmup": "running (true when the probe starts importing what torch's stack traces need, "
-    "false when done: meanwhile a computing main thread gets little CPU)",
     "exception": "type, message, traceback",
     "capture": "id, reason, files (what the probe wrote for an evidence request)",
     "end": "code (the process exit code, when the probe saw it), reason (exit, exception, "
@@ -500,9 +498,6 @@ class RankRecord:
     """Its main thread's share of a core between its last two heartbeats."""
     cpu_at: tuple[float, float] | None = None
     """(time, main thread CPU seconds) at its last heartbeat."""
-    warming: bool = False
-    """The probe is importing what torch's stack traces need (a second or two after the first
-    process group); a computing main thread gets little CPU meanwhile."""
     unfinished: list[str] = dataclasses.field(default_factory=list)
     """Collectives it issued and the backend never completed before its end:
     ``all_reduce (group 0 #5)`` (nccl returns at enqueue, so it had returned from them)."""
@@ -610,9 +605,6 @@ class RankRecord:
             tid = ev.get("main_tid")
             self.main_thread = f"0x{tid:016x}" if type(tid) is int and tid >= 0 else None
             return True
-        if kind == "warmup":
-            self.warming = ev.get("running") is True
-            return False
         if kind == "exception":
             self.exception = f"{as_str(ev.get('type'))}: {as_str(ev.get('message'))}"
             return False

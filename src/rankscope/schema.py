@@ -38,7 +38,7 @@ RANKS: Columns = {
 #: The probe's events, one row per line of ranks/<rank>/events.jsonl.
 EVENTS: Columns = {
     "rank": "Int64",
-    "ev": "category",  # start heartbeat enter exit done step warmup exception capture end
+    "ev": "category",  # start heartbeat enter exit done step exception capture end
     "t_s": "Float64",
     "coll_id": "Int64",  # enter/exit: the rank's call counter
     "op": "category",

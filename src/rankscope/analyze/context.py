@@ -76,6 +76,7 @@ class Context(Phrasing):
         self._partings: dict[
             tuple[tuple[int, ...], tuple[int, ...]], tuple[Parting | None, str]
         ] = {}
+        self._paths: dict[int, list[Frame] | None] = {}
 
     # --- the calls ------------------------------------------------------------------------
     @cached_property
@@ -265,6 +266,8 @@ class Context(Phrasing):
     def _path(self, rank: int) -> list[Frame] | None:
         """``rank``'s frames in its latest stacks (its thread that waits in a call, else its
         main thread), or its traceback's when it raised and its stacks show no code of its."""
+        if rank in self._paths:
+            return self._paths[rank]
         w = self.graph.waits.get(rank)
         f = self.facts.get(rank)
         thread = w.thread if w is not None and w.thread else None
@@ -272,6 +275,7 @@ class Context(Phrasing):
         path = rank_path(self.ev.table("stacks"), rank, thread=thread)
         if not path and f is not None and f.exception:
             path = without_machinery(self.ev.traceback_path(rank, f.exception))
+        self._paths[rank] = path
         return path
 
     def call_frame(self, rank: int) -> Frame:

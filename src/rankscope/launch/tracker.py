@@ -343,13 +343,7 @@ class RankTracker:
                     record.last_event_at is not None and time.time() - record.last_event_at < 2.0
                 )
                 share = record.cpu_share if fresh else None
-                busy |= record.warming or (share is not None and share >= BUSY_CPU_SHARE)
-                continue
-            if record.warming and _main_thread_may_want_the_gil(record.pid):
-                # The probe's warm-up import holds the GIL for a second or two: a computing
-                # main thread waits for it (a futex) and gets little CPU meanwhile. One that
-                # sleeps, or waits on a socket or a pipe, is idle all the same.
-                busy = True
+                busy |= share is not None and share >= BUSY_CPU_SHARE
                 continue
             # The main thread only: the probe's own threads are not the rank's work. A process
             # it started (a compiler, a loader's worker) that runs is its work too: on a loaded
@@ -457,16 +451,3 @@ def _a_child_runs(pid: int) -> bool:
     except psutil.Error:
         return False
     return any(_main_thread_runs(child.pid) for child in children)
-
-
-def _main_thread_may_want_the_gil(pid: int) -> bool:
-    """Linux: the main thread waits on a futex (where a thread waits for the GIL), or where it
-    waits cannot be read (kernels that hide it say ``0``): it may be a working thread that the
-    GIL keeps off the CPU. False when it runs (the other checks see that) or sleeps elsewhere
-    (``hrtimer_nanosleep``, ``poll_schedule_timeout``, a pipe's read)."""
-    try:
-        with open(f"/proc/{pid}/task/{pid}/wchan") as f:
-            where = f.read().strip()
-    except OSError:
-        return True
-    return where in ("", "0") or "futex" in where

@@ -61,7 +61,6 @@ import ctypes
 import datetime
 import faulthandler
 import functools
-import gc
 import inspect
 import json
 import os
@@ -253,7 +252,6 @@ class Probe:
         self._ending: int | None = None  # the thread inside end(), until it is done
         self._pid = os.getpid()  # a forked child (a DataLoader worker) is not the rank
         self._thread = threading.Thread(target=self._loop, name="rankscope-probe", daemon=True)
-        self._warmup: threading.Thread | None = None
         self._symbolized = False  # a dump with stack traces was written (capture)
 
     # --- writing ----------------------------------------------------------------------------
@@ -363,20 +361,6 @@ class Probe:
             self.emit("end", code=code, reason=reason)
             self.flush()
             self._ending = None
-        if self._warmup is not None and not dying:
-            # A thread still inside torch's dump when the interpreter finalizes aborts the process.
-            self._warmup.join(timeout=30)
-
-    def _warm_up(self) -> None:
-        for _, fn in _DUMPS:
-            with contextlib.suppress(Exception):
-                fn()
-        # The import leaves a few hundred thousand new objects, and the first full collection
-        # after it walks them all (tens of milliseconds with the GIL held). Take it here, at
-        # start-up, rather than in the middle of some later collective.
-        gc.collect()
-        self.emit("warmup", running=False)
-        self.flush()
 
     def on_exception(self, exc: BaseException) -> None:
         self.emit(
@@ -456,24 +440,8 @@ class Probe:
         seen: int | None = None  # the call in flight at the previous look
         done = -1  # calls completed at the previous look
         fr_on = _fr_enabled()
-        warm = not fr_on
         main_clock = _main_clock()  # looked up once: every heartbeat reads it
         while not self._stop.is_set():
-            if not warm and c10d.is_initialized():
-                # torch's first dump with stack traces imports torch._inductor (about a second
-                # of CPU); pay that once, early, on a thread of its own so events keep flowing,
-                # rather than when a stalled job needs its dump quickly.
-                warm = True
-                warmup = threading.Thread(
-                    target=self._warm_up, name="rankscope-warmup", daemon=True
-                )
-                # The import holds the GIL for most of a second or two, and a main thread that
-                # computes (releasing the GIL at every torch op) gets little of it meanwhile:
-                # the watchdog must know that this rank's idle look is ours.
-                self.emit("warmup", running=True)
-                self.flush()
-                warmup.start()
-                self._warmup = warmup  # published only once started: end() joins it
             now = time.monotonic()
             beat = now >= next_beat
             if self._returned or self._works:
@@ -497,7 +465,13 @@ class Probe:
                 self._poll_request()
             cur = self._state.current
             cid = cur.cid if cur is not None else None
-            stuck = cid is not None and cid == seen and cid not in self._entered
+            # A call still in flight at two looks, or entered a while before this one, is
+            # written now: a rank that waits in it is seen waiting within about POLL_S.
+            stuck = (
+                cur is not None
+                and cur.cid not in self._entered
+                and (cur.cid == seen or time.time() - cur.t >= POLL_S / 2)
+            )
             seen = cid
             if stuck or beat:
                 self.flush()
@@ -624,18 +598,16 @@ class Probe:
                 with open(self.run.values(self.rank), "a") as f:
                     f.write(line)
                 files.append(self.run.values(self.rank).name)
-            # Stack traces in the dump need torch._inductor imported; until the warm-up thread
-            # has done that, dump without them rather than wait on the import (the probe's
-            # events carry every call site anyway).
-            warm = self._warmup is not None and not self._warmup.is_alive()
-            # On nccl the first dump that holds entries with stack traces symbolizes them: 4.7 s
-            # on an H200 (torch 2.11), under a millisecond after. Answer with a dump without
-            # them first, then replace it (README, "Checked on a GPU").
-            later = warm and not self._symbolized and _backend_is_nccl()
+            # Stack traces are symbolized only where that costs nothing (below); on nccl the
+            # first dump that holds entries with them takes seconds even then (4.7 s on an
+            # H200, torch 2.11; under a millisecond after): answer with a dump without them
+            # first, then replace it (README, "Checked on a GPU").
+            traces = _symbolizing_is_free()
+            later = traces and not self._symbolized and _backend_is_nccl()
             written = []
             for nccl, fn in _DUMPS:
                 try:
-                    data = fn(includeStackTraces=warm and not later)
+                    data = fn(includeStackTraces=traces and not later)
                 except Exception:
                     continue
                 if data:
@@ -972,6 +944,26 @@ def _fr_active_entries() -> list[list[Any]]:
 
 def _ns_to_s(ns: Any) -> float | None:
     return round(ns / 1e9, 6) if type(ns) is int else None
+
+
+def _symbolizing_is_free() -> bool:
+    """Whether a dump may carry its entries' stack traces now. torch symbolizes them through
+    ``torch._inductor.codecache``, importing the compiler where the job has not: about 1.4 s
+    of CPU holding the GIL (torch 2.13), and an import on this thread while the main thread
+    imports a piece of the same package can hand the main thread a half-initialized module
+    (a DDP constructor failed with ``ImportError: cannot import name 'IndentedBuffer'`` so).
+    A job that imported the compiler itself (DDP's constructor does, 1.5 s of its own;
+    torch.compile) leaves only ``codecache`` to import, about 0.1 s: then, and only while no
+    module is being imported, the traces cost next to nothing. Without them nothing is lost for
+    the calls the wrappers recorded (their events carry every call site, the captured stacks
+    every thread's)."""
+    inductor = sys.modules.get("torch._inductor")
+    if inductor is None:
+        return False
+    return not any(
+        getattr(getattr(m, "__spec__", None), "_initializing", False)
+        for m in list(sys.modules.values())
+    )
 
 
 def _backend_is_nccl() -> bool:

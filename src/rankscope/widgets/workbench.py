@@ -349,6 +349,9 @@ class Workbench(widgets.VBox):
         """List ``job`` (and ``select`` it); a running one is diagnosed when it stalls or ends."""
         state = job.status()
         entry = _Entry(job=job, state=state, auto_diagnose=state not in DIAGNOSE_ON)
+        # A job this process follows says when it stalls, its evidence in: diagnose it then
+        # rather than at the next refresh. (Others are seen stalled by the refresh.)
+        job.on_stall_callbacks.append(lambda job, stall: self._auto_diagnose(entry))
         with self._lock:
             self._entries.append(entry)
             self._relabel()
@@ -413,6 +416,14 @@ class Workbench(widgets.VBox):
         entry.run, entry.diagnosis = run, d
         return d
 
+    def _auto_diagnose(self, entry: _Entry) -> None:
+        """Diagnose a job seen running, once, when it first stalls or ends."""
+        with self._lock:
+            if not entry.auto_diagnose:
+                return
+            entry.auto_diagnose = False
+        self._submit(self._diagnose, entry)
+
     def _refresh_loop(self) -> None:
         while not self._closing.wait(self.refresh_s):
             try:
@@ -433,9 +444,8 @@ class Workbench(widgets.VBox):
             state = entry.job.status()
             if state != entry.state:
                 entry.state, changed = state, True
-                if entry.auto_diagnose and state in DIAGNOSE_ON:
-                    entry.auto_diagnose = False
-                    self._submit(self._diagnose, entry)
+                if state in DIAGNOSE_ON:
+                    self._auto_diagnose(entry)
         if changed:
             self._relabel()
         entry = self._selected_entry()
