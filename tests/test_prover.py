@@ -4,7 +4,7 @@ never one where a rank may still come."""
 
 from __future__ import annotations
 
-from rankscope.launch.tracker import _state
+from rankscope.launch.tracker import _backend_state, _state
 from rankscope.rundir import RankRecord
 from rankscope.waitfor import RankState, prove
 
@@ -251,3 +251,58 @@ def test_collectives_are_numbered_without_the_group_management_calls():
     member.apply({"ev": "exit", "id": 3, "t": 10.0})
     member.apply({**enter(4, "destroy_process_group", 4), "t": 11.0})
     assert _state(member).blocked is None and _state(member).pending == ()
+
+
+def beat(active: list, fr: dict | None = None) -> dict:
+    """A heartbeat whose recorder read found ``active`` entries ``[group, seq, op]``."""
+    return {"ev": "heartbeat", "fr": fr or {"0": [12, 11]}, "fr_active": active}
+
+
+def test_the_recorder_numbers_what_torch_issues_from_cpp():
+    # DDP with uneven data (D9): ranks 0 and 1 wait in DDP's gradient all_reduce, issued from
+    # C++ (no enter event), while rank 2, out of data, waits in the barrier after the loop.
+    # The probe's numbering has nothing to compare; the recorder's numbers both #12.
+    ddp = [events(beat([["0", 12, "all_reduce", None, 1.0, None]])) for _ in range(2)]
+    out = events(enter(1, "barrier", 1, pg_ranks=[0, 1, 2]))
+    out.apply(beat([["0", 12, "barrier", None, 1.0, None]]))
+    states = {0: _state(ddp[0]), 1: _state(ddp[1]), 2: _state(out)}
+    assert prove(states) is None
+    backend = {r: _backend_state(rec) for r, rec in enumerate([*ddp, out])}
+    assert backend[2].pending == (("0", 12),) and backend[2].members == {"0": [0, 1, 2]}
+    assert prove(backend) == (
+        "rank 0 waits in all_reduce and rank 2 called barrier as collective #12 of group 0: "
+        "not the same call"
+    )
+
+
+def test_by_the_recorder_a_slow_step_proves_nothing():
+    # the same, but rank 2 is slow in its step: not yet at #12, nothing in flight
+    ddp = [events(beat([["0", 12, "all_reduce", None, 1.0, None]])) for _ in range(2)]
+    slow = events(enter(1, "all_reduce", 1, pg_ranks=[0, 1, 2]), {"ev": "exit", "id": 1})
+    slow.apply(beat([], fr={"0": [11, 11]}))
+    backend = {r: _backend_state(rec) for r, rec in enumerate([*ddp, slow])}
+    assert prove(backend) is None
+
+
+def test_by_the_recorder_only_an_end_that_says_its_count_is_an_end():
+    # the DDP ranks made a call of their own on the group: they know its members
+    ddp = [
+        events(
+            enter(1, "all_reduce", 1, pg_ranks=[0, 1, 2]),
+            {"ev": "exit", "id": 1},
+            beat([["0", 12, "all_reduce", None, 1.0, None]]),
+        )
+        for _ in range(2)
+    ]
+    gone = events(enter(1, "all_reduce", 1, pg_ranks=[0, 1, 2]), {"ev": "exit", "id": 1})
+    gone.apply(beat([], fr={"0": [11, 11]}))
+    gone.apply({"ev": "end", "code": 0})  # its last heartbeat's count may be stale: no proof
+    backend = {r: _backend_state(rec) for r, rec in enumerate([*ddp, gone])}
+    assert backend[2].exited is None and prove(backend) is None
+    gone.fr_final = False
+    gone.apply({"ev": "end", "code": 0, "fr": {"0": [11, 11]}})
+    backend[2] = _backend_state(gone)
+    assert prove(backend) == (
+        "rank 2 ended (exit code 0) after 11 call(s) on group 0; rank 0 waits in all_reduce, "
+        "call #12 of group 0"
+    )

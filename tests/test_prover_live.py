@@ -32,6 +32,7 @@ def onset(job) -> float:
         ("exited", "rank 2 ended (exit code 0)"),
         ("p2p", "ranks 0, 1 each wait inside a call for another"),
         ("cross", "rank 1 in all_reduce (group 1 #1), not called by rank 0"),
+        ("ddp", "called barrier as collective #"),
     ],
 )
 def test_a_provable_hang_is_called_at_once(how, fact, start_job):

@@ -71,7 +71,8 @@ EVENT_KINDS = {
     "exception": "type, message, traceback",
     "capture": "id, reason, files (what the probe wrote for an evidence request)",
     "end": "code (the process exit code, when the probe saw it), reason (exit, exception, "
-    "os._exit, or the name of the signal that ended the process: SIGTERM)",
+    "os._exit, or the name of the signal that ended the process: SIGTERM), fr (as the "
+    "heartbeat's, at the end)",
 }
 
 #: Point-to-point calls: an ``enter`` event's ``seq`` numbers them apart from the group's
@@ -489,7 +490,10 @@ class RankRecord:
     at: str | None = None
     """Where its main thread was at its last heartbeat, in the user's code: ``train.py:14``."""
     fr: dict[str, list[int]] | None = None
-    """Flight recorder per group: [last enqueued, last completed], from the heartbeat."""
+    """Flight recorder per group: [last enqueued, last completed], from the heartbeat (from the
+    end event once it ended, where that says it: ``fr_final``)."""
+    fr_final: bool = False
+    """``fr`` is the count at its end: it issued no collective after."""
     node: str | None = None
     """The SLURM node it runs on (SLURMD_NODENAME), under SLURM."""
     slurm_job: str | None = None
@@ -612,6 +616,9 @@ class RankRecord:
             self.ended, self.ended_at, self.exit_code = True, t, as_int(ev.get("code"))
             self.end_reason = as_str(ev.get("reason"))
             self.in_collective_since = None
+            fr = ev.get("fr")
+            if isinstance(fr, dict) and all(_pair(v) for v in fr.values()):
+                self.fr, self.fr_final = fr, True
             self.unfinished = self.uncompleted()
             if self.last_done in self.unfinished:
                 self.last_done = None

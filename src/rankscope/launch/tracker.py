@@ -275,7 +275,7 @@ class RankTracker:
             record = self.records[rank]
             for ev in tail.read():
                 progress |= record.apply(ev)
-                if ev.get("ev") != "heartbeat":
+                if ev.get("ev") != "heartbeat" or ev.get("fr_active"):
                     self.changes += 1
         if progress:
             self.progressed_at = time.monotonic()
@@ -367,6 +367,15 @@ class RankTracker:
         issues from C++, seen only in the flight recorder) is left out: it proves nothing."""
         return {rank: _state(record) for rank, record in self.records.items()}
 
+    def backend_states(self) -> dict[int, RankState]:
+        """Every rank as the flight recorder numbers its collectives (every collective the
+        backend ran on a group, those torch issues from C++ included, where :meth:`states`
+        numbers the calls made from Python): its uncompleted entries at its last heartbeat that
+        read them (op only: the recorder's live read has no shapes), and, for a rank that
+        ended cleanly, how many it had issued per group at its end. A rank whose end did not
+        say that count is not taken as ended here: its last heartbeat's count may be stale."""
+        return {rank: _backend_state(record) for rank, record in self.records.items()}
+
     def waiting_in_collective(self) -> bool:
         """A live rank is inside a collective."""
         return any(not s.ended and in_collective(s) for s in self.records.values())
@@ -408,6 +417,22 @@ def _state(record: RankRecord) -> RankState:
             assert record.peer is not None  # a receive from any source is not p2p_known
             receiving = (record.peer, record.received.get(record.peer, 0))
     return RankState(**common, pending=tuple(pending), blocked=blocked, receiving=receiving)
+
+
+def _backend_state(r: RankRecord) -> RankState:
+    entries = [
+        (str(e[0]), e[1], str(e[2]))
+        for e in r.fr_active or ()
+        if isinstance(e, list) and len(e) >= 3 and type(e[1]) is int
+    ]
+    return RankState(
+        rank=r.rank,
+        members=r.members,
+        called={pg: c[0] for pg, c in (r.fr or {}).items()},
+        calls={(pg, seq): (op, None, None, None) for pg, seq, op in entries},
+        pending=tuple((pg, seq) for pg, seq, _ in entries),
+        exited=0 if r.ended and r.exit_code == 0 and r.fr_final else None,
+    )
 
 
 def _work_cpu(pid: int) -> float | None:

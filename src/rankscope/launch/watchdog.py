@@ -12,8 +12,10 @@ leaves).
 Beside the timeout, the prover (:func:`rankscope.waitfor.prove`): at every look that read new
 calls while a rank waits (at most every ``PROVE_BUSY_S`` while the ranks make progress), the ranks' live state is asked whether it proves that no rank can
 progress (two calls at one place of a group that are not the same call, a peer that ended
-before making the call waited in, a cycle of ranks inside calls that wait for each other). When
-it does, the stall is ``proven`` at once, with the fact that proves it, whatever the timeout.
+before making the call waited in, a cycle of ranks inside calls that wait for each other), in
+the probe's numbering of the calls made from Python, then in the flight recorder's, which has
+the collectives torch issues from C++ (:meth:`RankTracker.backend_states`). When it does, the
+stall is ``proven`` at once, with the fact that proves it, whatever the timeout.
 """
 
 from __future__ import annotations
@@ -146,7 +148,9 @@ class Watchdog:
                 ):
                     began = time.monotonic()
                     proved_upto = tracker.changes
-                    proven = prove(tracker.states())
+                    proven = prove(tracker.states()) or _recorder_says(
+                        prove(tracker.backend_states())
+                    )
                     took = time.monotonic() - began
                     next_proof = began + max(PROVE_BUSY_S, PROVE_SHARE * took)
                     next_quiet = began + (1 + PROVE_SHARE) * took
@@ -196,3 +200,7 @@ class Watchdog:
                 stalled_at = now
                 self.on_stall(kind, idle, proven)
             time.sleep(POLL_S)
+
+
+def _recorder_says(fact: str | None) -> str | None:
+    return None if fact is None else f"{fact} (by the flight recorder's numbering)"

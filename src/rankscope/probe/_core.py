@@ -358,7 +358,10 @@ class Probe:
             self._stop.set()  # no heartbeat after the end event
             if self._thread.is_alive() and self._thread is not threading.current_thread():
                 self._thread.join(timeout=2)
-            self.emit("end", code=code, reason=reason)
+            # The recorder's count at the end: every collective this rank will ever have
+            # issued on each group (the stall prover's "ended before calling it").
+            fr = _fr_progress() if _fr_enabled() and c10d.is_initialized() else None
+            self.emit("end", code=code, reason=reason, fr=fr)
             self.flush()
             self._ending = None
 

@@ -6,7 +6,10 @@
 - ``exited``: rank 2 leaves its loop early and exits 0, the others call one more all_reduce;
 - ``p2p``: ranks 0 and 1 each receive from the other before sending; rank 2 all_reduces;
 - ``cross``: rank 0 skips an all_reduce on group {0, 1} and waits on the world group, where
-  rank 1 waits in the group-{0, 1} call (a cycle across two groups).
+  rank 1 waits in the group-{0, 1} call (a cycle across two groups);
+- ``ddp``: uneven data under DDP (D9): rank 2's shard has one batch fewer; it waits in the
+  final barrier while the others' backward waits in DDP's gradient all_reduce, which torch
+  issues from C++ (only the flight recorder numbers it).
 """
 
 import os
@@ -46,6 +49,13 @@ elif how == "p2p":
         dist.send(x, dst=1 - rank)
     else:
         dist.all_reduce(x)
+elif how == "ddp":
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    model = DDP(torch.nn.Linear(4, 4))
+    for _ in range(3 if rank == 2 else 4):
+        model(torch.ones(2, 4)).sum().backward()
+    dist.barrier()
 elif how == "cross":
     if rank == 1:
         dist.all_reduce(x, group=pair)

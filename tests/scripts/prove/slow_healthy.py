@@ -6,7 +6,9 @@ hang, and nothing in the ranks' state may be taken for proof of one.
 3. uneven but legal point-to-point: rank 1 sends rank 0 three messages, pausing between them,
    while rank 0 receives them (and rank 2 waits in an all_reduce);
 4. a side group: ranks 0 and 1 all_reduce on group {0, 1} while rank 2 waits on the world
-   group; then everyone meets there.
+   group; then everyone meets there;
+5. a slow step under DDP: rank 1 sleeps before its backward while the others' backward waits
+   in DDP's gradient all_reduce (issued from C++: the flight recorder's numbering).
 """
 
 import os
@@ -16,6 +18,7 @@ import time
 
 import torch
 import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
 
 slow = float(sys.argv[1])
 dist.init_process_group(os.environ.get("RANKSCOPE_BACKEND", "gloo"))
@@ -43,4 +46,10 @@ if rank < 2:  # 4
         time.sleep(slow / 5)
         dist.all_reduce(x, group=side)
 dist.all_reduce(x)
+model = DistributedDataParallel(torch.nn.Linear(4, 4))
+for step in range(3):
+    if rank == 1 and step == 1:
+        time.sleep(slow)  # 5
+    model(torch.ones(2, 4)).sum().backward()
+dist.barrier()
 dist.destroy_process_group()
