@@ -362,8 +362,9 @@ class Context(Phrasing):
             rest = need.index.difference(sample.index)
             sites.loc[rest] = need.loc[rest, "key"].map(agreed).astype("string")
             note = (
-                f"call sites read from the frames of {len(sample)} of {len(need)} ranks; the "
-                "others making the identical call are shown at the site those agree on"
+                f"call sites read from the recorder's frames of {len(sample)} of the "
+                f"{len(need)} calls without one (up to {SITE_SAMPLE} of each identical call); "
+                "the others are shown at the site their sample agrees on"
             )
             if note not in self.notes_of_sites:
                 self.notes_of_sites.append(note)
