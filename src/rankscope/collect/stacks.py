@@ -358,19 +358,27 @@ def latest_captures(table: pd.DataFrame) -> pd.DataFrame:
     table: the last capture of the rank's own ``stacks.txt`` where it has one (the probe appends
     to it, and a fatal signal's dump there has no capture id or time), else the newest by
     capture id and time."""
-    source = table["source"].fillna("")
-    own = source.str.endswith("stacks.txt") & ~source.str.startswith("evidence/")
-    ranked = table.assign(
-        _own=own.to_numpy(),
-        _id=table["capture_id"].astype("Float64").fillna(-1.0).to_numpy(dtype=float),
-        _t=table["t_s"].astype("Float64").fillna(-1.0).to_numpy(dtype=float),
+    if table.empty:
+        return table
+    source = table["source"].astype(object).fillna("").to_numpy()
+    own = np.fromiter(
+        (s.endswith("stacks.txt") and not s.startswith("evidence/") for s in source),
+        dtype=bool,
+        count=len(source),
     )
-    # Own captures by their place in the file; others by id, then time.
-    ranked["_k1"] = np.where(ranked["_own"], 1, 0)
-    ranked["_k2"] = np.where(ranked["_own"], ranked["capture"].astype(float), ranked["_id"])
-    ranked["_k3"] = np.where(ranked["_own"], 0.0, ranked["_t"])
-    ordered = ranked.sort_values(["_k1", "_k2", "_k3"], kind="stable")
-    last = ordered.drop_duplicates("rank", keep="last")[["rank", "source", "capture"]]
-    chosen = ranked
-    out = chosen.merge(last, on=["rank", "source", "capture"], how="inner")
-    return out.drop(columns=["_own", "_id", "_t", "_k1", "_k2", "_k3"])
+    capture = table["capture"].astype("Float64").fillna(-1.0).to_numpy(dtype=float)
+    cid = table["capture_id"].astype("Float64").fillna(-1.0).to_numpy(dtype=float)
+    t = table["t_s"].astype("Float64").fillna(-1.0).to_numpy(dtype=float)
+    rank = table["rank"].astype("Float64").fillna(-1.0).to_numpy(dtype=float)
+    # Own captures by their place in the file; others by id, then time. Per rank, the last.
+    order = np.lexsort((np.where(own, 0.0, t), np.where(own, capture, cid), own, rank))
+    by_rank = rank[order]
+    last = order[np.r_[by_rank[1:] != by_rank[:-1], True]]
+    # A capture is one (source, capture) of the rank: every row of it is kept.
+    chosen = {rank[i]: (source[i], capture[i]) for i in last}
+    rows = np.fromiter(
+        (chosen[r] == (s, c) for r, s, c in zip(rank, source, capture, strict=True)),
+        dtype=bool,
+        count=len(rank),
+    )
+    return table[rows].reset_index(drop=True)
