@@ -60,6 +60,12 @@ def test_hang_is_caught_and_stopped(tmp_path):
         "STALL: no progress" in out.stdout
         and "rank 0 in barrier (conditional_barrier.py:16)" in (out.stdout)
     )
+    # the card of the frozen job comes with the stall, before the stop; the one after the stop
+    # is not printed again when it says the same
+    card = out.stdout.index("HANG: rank_conditional_collective")
+    assert out.stdout.index("STALL") < card < out.stdout.index("rankscope: job stopped")
+    assert out.stdout.count("HANG:") == 1, out.stdout
+    assert "the diagnosis after the stop is the one above" in out.stdout
     info = json.loads((tmp_path / "hang/run.json").read_text())
     assert info["state"] == "stopped" and info["stop_reason"] == "stall"
     assert not leftover_processes(tmp_path)
