@@ -10,9 +10,11 @@ rank outside every collective whose main thread is working is a straggler, not a
 leaves).
 
 Beside the timeout, the prover (:func:`rankscope.waitfor.prove`): at every look that read new
-calls while a rank waits (at most every ``PROVE_BUSY_S`` while the ranks make progress), the ranks' live state is asked whether it proves that no rank can
-progress (two calls at one place of a group that are not the same call, a peer that ended
-before making the call waited in, a cycle of ranks inside calls that wait for each other), in
+calls while a rank waits (while the ranks make progress, as often as ``PROVE_BUSY_SHARE`` of the
+time allows and at least every ``PROVE_BUSY_S``), the ranks' live state is asked whether it
+proves that no rank can progress (two calls at one place of a group that are not the same call,
+a peer that ended before making the call waited in, a cycle of ranks inside calls that wait for
+each other), in
 the probe's numbering of the calls made from Python, then in the flight recorder's, which has
 the collectives torch issues from C++ (:meth:`RankTracker.backend_states`). When it does, the
 stall is ``proven`` at once, with the fact that proves it, whatever the timeout.
@@ -39,9 +41,11 @@ BUSY_LIMIT = 10.0
 #: CPU counters tick coarsely: whether a rank outside the collectives works is looked at this
 #: often.
 CPU_LOOK_S = 0.5
-#: While the ranks make progress the prover looks at most this often (tens of milliseconds at
-#: a thousand ranks); a hang stops the progress of the ranks it holds, and the first look after
-#: that asks it.
+#: While the ranks make progress the prover takes at most this share of the time (a look costs
+#: tens of milliseconds at a thousand ranks, a fraction of one at a few), and looks at least
+#: every ``PROVE_BUSY_S``: a rank's progress is no sign that the others are not held (its
+#: heartbeat reports collectives completed long before).
+PROVE_BUSY_SHARE = 0.01
 PROVE_BUSY_S = 1.0
 #: Otherwise it waits this many times its last look's duration before the next: at most a fifth
 #: of the watchdog's time, so that reading the ranks' events keeps up (nothing, for small jobs).
@@ -152,7 +156,9 @@ class Watchdog:
                         prove(tracker.backend_states())
                     )
                     took = time.monotonic() - began
-                    next_proof = began + max(PROVE_BUSY_S, PROVE_SHARE * took)
+                    next_proof = began + max(
+                        min(PROVE_BUSY_S, took / PROVE_BUSY_SHARE), PROVE_SHARE * took
+                    )
                     next_quiet = began + (1 + PROVE_SHARE) * took
             now = time.monotonic()
             if new:

@@ -478,7 +478,12 @@ class Probe:
             seen = cid
             if stuck or beat:
                 self.flush()
-            busy, done = self._state.done != done, self._state.done
+            # Busy: calls completed since the last look, the last a moment ago. A rank whose
+            # last call completed long before (its step, then a call that blocks) is looked at
+            # again soon, not at its next heartbeat.
+            state = self._state
+            busy = state.done != done and time.time() - state.t_done < POLL_S
+            done = state.done
             self._stop.wait(max(next_beat - now, 0.0) if busy else POLL_S)
 
     def _take_returned(self) -> None:

@@ -132,6 +132,7 @@ typedef struct {
     Record *current;    /* the call in flight (the last one entered): its wrapper's, on that
                          * thread's C stack, or NULL. Cleared by that wrapper before it returns. */
     Py_ssize_t done;    /* calls completed */
+    double t_done;      /* when the last of them completed (time.time()) */
     long long epoch;    /* bumped when process groups are created or destroyed */
     PyObject *call_type; /* _Call: how `current` and the formatters' slow path see a call */
     PyObject *lines;    /* the probe's line writer (_core._Lines): what write() formats with */
@@ -751,6 +752,7 @@ finish(Wrapper *w, Record *r, PyObject *result)
         if (st->current == r)
             st->current = NULL;
         st->done++;
+        st->t_done = r->t_end;
     }
     PyObject *exc_type = NULL, *exc_value = NULL, *exc_tb = NULL;
     if (result == NULL) /* the user's exception, set aside (a call that returned has none) */
@@ -1305,6 +1307,7 @@ state_get_current(State *st, void *closure)
 
 static PyMemberDef state_members[] = {
     {"done", T_PYSSIZET, offsetof(State, done), 0, "calls completed"},
+    {"t_done", T_DOUBLE, offsetof(State, t_done), 0, "when the last of them completed"},
     {"epoch", T_LONGLONG, offsetof(State, epoch), 0,
      "bumped when process groups are created or destroyed (Probe._groups_changed)"},
     {NULL},

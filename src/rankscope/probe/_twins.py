@@ -149,6 +149,7 @@ def _python_wrapper(probe: Any, fn: Any, spec: _Spec, before: Any, after: Any) -
                     if state.current is call:
                         state.current = None
                     state.done += 1
+                    state.t_done = t_end
                     if result is not None or call.async_op:
                         returned.append((call.cid, result, call.async_op))
                     state.append((call, t_end, error is None, error))
@@ -217,12 +218,13 @@ class _State:
     """What the wrappers and the probe thread share: the records queued for the next write,
     the call in flight and the ring file."""
 
-    __slots__ = ("current", "done", "epoch", "lines", "queue", "ring")
+    __slots__ = ("current", "done", "epoch", "lines", "queue", "ring", "t_done")
 
     def __init__(self, ring: _Ring | None, lines: _Lines) -> None:
         self.queue: list[tuple[Any, ...]] = []  # records: (fields,) or (call, t_end, ok, error)
         self.current: _Call | None = None  # the call in flight
         self.done = 0  # calls completed
+        self.t_done = 0.0  # when the last of them completed (time.time())
         self.epoch = 0  # process groups created or destroyed (see Probe._groups_changed)
         self.ring = ring  # the wrapper writes a call's slot at entry and exit
         self.lines = lines
