@@ -20,7 +20,10 @@ through the run directory (their pid, for it, is one sleeping process here). It 
 - a capture (:func:`rankscope.launch.capture.capture_evidence`, without py-spy): request to
   every rank answered and copied.
 
-    python bench/live_scale.py [--ranks 1024] [--steady 10] [--stall-timeout 3]
+    python bench/live_scale.py [--ranks 1024] [--steady 10] [--stall-timeout 3] [--probe-lines]
+
+By default an enter line holds what the tracker reads of it (op, group, number, site): the
+probe's own lines also carry every member of the group, which ``--probe-lines`` writes.
 """
 
 from __future__ import annotations
@@ -54,10 +57,22 @@ def _line(ev: dict) -> str:
     return json.dumps(ev, separators=(",", ":")) + "\n"
 
 
-def play(folder: Path, *, ranks: int, calls_per_s: float, steady_s: float, culprit: int) -> None:
+def play(
+    folder: Path,
+    *,
+    ranks: int,
+    calls_per_s: float,
+    steady_s: float,
+    culprit: int,
+    probe_lines: bool = False,
+) -> None:
     """Write every rank's events until killed; print (wall clock) when every rank had hung and
-    when the rule's clock began (the later of the last progress and the first wait)."""
+    when the rule's clock began (the later of the last progress and the first wait).
+    ``probe_lines``: each enter line whole, as the probe writes it (its id, thread, the group's
+    description and every member of the world group, the tensors, the function)."""
     run = RunDir(folder)
+    world = {"pg_desc": "default_pg", "pg_ranks": list(range(ranks)), "peer": None}
+    whole = {**world, "shapes": [[4096]], "dtypes": ["float32"], "async_op": False}
     sleeper = int(os.environ["LIVE_SCALE_PID"])
     files = {}
     for r in range(ranks):
@@ -96,6 +111,8 @@ def play(folder: Path, *, ranks: int, calls_per_s: float, steady_s: float, culpr
                 for _ in range(per_flush):
                     seq[r] += 1
                     call = {"op": "all_reduce", "pg": "0", "seq": seq[r], "file": "t.py"}
+                    if probe_lines:
+                        call = {"id": seq[r], "tid": 1, **call, **whole, "func": "step"}
                     text += _line({"ev": "enter", "t": now, **call, "line": 9})
                     text += _line({"ev": "exit", "t": now, "ok": True})
                 text += _line({"ev": "step", "t": now, "step": seq[r]})
@@ -134,6 +151,7 @@ def follow(args: argparse.Namespace, folder: Path) -> dict[str, float]:
     env = dict(os.environ, LIVE_SCALE_PID=str(sleeper.pid))
     play_args = ["--ranks", str(args.ranks), "--calls-per-s", str(args.calls_per_s)]
     play_args += ["--steady", str(args.steady), "--culprit", str(args.culprit)]
+    play_args += ["--probe-lines"] if args.probe_lines else []
     writer = subprocess.Popen(
         [sys.executable, __file__, "--play", str(folder), *play_args],
         stdout=subprocess.PIPE,
@@ -160,9 +178,11 @@ def follow(args: argparse.Namespace, folder: Path) -> dict[str, float]:
             time.sleep(0.2)
         time.sleep(1.0)
         # The steady job: this process's CPU over a window in which it only follows.
-        c0, w0 = time.process_time(), time.monotonic()
+        c0, w0, done0 = time.process_time(), time.monotonic(), _done(tracker, lock)
         time.sleep(max(1.0, args.steady - 2.5))
-        cpu = (time.process_time() - c0) / (time.monotonic() - w0)
+        window = time.monotonic() - w0
+        cpu = (time.process_time() - c0) / window
+        followed = (_done(tracker, lock) - done0) / window
         hang = json.loads(writer.stdout.readline())
         waiting = [r for r in range(args.ranks) if r != args.culprit]
         seen_at = None
@@ -185,12 +205,19 @@ def follow(args: argparse.Namespace, folder: Path) -> dict[str, float]:
         sleeper.wait()
     return {
         "cpu_share": cpu,
+        "followed": followed,
         "event_to_state_s": (seen_at or float("nan")) - hang["hung_at"],
         "stall_late_s": (stalls[0] if stalls else float("nan"))
         - (hang["waits_from"] + args.stall_timeout),
         "capture_s": manifest["duration_s"],
         "capture_missing": len(manifest["missing"]),
     }
+
+
+def _done(tracker: RankTracker, lock: threading.Lock) -> int:
+    """Collectives completed by every rank so far, as followed."""
+    with lock:
+        return sum(record.done for record in tracker.records.values())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -201,6 +228,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stall-timeout", type=float, default=3.0)
     parser.add_argument("--culprit", type=int, default=None, help="default: ranks // 2 + 5")
     parser.add_argument("--dir", type=Path, default=None, help="where (default: a temp dir)")
+    parser.add_argument(
+        "--probe-lines",
+        action="store_true",
+        help="enter lines whole, as the probe writes them (every member of the group in each)",
+    )
     parser.add_argument("--play", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     args.culprit = args.ranks // 2 + 5 if args.culprit is None else args.culprit
@@ -211,6 +243,7 @@ def main(argv: list[str] | None = None) -> int:
             calls_per_s=args.calls_per_s,
             steady_s=args.steady,
             culprit=args.culprit,
+            probe_lines=args.probe_lines,
         )
         return 0
     base = Path(tempfile.mkdtemp(prefix="rankscope-live-", dir=args.dir))
@@ -224,7 +257,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(
         f"following (tracker + watchdog): {out['cpu_share']:.1%} of one core "
-        f"(budget {CPU_BUDGET:.0%})"
+        f"(budget {CPU_BUDGET:.0%}), {out['followed']:.0f} collectives a second followed "
+        f"(the job's {args.ranks * args.calls_per_s:.0f}: fewer when the writer is starved)"
     )
     print(f"hang events written -> live state: {out['event_to_state_s']:.2f} s")
     print(
