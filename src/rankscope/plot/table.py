@@ -141,8 +141,10 @@ def grouped_rows(
     groups = rank_groups(
         range(len(at)), key=ids.__getitem__, rank=rank_of.__getitem__, culprits=culprits
     )
-    for group in groups:
-        group.rows = at[group.rows].tolist()
+    for group in groups:  # positions in ``table``, in rank order
+        order = sorted(range(len(group.rows)), key=group.ranks.__getitem__)
+        group.rows = at[[group.rows[i] for i in order]].tolist()
+        group.ranks = [group.ranks[i] for i in order]
     shown, _ = table_rows(
         table.iloc[[g.rows[0] for g in groups[:max_rows]]], columns=alike or ["rank"]
     )

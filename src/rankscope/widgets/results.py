@@ -38,6 +38,9 @@ GRID: dict[str, Any] = {
     "pageLength": 15,
     "lengthMenu": [15, 50, 200],
     "classes": "display nowrap cell-border",
+    # every row sent (table_rows keeps to MAX_ROWS): itables would otherwise show a sample of
+    # a table over 64 KB, and a group of 1024 ranks would lose most of its rows
+    "maxBytes": 0,
     "text_in_header_can_be_selected": False,
     "layout": {
         "topStart": "search",
@@ -107,7 +110,7 @@ class ResultsPanel(widgets.VBox):
             value=True, description="a row per group of ranks alike", indent=False
         )
         self.table_group = widgets.Dropdown(
-            options=[(EVERY_GROUP, None)], description="group", layout={"width": "420px"}
+            options=[(EVERY_GROUP, None)], description="group", layout={"flex": "1 1 auto"}
         )
         self.table_info = widgets.HTML("")
         # A grid made for DataFrames: scrolls sideways, sorts and filters in the browser.
@@ -137,9 +140,10 @@ class ResultsPanel(widgets.VBox):
                     [
                         widgets.VBox([self.table_name, self.table_ranks, self.show_table]),
                         self.table_columns,
-                        widgets.VBox([self.table_grouped, self.table_group]),
                     ]
                 ),
+                # a group's label is long: the list has the width of the tab
+                widgets.HBox([self.table_group, self.table_grouped]),
                 self.table_errors,
                 self.table_info,
                 self.table,
@@ -289,7 +293,7 @@ class ResultsPanel(widgets.VBox):
                 (f"{g.label}{' ⚑ culprit' if g.culprit else ''} — {g.what}", i)
                 for i, g in enumerate(groups[:GROUP_CHOICES])
             ]
-            self.table_group.value = None
+            self.table_group.index = 0  # "every group" (a value of None would show no choice)
         finally:
             self._grouping = False
         self.table_group.disabled = not groups
