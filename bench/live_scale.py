@@ -1,8 +1,9 @@
 """The live layer at cluster scale: following a simulated job of many ranks, without torch.
 
 A writer process plays the job in a run directory: every rank appends to its ``events.jsonl`` as
-the probe does (one write per flush, every ``HEARTBEAT_S``: a heartbeat and the enter/exit events
-of the collectives completed since, ``--calls-per-s`` of them; a step every second). After
+the probe does (one write per flush, every ``HEARTBEAT_S``: a heartbeat, the enter and exit
+events of the collectives completed since, ``--calls-per-s`` of them, and the enter event of
+the one in flight, whose exit the next flush writes; a step every flush). After
 ``--steady`` seconds every rank but one enters one more collective and never leaves it; the
 culprit keeps beating outside any collective. The ranks answer a capture request as the probe
 does (stacks, then a ``capture`` event, at their next poll).
@@ -73,6 +74,16 @@ def play(
     run = RunDir(folder)
     world = {"pg_desc": "default_pg", "pg_ranks": list(range(ranks)), "peer": None}
     whole = {**world, "shapes": [[4096]], "dtypes": ["float32"], "async_op": False}
+
+    def enter(n: int, t: float) -> str:
+        call = {"op": "all_reduce", "pg": "0", "seq": n, "file": "t.py", "line": 9}
+        if probe_lines:
+            call = {"id": n, "tid": 1, **call, **whole, "func": "step"}
+        return _line({"ev": "enter", "t": t, **call})
+
+    def exit_line(t: float) -> str:
+        return _line({"ev": "exit", "t": t, "ok": True})
+
     sleeper = int(os.environ["LIVE_SCALE_PID"])
     files = {}
     for r in range(ranks):
@@ -107,28 +118,28 @@ def play(
             if r % ticks != tick % ticks:
                 continue
             text = _line({"ev": "heartbeat", "t": now, "cpu": 0.0})
+            if seq[r] and r not in hung:  # the call in flight at the last flush completed
+                text += exit_line(now)
+                last_progress = now
             if now < hang_at:
-                for _ in range(per_flush):
+                # the calls completed since, and the one in flight now (its enter only)
+                for i in range(per_flush):
                     seq[r] += 1
-                    call = {"op": "all_reduce", "pg": "0", "seq": seq[r], "file": "t.py"}
-                    if probe_lines:
-                        call = {"id": seq[r], "tid": 1, **call, **whole, "func": "step"}
-                    text += _line({"ev": "enter", "t": now, **call, "line": 9})
-                    text += _line({"ev": "exit", "t": now, "ok": True})
+                    text += enter(seq[r], now) + (exit_line(now) if i < per_flush - 1 else "")
                 text += _line({"ev": "step", "t": now, "step": seq[r]})
                 last_progress = now
             elif r not in hung:
                 hung.add(r)
                 if r != culprit:
-                    call = {"op": "all_reduce", "pg": "0", "seq": seq[r] + 1, "file": "t.py"}
-                    text += _line({"ev": "enter", "t": now, **call, "line": 9})
+                    text += enter(seq[r] + 1, now)
                     first_enter = now if first_enter is None else first_enter
             f.write(text)
             if len(hung) == ranks and not told:  # the last rank's hang is written
                 told = True
                 # the rule's clock: from the last progress or the first wait, the later
                 began = max(last_progress, first_enter or now)
-                print(json.dumps({"hung_at": time.time(), "waits_from": began}), flush=True)
+                hang = {"hung_at": time.time(), "waits_from": began, "entered": first_enter}
+                print(json.dumps(hang), flush=True)
         tick += 1
         time.sleep(max(0.0, POLL_S - (time.time() - now)))
 
@@ -189,7 +200,9 @@ def follow(args: argparse.Namespace, folder: Path) -> dict[str, float]:
         give_up = time.monotonic() + 4 * args.stall_timeout + 10
         while seen_at is None and time.monotonic() < give_up:
             with lock:
-                if all(tracker.records[r].in_collective_since is not None for r in waiting):
+                # every waiting rank in its last call (each was in a call before, in flight)
+                since = [tracker.records[r].in_collective_since for r in waiting]
+                if all(t is not None and t >= hang["entered"] for t in since):
                     seen_at = time.time()
             time.sleep(0.01)
         deadline = time.monotonic() + 4 * args.stall_timeout + 10
