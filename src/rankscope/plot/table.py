@@ -69,6 +69,11 @@ class RankGroup:
             return f"rank {ranks[0]}"
         return f"{len(ranks)} ranks: {compact_ranks(ranks)}"
 
+    @property
+    def marked(self) -> str:
+        """Its :attr:`label`, with ``⚑ culprit`` after it for a group of culprits."""
+        return self.label + (" ⚑ culprit" if self.culprit else "")
+
 
 def rank_groups(
     rows: Iterable[Any],
@@ -153,8 +158,7 @@ def grouped_rows(
     for group, values in zip(groups, shown.itertuples(index=False), strict=False):
         said = [str(v) for v in values if v is not None and not pd.isna(v) and str(v) != ""]
         group.what = " · ".join(said)[:WHAT_CHARS]
-    labels = [g.label + (" ⚑ culprit" if g.culprit else "") for g in groups[:max_rows]]
-    shown.insert(0, "ranks", labels)
+    shown.insert(0, "ranks", [g.marked for g in groups[:max_rows]])
     return shown, groups
 
 

@@ -44,8 +44,8 @@ def snapshot_groups(
 ) -> list[plot.RankGroup]:
     """The snapshots of :meth:`rankscope.launch.Job.ranks` grouped by state
     (:func:`rankscope.plot.rank_groups`): status, what they do now (durations aside), the last
-    collective they completed and how they ended; a culprit's group first, then by status (dead
-    and failed first), then the smaller groups."""
+    collective they completed and how they ended; a group of culprits alone first, then by
+    status (dead and failed first), then the smaller groups."""
     return plot.rank_groups(rows, key=_state, culprits=culprits, first=_worst_first)
 
 

@@ -290,8 +290,7 @@ class ResultsPanel(widgets.VBox):
         try:
             self._groups = groups
             self.table_group.options = [(EVERY_GROUP, None)] + [
-                (f"{g.label}{' ⚑ culprit' if g.culprit else ''} — {g.what}", i)
-                for i, g in enumerate(groups[:GROUP_CHOICES])
+                (f"{g.marked} — {g.what}", i) for i, g in enumerate(groups[:GROUP_CHOICES])
             ]
             self.table_group.index = 0  # "every group" (a value of None would show no choice)
         finally:
