@@ -1,8 +1,9 @@
 """The live layer at cluster scale: following a simulated job of many ranks, without torch.
 
 A writer process plays the job in a run directory: every rank appends to its ``events.jsonl`` as
-the probe does (one write per flush, every ``HEARTBEAT_S``: a heartbeat and the enter/exit events
-of the collectives completed since, ``--calls-per-s`` of them; a step every second). After
+the probe does (one write per flush, every ``HEARTBEAT_S``: a heartbeat, the enter and exit
+events of the collectives completed since, ``--calls-per-s`` of them, and the enter event of
+the one in flight, whose exit the next flush writes; a step every flush). After
 ``--steady`` seconds every rank but one enters one more collective and never leaves it; the
 culprit keeps beating outside any collective. The ranks answer a capture request as the probe
 does (stacks, then a ``capture`` event, at their next poll).
@@ -20,7 +21,10 @@ through the run directory (their pid, for it, is one sleeping process here). It 
 - a capture (:func:`rankscope.launch.capture.capture_evidence`, without py-spy): request to
   every rank answered and copied.
 
-    python bench/live_scale.py [--ranks 1024] [--steady 10] [--stall-timeout 3]
+    python bench/live_scale.py [--ranks 1024] [--steady 10] [--stall-timeout 3] [--probe-lines]
+
+By default an enter line holds what the tracker reads of it (op, group, number, site): the
+probe's own lines also carry every member of the group, which ``--probe-lines`` writes.
 """
 
 from __future__ import annotations
@@ -54,10 +58,32 @@ def _line(ev: dict) -> str:
     return json.dumps(ev, separators=(",", ":")) + "\n"
 
 
-def play(folder: Path, *, ranks: int, calls_per_s: float, steady_s: float, culprit: int) -> None:
+def play(
+    folder: Path,
+    *,
+    ranks: int,
+    calls_per_s: float,
+    steady_s: float,
+    culprit: int,
+    probe_lines: bool = False,
+) -> None:
     """Write every rank's events until killed; print (wall clock) when every rank had hung and
-    when the rule's clock began (the later of the last progress and the first wait)."""
+    when the rule's clock began (the later of the last progress and the first wait).
+    ``probe_lines``: each enter line whole, as the probe writes it (its id, thread, the group's
+    description and every member of the world group, the tensors, the function)."""
     run = RunDir(folder)
+    world = {"pg_desc": "default_pg", "pg_ranks": list(range(ranks)), "peer": None}
+    whole = {**world, "shapes": [[4096]], "dtypes": ["float32"], "async_op": False}
+
+    def enter(n: int, t: float) -> str:
+        call = {"op": "all_reduce", "pg": "0", "seq": n, "file": "t.py", "line": 9}
+        if probe_lines:
+            call = {"id": n, "tid": 1, **call, **whole, "func": "step"}
+        return _line({"ev": "enter", "t": t, **call})
+
+    def exit_line(t: float) -> str:
+        return _line({"ev": "exit", "t": t, "ok": True})
+
     sleeper = int(os.environ["LIVE_SCALE_PID"])
     files = {}
     for r in range(ranks):
@@ -92,26 +118,28 @@ def play(folder: Path, *, ranks: int, calls_per_s: float, steady_s: float, culpr
             if r % ticks != tick % ticks:
                 continue
             text = _line({"ev": "heartbeat", "t": now, "cpu": 0.0})
+            if seq[r] and r not in hung:  # the call in flight at the last flush completed
+                text += exit_line(now)
+                last_progress = now
             if now < hang_at:
-                for _ in range(per_flush):
+                # the calls completed since, and the one in flight now (its enter only)
+                for i in range(per_flush):
                     seq[r] += 1
-                    call = {"op": "all_reduce", "pg": "0", "seq": seq[r], "file": "t.py"}
-                    text += _line({"ev": "enter", "t": now, **call, "line": 9})
-                    text += _line({"ev": "exit", "t": now, "ok": True})
+                    text += enter(seq[r], now) + (exit_line(now) if i < per_flush - 1 else "")
                 text += _line({"ev": "step", "t": now, "step": seq[r]})
                 last_progress = now
             elif r not in hung:
                 hung.add(r)
                 if r != culprit:
-                    call = {"op": "all_reduce", "pg": "0", "seq": seq[r] + 1, "file": "t.py"}
-                    text += _line({"ev": "enter", "t": now, **call, "line": 9})
+                    text += enter(seq[r] + 1, now)
                     first_enter = now if first_enter is None else first_enter
             f.write(text)
             if len(hung) == ranks and not told:  # the last rank's hang is written
                 told = True
                 # the rule's clock: from the last progress or the first wait, the later
                 began = max(last_progress, first_enter or now)
-                print(json.dumps({"hung_at": time.time(), "waits_from": began}), flush=True)
+                hang = {"hung_at": time.time(), "waits_from": began, "entered": first_enter}
+                print(json.dumps(hang), flush=True)
         tick += 1
         time.sleep(max(0.0, POLL_S - (time.time() - now)))
 
@@ -134,6 +162,7 @@ def follow(args: argparse.Namespace, folder: Path) -> dict[str, float]:
     env = dict(os.environ, LIVE_SCALE_PID=str(sleeper.pid))
     play_args = ["--ranks", str(args.ranks), "--calls-per-s", str(args.calls_per_s)]
     play_args += ["--steady", str(args.steady), "--culprit", str(args.culprit)]
+    play_args += ["--probe-lines"] if args.probe_lines else []
     writer = subprocess.Popen(
         [sys.executable, __file__, "--play", str(folder), *play_args],
         stdout=subprocess.PIPE,
@@ -160,16 +189,20 @@ def follow(args: argparse.Namespace, folder: Path) -> dict[str, float]:
             time.sleep(0.2)
         time.sleep(1.0)
         # The steady job: this process's CPU over a window in which it only follows.
-        c0, w0 = time.process_time(), time.monotonic()
+        c0, w0, done0 = time.process_time(), time.monotonic(), _done(tracker, lock)
         time.sleep(max(1.0, args.steady - 2.5))
-        cpu = (time.process_time() - c0) / (time.monotonic() - w0)
+        window = time.monotonic() - w0
+        cpu = (time.process_time() - c0) / window
+        followed = (_done(tracker, lock) - done0) / window
         hang = json.loads(writer.stdout.readline())
         waiting = [r for r in range(args.ranks) if r != args.culprit]
         seen_at = None
         give_up = time.monotonic() + 4 * args.stall_timeout + 10
         while seen_at is None and time.monotonic() < give_up:
             with lock:
-                if all(tracker.records[r].in_collective_since is not None for r in waiting):
+                # every waiting rank in its last call (each was in a call before, in flight)
+                since = [tracker.records[r].in_collective_since for r in waiting]
+                if all(t is not None and t >= hang["entered"] for t in since):
                     seen_at = time.time()
             time.sleep(0.01)
         deadline = time.monotonic() + 4 * args.stall_timeout + 10
@@ -185,12 +218,19 @@ def follow(args: argparse.Namespace, folder: Path) -> dict[str, float]:
         sleeper.wait()
     return {
         "cpu_share": cpu,
+        "followed": followed,
         "event_to_state_s": (seen_at or float("nan")) - hang["hung_at"],
         "stall_late_s": (stalls[0] if stalls else float("nan"))
         - (hang["waits_from"] + args.stall_timeout),
         "capture_s": manifest["duration_s"],
         "capture_missing": len(manifest["missing"]),
     }
+
+
+def _done(tracker: RankTracker, lock: threading.Lock) -> int:
+    """Collectives completed by every rank so far, as followed."""
+    with lock:
+        return sum(record.done for record in tracker.records.values())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -201,6 +241,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stall-timeout", type=float, default=3.0)
     parser.add_argument("--culprit", type=int, default=None, help="default: ranks // 2 + 5")
     parser.add_argument("--dir", type=Path, default=None, help="where (default: a temp dir)")
+    parser.add_argument(
+        "--probe-lines",
+        action="store_true",
+        help="enter lines whole, as the probe writes them (every member of the group in each)",
+    )
     parser.add_argument("--play", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     args.culprit = args.ranks // 2 + 5 if args.culprit is None else args.culprit
@@ -211,6 +256,7 @@ def main(argv: list[str] | None = None) -> int:
             calls_per_s=args.calls_per_s,
             steady_s=args.steady,
             culprit=args.culprit,
+            probe_lines=args.probe_lines,
         )
         return 0
     base = Path(tempfile.mkdtemp(prefix="rankscope-live-", dir=args.dir))
@@ -224,7 +270,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(
         f"following (tracker + watchdog): {out['cpu_share']:.1%} of one core "
-        f"(budget {CPU_BUDGET:.0%})"
+        f"(budget {CPU_BUDGET:.0%}), {out['followed']:.0f} collectives a second followed "
+        f"(the job's {args.ranks * args.calls_per_s:.0f}: fewer when the writer is starved)"
     )
     print(f"hang events written -> live state: {out['event_to_state_s']:.2f} s")
     print(

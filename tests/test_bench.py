@@ -64,6 +64,7 @@ def test_live_scale_bench_follows_a_simulated_job_and_prints_each_figure(tmp_pat
     assert out.returncode == 0, out.stderr[-3000:]
     text = out.stdout
     assert re.search(r"following \(tracker \+ watchdog\): \d+\.\d% of one core", text), text
+    assert re.search(r"\d+ collectives a second followed \(the job.s 320", text), text
     assert re.search(r"hang events written -> live state: \d+\.\d\d s", text), text
     late = re.search(r"stall decided (-?\d+\.\d\d) s after the rule asks", text)
     assert late is not None and -0.5 < float(late.group(1)) < 5, text

@@ -451,7 +451,62 @@ def test_every_plot_builds_within_budget_at_1024_ranks() -> None:
         fig = build()
         took = time.perf_counter() - start
         assert took < bench.BUDGET_S, f"{name} took {took:.2f} s"
-        assert len(fig.data) <= 20, f"{name}: {len(fig.data)} traces (one per rank?)"
+        if isinstance(fig, pd.DataFrame):  # a grouped table: the culprit's row on top
+            assert fig["ranks"].iloc[0] == f"rank {bench.CULPRIT} ⚑ culprit", name
+        else:
+            assert len(fig.data) <= 20, f"{name}: {len(fig.data)} traces (one per rank?)"
+
+
+def test_a_table_of_many_ranks_groups_rows_alike_the_outliers_first() -> None:
+    """64 ranks, 3 calls each: rank 37 enters a barrier where the others enter a third
+    all_reduce. A row per call and ranks alike (their times and threads differ), the culprit's
+    first, then the 63 that wait for it; each group's rows are its ranks' own."""
+    rows = [
+        call(
+            r,
+            n,
+            op="barrier" if (r, n) == (37, 3) else "all_reduce",
+            site="train.py:30" if (r, n) == (37, 3) else "train.py:12",
+            t_start_s=T0 + n + r / 1000,
+            thread=f"0x{r:04x}",
+            completed=n < 3,
+        )
+        for r in range(64)
+        for n in range(1, 4)
+    ]
+    table = pd.DataFrame(rows)
+    shown, groups = plot.grouped_rows(table, culprits=[37])
+    assert list(shown["ranks"]) == [
+        "rank 37 ⚑ culprit",
+        "63 ranks: 0-36, 38-63",
+        "64 ranks: 0-63",
+        "64 ranks: 0-63",
+    ]
+    assert list(shown["op"]) == ["barrier", "all_reduce", "all_reduce", "all_reduce"]
+    assert list(shown["seq"]) == [3, 3, 1, 2]
+    # what tells the ranks apart is not shown: their times, threads and ranks
+    assert not {"rank", "thread", "t_start_s", "t_end_s"} & set(shown.columns)
+    assert [g.culprit for g in groups] == [True, False, False, False]
+    assert "barrier" in groups[0].what and "train.py:30" in groups[0].what
+    # a group's rows, a click away: every rank's own row of that call
+    mine, matched = plot.table_rows(table, at=groups[1].rows)
+    assert matched == 63 and set(mine["rank"]) == set(range(64)) - {37}
+    assert set(mine["seq"]) == {3} and set(mine["op"]) == {"all_reduce"}
+    # the columns chosen decide what is alike; the ranks chosen, which rows
+    shown, groups = plot.grouped_rows(table, culprits=[37], columns=["rank", "site"])
+    assert list(shown.columns) == ["ranks", "site"]
+    assert list(shown["ranks"]) == ["rank 37 ⚑ culprit", "64 ranks: 0-63"]
+    assert sorted(len(g.rows) for g in groups) == [1, 191]
+    shown, _ = plot.grouped_rows(table, culprits=[37], ranks=[36, 37, 38])
+    assert list(shown["ranks"])[:2] == ["rank 37 ⚑ culprit", "2 ranks: 36, 38"]
+    with pytest.raises(ValueError, match="no rank column"):
+        plot.grouped_rows(table.drop(columns="rank"))
+
+
+def test_a_group_s_members_show_as_runs_of_ranks() -> None:
+    table = pd.DataFrame({"rank": [0, 1], "pg_ranks": [",".join(map(str, range(1024))), None]})
+    shown, _ = plot.table_rows(table)
+    assert list(shown["pg_ranks"]) == ["0-1023", ""]
 
 
 def test_merged_stacks_start_at_the_user_s_code() -> None:

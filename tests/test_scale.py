@@ -7,11 +7,14 @@ from __future__ import annotations
 import copy
 import os
 import pickle
+import time
 from pathlib import Path
 
 import pandas as pd
+import pytest
 
 from rankscope.collect.flight_recorder import read_flight_recorder, read_fr_frames
+from rankscope.launch import tracker as tracker_module
 from rankscope.launch.tracker import RankTracker
 from rankscope.rundir import EventTail, RunDir, event_lines
 
@@ -93,3 +96,23 @@ def test_sizes_and_frames_read_alike_whether_the_pickle_shares_them_or_not(tmp_p
     pd.testing.assert_frame_equal(fa, fb)
     assert fa["depth"].tolist() == [0, 0, 1, 0, 0, 0]
     assert os.path.basename(str(fa["filename"].iloc[2])) == "x.py"
+
+
+def test_the_tracker_reads_a_file_whose_stat_is_stale_within_the_full_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On NFS a stat may return the size the client cached for seconds: a file is read (an
+    open revalidates it) at least ``FULL_READ_S`` after its last read, whatever the stat says,
+    and not before."""
+    run = RunDir(tmp_path / "run")
+    run.rank_dir(0).mkdir(parents=True)
+    run.events(0).write_text('{"ev":"start","t":1.0,"pid":1}\n')
+    tracker = RankTracker(run)
+    tracker.update()
+    monkeypatch.setattr(tracker_module, "FULL_READ_S", 0.3)
+    monkeypatch.setattr(EventTail, "grew", lambda self: False)  # the cached size: unchanged
+    with open(run.events(0), "a") as f:
+        f.write('{"ev":"step","t":2.0,"step":7}\n')
+    assert not tracker.update() and tracker.records[0].step is None  # the stat is believed
+    time.sleep(0.35)
+    assert tracker.update() and tracker.records[0].step == 7  # opened and read all the same

@@ -226,6 +226,41 @@ def test_what_the_results_showed_stays_as_plain_outputs() -> None:
     assert "NA" not in ranks["data"]["text/html"]  # what is unknown is left blank
 
 
+def test_the_results_tables_group_ranks_alike_at_64_ranks() -> None:
+    """64 ranks (nccl_fr64: rank 37 all_gathers where the 7 others of its data-parallel group
+    reduce_scatter): the grid shows a row per group of ranks alike, the culprit's first and
+    those that wait for it next; a group's rows are one choice away; the saved ranks table is
+    a row per group too."""
+    panel = rankscope.show(DATA / "nccl_fr64" / "dumps")
+    assert panel.table_name.value == "calls"  # the diagnosis's own, probe and recorder merged
+    rows = panel.table.df
+    assert 1 < len(rows) < 64 * 8  # a row per group, not per rank and call
+    assert list(rows["ranks"][:2]) == ["rank 37 ⚑ culprit", "7 ranks: 5, 13, 21, 29, 45, 53, 61"]
+    assert list(rows["op"][:2]) == ["all_gather", "reduce_scatter"]
+    assert "rank" not in rows.columns and "groups of ranks alike" in panel.table_info.value
+    label, index = panel.table_group.options[2]
+    assert label.startswith("7 ranks: 5, 13, 21, 29, 45, 53, 61 — ") and "reduce_scatter" in label
+    panel.table_group.value = index  # one choice: that group's rows, a rank each
+    mine = panel.table.df
+    assert list(mine["rank"]) == [5, 13, 21, 29, 45, 53, 61]  # in rank order
+    assert set(mine["op"]) == {"reduce_scatter"}
+    assert "the 7 rows of 7 ranks" in panel.table_info.value
+    panel.table_group.value = None  # every group again
+    assert panel.table.df["ranks"].iloc[0] == "rank 37 ⚑ culprit"
+    panel.table_name.value = "pg_status"
+    panel.table_ranks.value = "30-40"
+    panel.show_table.click()
+    assert panel.table.df["ranks"].iloc[0] == "rank 37 ⚑ culprit"
+    assert sum(len(g.rows) for g in panel._groups) == 11 * 3  # ranks 30-40, 3 groups each
+    panel.table_grouped.value = False  # a row each, as at a few ranks
+    panel.show_table.click()
+    assert len(panel.table.df) == 33 and "rank" in panel.table.df.columns
+    assert panel.table_group.disabled
+    _, _, ranks = panel.static()
+    assert ranks["data"]["text/html"].count("</tr>") == 1 + 1  # a header and one group
+    assert "64 ranks: 0-63" in ranks["data"]["text/html"]
+
+
 def test_only_widgets_imports_ipywidgets_and_nothing_imports_widgets() -> None:
     for path in SRC.rglob("*.py"):
         tree = ast.parse(path.read_text())
@@ -304,7 +339,7 @@ def test_the_rank_table_marks_culprits_and_names_signals() -> None:
 def test_the_rank_table_groups_ranks_alike_at_scale() -> None:
     """1024 ranks: one row per group of ranks in the same state, the culprit first, a group's
     ranks listed under its row when it is the one chosen."""
-    from rankscope.widgets.live import rank_groups, ranks_html
+    from rankscope.widgets.live import ranks_html, snapshot_groups
 
     def waiting(rank: int) -> dict:
         return {
@@ -324,7 +359,7 @@ def test_the_rank_table_groups_ranks_alike_at_scale() -> None:
     rows = [waiting(r) for r in range(1024)]
     rows[517] = {"rank": 517, "status": "running", "step": 12, "done": 2000, "at": "train.py:70"}
     rows[900] = {"rank": 900, "status": "dead", "done": 1999, "exit_code": -9}
-    groups = rank_groups(rows, culprits=[517])
+    groups = snapshot_groups(rows, culprits=[517])
     assert [g.label for g in groups] == [
         "rank 517",
         "rank 900",

@@ -28,9 +28,10 @@ from rankscope.waitfor import RankState
 #: compiling), not stuck: the others wait for a straggler.
 BUSY_CPU_SHARE = 0.2
 #: Between looks a rank's events file is read only when a stat shows it grew, but every file is
-#: opened and read at least this often: on NFS a stat may return the size the client cached
-#: (the attribute cache, 3 s and more), while an open revalidates it (close-to-open), so what
-#: a rank on another node wrote is seen within this, whatever the mount's caching.
+#: opened and read at least this long after its last read: on NFS a stat may return the size
+#: the client cached (the attribute cache, 3 s and more), while an open revalidates it
+#: (close-to-open), so what a rank on another node wrote is seen within this, whatever the
+#: mount's caching. A rank that writes often is read as it writes, and opened no more.
 FULL_READ_S = 1.0
 
 
@@ -177,7 +178,7 @@ def waiting_in(record: RankRecord) -> dict[str, Any] | None:
         return None
     if record.in_collective_since is not None:
         return _waits(record.op, record.pg, record.seq, record.site, record.in_collective_since)
-    active = [e for e in record.fr_active or () if _entry(e)]
+    active = [e for e in record.fr_active if _entry(e)] if record.fr_active else []
     if record.issued:
         op, pg, seq, site, since = record.issued[min(record.issued)]
         # The probe's numbering is the recorder's where the group has no collective from C++.
@@ -229,7 +230,14 @@ def in_collective(record: RankRecord) -> bool:
     """Waiting in a collective the backend has not completed: a blocking call it is inside, an
     async call's Work, or what the flight recorder has enqueued but not completed (issued from
     C++: DDP, FSDP). See :func:`waiting_in`."""
-    return waiting_in(record) is not None
+    if record.ended:
+        return False
+    # asked of every rank at every look: the probe's own calls need no dict of facts
+    return (
+        record.in_collective_since is not None
+        or bool(record.issued)
+        or (waiting_in(record) is not None)
+    )
 
 
 class RankTracker:
@@ -239,9 +247,8 @@ class RankTracker:
         self.run = run
         self.tails: dict[int, EventTail] = {}
         self.records: dict[int, RankRecord] = {}
-        self._sizes: dict[int, int] = {}  # rank -> its events file's size at the last read
         self._listed: tuple[int, float] | None = None  # (ranks/ mtime, when), last listing
-        self._full_at = 0.0
+        self._opened: dict[int, float] = {}  # rank -> when its file was last read (monotonic)
         self._cpu: dict[int, tuple[float, float]] = {}  # rank -> (monotonic time, CPU seconds)
         #: When an update last read progress (monotonic). Whoever reads the events (the
         #: watchdog, a live panel through ``Job.ranks()``), the watchdog sees it here.
@@ -260,23 +267,20 @@ class RankTracker:
                 if rank not in self.tails:
                     self.tails[rank] = EventTail(self.run.events(rank))
                     self.records[rank] = RankRecord(rank=rank)
-        full = now >= self._full_at
-        if full:
-            self._full_at = now + FULL_READ_S
+        due, opened = now - FULL_READ_S, self._opened
+        changes = 0
         for rank, tail in self.tails.items():
-            if not full:  # a stat costs a third of an open and a read: most files are idle
-                try:
-                    size = os.stat(tail.path).st_size
-                except OSError:
-                    continue
-                if size == self._sizes.get(rank):
-                    continue
-                self._sizes[rank] = size
-            record = self.records[rank]
+            # Most files are idle at a look: a stat says so. A file not read for FULL_READ_S is
+            # read whatever the stat says (a read opens it: NFS revalidates what it cached).
+            if opened.get(rank, due) > due and not tail.grew():
+                continue
+            opened[rank] = now
+            apply = self.records[rank].apply
             for ev in tail.read():
-                progress |= record.apply(ev)
-                if ev.get("ev") != "heartbeat" or ev.get("fr_active"):
-                    self.changes += 1
+                progress |= apply(ev)
+                # a heartbeat changes what the prover reads only with the recorder's entries
+                changes += ev.get("ev") != "heartbeat" or bool(ev.get("fr_active"))
+        self.changes += changes
         if progress:
             self.progressed_at = time.monotonic()
         return progress

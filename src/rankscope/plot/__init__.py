@@ -12,13 +12,23 @@ from rankscope.plot.memory import memory_by_rank
 from rankscope.plot.nccl import nccl_view
 from rankscope.plot.progress import progress
 from rankscope.plot.stacks import latest_stacks, merged_stacks, where_groups, where_is_everyone
-from rankscope.plot.table import log_tail, table_rows
+from rankscope.plot.table import (
+    GROUP_FROM,
+    RankGroup,
+    grouped_rows,
+    log_tail,
+    rank_groups,
+    table_rows,
+)
 from rankscope.plot.timeline import rank_timeline
 
 __all__ = [
     "ALERT",
+    "GROUP_FROM",
     "LADDER",
+    "RankGroup",
     "as_calls",
+    "grouped_rows",
     "ladder_table",
     "latest_stacks",
     "log_tail",
@@ -26,6 +36,7 @@ __all__ = [
     "merged_stacks",
     "nccl_view",
     "progress",
+    "rank_groups",
     "rank_timeline",
     "sequence_ladder",
     "table_rows",

@@ -23,6 +23,7 @@ USER_ERRORS = (ValueError, FileNotFoundError, RuntimeError, TimeoutError)
 #: :data:`FLEXIBLE` share what is left of the width (at least :data:`FLEXIBLE_EM` each).
 COLUMN_WIDTHS = {
     "rank": 7,
+    "ranks": 18,  # a group's: "1023 ranks: 0-516, 518-1023"
     "node": 7,
     "status": 5.5,
     "step": 4.5,

@@ -5,7 +5,6 @@ from __future__ import annotations
 import html
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from typing import Any
 
 import ipywidgets as widgets
@@ -33,8 +32,6 @@ COLUMNS = (
 )
 LOG_LINES = 40
 NO_JOB = "<i>no job selected</i>"
-#: Past this many ranks, the table shows one row per group of ranks in the same state.
-GROUP_FROM = 32
 #: Past this many ranks, the logs are one rank's at a time, chosen in a list, not a tab each.
 TABS_UP_TO = 32
 #: The order of statuses in the grouped table: what went wrong first.
@@ -42,60 +39,37 @@ STATUS_ORDER = ("dead", "failed", "waiting", "exited", "running")
 _SECONDS = re.compile(r"(\d+(?:\.\d+)?) s\b")
 
 
-@dataclass
-class RankGroup:
-    """Ranks whose snapshots say the same: status, what they do now (durations aside), the last
-    collective they completed and how they ended."""
-
-    key: tuple[Any, ...]
-    rows: list[dict[str, Any]] = field(default_factory=list)
-    culprit: bool = False
-
-    @property
-    def ranks(self) -> list[int]:
-        return [r["rank"] for r in self.rows]
-
-    @property
-    def label(self) -> str:
-        """``rank 517`` or ``1023 ranks: 0-516, 518-1023``."""
-        ranks = self.ranks
-        if len(ranks) == 1:
-            return f"rank {ranks[0]}"
-        return f"{len(ranks)} ranks: {compact_ranks(ranks)}"
+def snapshot_groups(
+    rows: list[dict[str, Any]], *, culprits: Iterable[int] = ()
+) -> list[plot.RankGroup]:
+    """The snapshots of :meth:`rankscope.launch.Job.ranks` grouped by state
+    (:func:`rankscope.plot.rank_groups`): status, what they do now (durations aside), the last
+    collective they completed and how they ended; a group of culprits alone first, then by
+    status (dead and failed first), then the smaller groups."""
+    return plot.rank_groups(rows, key=_state, culprits=culprits, first=_worst_first)
 
 
-def rank_groups(rows: list[dict[str, Any]], *, culprits: Iterable[int] = ()) -> list[RankGroup]:
-    """The snapshots of :meth:`rankscope.launch.Job.ranks` grouped by state, the outliers first:
-    a culprit's group, then by status (dead and failed first), then the smaller groups."""
-    bad = set(culprits)
-    groups: dict[tuple[Any, ...], RankGroup] = {}
-    for r in rows:
-        key = (
-            r["status"],
-            _SECONDS.sub("… s", doing_now(r)),  # durations differ between ranks alike
-            r.get("last_done"),
-            exit_text(r.get("exit_code")),
-        )
-        group = groups.setdefault(key, RankGroup(key))
-        group.rows.append(r)
-        group.culprit |= r["rank"] in bad
-    rank = {s: i for i, s in enumerate(STATUS_ORDER)}
-    return sorted(
-        groups.values(),
-        key=lambda g: (
-            not g.culprit,
-            rank.get(g.key[0], len(rank)),
-            len(g.rows),
-            g.rows[0]["rank"],
-        ),
+def _state(r: dict[str, Any]) -> tuple[Any, ...]:
+    return (
+        r["status"],
+        _SECONDS.sub("… s", doing_now(r)),  # durations differ between ranks alike
+        r.get("last_done"),
+        exit_text(r.get("exit_code")),
     )
+
+
+_STATUS_RANK = {s: i for i, s in enumerate(STATUS_ORDER)}
+
+
+def _worst_first(key: tuple[Any, ...]) -> int:
+    return _STATUS_RANK.get(key[0], len(_STATUS_RANK))
 
 
 def ranks_html(
     rows: list[dict[str, Any]],
     *,
     culprits: Iterable[int] = (),
-    group_from: int = GROUP_FROM,
+    group_from: int = plot.GROUP_FROM,
     expand: str | None = None,
 ) -> str:
     """One table row per rank snapshot of :meth:`rankscope.launch.Job.ranks`: what it does now
@@ -104,7 +78,7 @@ def ranks_html(
     ``culprits`` of a diagnosis marked. Every column has a fixed width, so the table does not
     move between refreshes; a long value ends in an ellipsis and shows whole on hover.
 
-    Past ``group_from`` ranks, one row per :class:`RankGroup` (the outliers first; steps,
+    Past ``group_from`` ranks, one row per group of ranks alike (the outliers first; steps,
     counts and durations as ranges), and the rows of the group whose label is ``expand`` under
     it."""
     nodes = any(r.get("node") for r in rows)
@@ -114,7 +88,7 @@ def ranks_html(
         body = [_rank_row(r, bad, nodes) for r in rows]
     else:
         body = []
-        for group in rank_groups(rows, culprits=bad):
+        for group in snapshot_groups(rows, culprits=bad):
             body.append(_group_row(group, bad, nodes, open_=group.label == expand))
             if group.label == expand and len(group.rows) > 1:
                 body += [_rank_row(r, bad, nodes, inner=True) for r in group.rows]
@@ -142,7 +116,7 @@ def _rank_row(r: dict[str, Any], bad: set[int], nodes: bool, *, inner: bool = Fa
     return f"<tr style='background:{colour}{mark}{indent}'>" + "".join(map(cell, cells)) + "</tr>"
 
 
-def _group_row(group: RankGroup, bad: set[int], nodes: bool, *, open_: bool) -> str:
+def _group_row(group: plot.RankGroup, bad: set[int], nodes: bool, *, open_: bool) -> str:
     if len(group.rows) == 1:
         return _rank_row(group.rows[0], bad, nodes)
     rows = group.rows
@@ -212,7 +186,8 @@ class LivePanel(widgets.VBox):
             diagnose the job now (the workbench connects them).
         status: beside the buttons, what the last of them did (a capture's id and what it
             gathered, when the diagnosis was made); ``errors``: what went wrong with it.
-        expand: past :data:`GROUP_FROM` ranks, whose ranks to list under their group's row.
+        expand: past :data:`rankscope.plot.GROUP_FROM` ranks, whose ranks to list under their
+            group's row.
         logs: one tab per rank with the tail of its stdout and stderr; past
             :data:`TABS_UP_TO` ranks, one tab for the rank chosen in ``log_rank`` (the outliers
             first).
@@ -294,10 +269,10 @@ class LivePanel(widgets.VBox):
         self._update_logs(job)
 
     def _show_ranks(self) -> None:
-        """The ranks table; past :data:`GROUP_FROM` ranks grouped, with the ``expand`` list's
-        choices kept to the groups of more than one rank."""
-        grouped = len(self.rows) > GROUP_FROM
-        groups = rank_groups(self.rows, culprits=self.culprits) if grouped else []
+        """The ranks table; past :data:`rankscope.plot.GROUP_FROM` ranks grouped, with the
+        ``expand`` list's choices kept to the groups of more than one rank."""
+        grouped = len(self.rows) > plot.GROUP_FROM
+        groups = snapshot_groups(self.rows, culprits=self.culprits) if grouped else []
         options = [("no group", None)] + [(g.label, g.label) for g in groups if len(g.rows) > 1]
         if list(self.expand.options) != options:
             keep = self.expand.value if self.expand.value in dict(options).values() else None
@@ -310,7 +285,7 @@ class LivePanel(widgets.VBox):
         ranks = [r["rank"] for r in self.rows]
         if len(ranks) > TABS_UP_TO:  # one rank's log at a time, the outliers first in the list
             order = [
-                rank for g in rank_groups(self.rows, culprits=self.culprits) for rank in g.ranks
+                rank for g in snapshot_groups(self.rows, culprits=self.culprits) for rank in g.ranks
             ]
             options = [(f"rank {rank}", rank) for rank in order]
             if list(self.log_rank.options) != options:

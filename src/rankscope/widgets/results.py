@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import ipywidgets as widgets
+import pandas as pd
 import plotly.graph_objects as go
 from itables.widget import ITable
 
@@ -37,6 +38,9 @@ GRID: dict[str, Any] = {
     "pageLength": 15,
     "lengthMenu": [15, 50, 200],
     "classes": "display nowrap cell-border",
+    # every row sent (table_rows keeps to MAX_ROWS): itables would otherwise show a sample of
+    # a table over 64 KB, and a group of 1024 ranks would lose most of its rows
+    "maxBytes": 0,
     "text_in_header_can_be_selected": False,
     "layout": {
         "topStart": "search",
@@ -45,6 +49,11 @@ GRID: dict[str, Any] = {
         "bottomEnd": "paging",
     },
 }
+#: The tables to choose from: the diagnosis's calls (probe and recorder merged), then the run's.
+TABLES = ("calls", *Run.TABLES)
+EVERY_GROUP = "every group"
+#: Groups offered in the list at most (the outliers come first).
+GROUP_CHOICES = 200
 #: The ranks table's columns in a static snapshot (:meth:`ResultsPanel.static`).
 STATIC_RANK_COLUMNS = ("rank", "host", "pid", "exit_code", "signal", "end_reason")
 #: Its cells' style, inline: a notebook's own table style would otherwise win there.
@@ -73,7 +82,9 @@ class ResultsPanel(widgets.VBox):
         timeline: the rank timeline (an Output holding the figure).
         plots: a Tab of Outputs, one per other plot.
         table_name: which table to show; ``table_ranks``: which ranks ("0,3-5", empty for all).
-        show_table: the button that shows them in ``table``.
+        show_table: the button that shows them in ``table``: past
+            :data:`rankscope.plot.GROUP_FROM` ranks, while ``table_grouped`` is ticked, a row
+            per group of ranks alike, the outliers first; ``table_group`` shows one group's rows.
         replay: the button that writes ``repro.py`` (a small CPU job that freezes the same way)
             into the run directory; ``replay_info`` then shows its path and header.
         errors: beside the Replay button, what went wrong with it; ``table_errors``: above the
@@ -89,18 +100,27 @@ class ResultsPanel(widgets.VBox):
         self.timeline = widgets.Output()
         self._plot_outputs = {name: widgets.Output() for name in PLOTS}
         self.plots = widgets.Tab(layout={"display": "none"})  # no empty box before a result
-        self.table_name = widgets.Dropdown(
-            options=Run.TABLES, value="collectives", description="table"
-        )
+        self.table_name = widgets.Dropdown(options=TABLES, value="calls", description="table")
         self.table_ranks = widgets.Text(placeholder="all ranks, or 0,3-5", description="ranks")
         self.table_columns = widgets.SelectMultiple(
             options=[], rows=5, description="columns", layout={"width": "320px"}
         )
         self.show_table = widgets.Button(description="Show rows", icon="table")
+        self.table_grouped = widgets.Checkbox(
+            value=True, description="a row per group of ranks alike", indent=False
+        )
+        self.table_group = widgets.Dropdown(
+            options=[(EVERY_GROUP, None)], description="group", layout={"flex": "1 1 auto"}
+        )
         self.table_info = widgets.HTML("")
         # A grid made for DataFrames: scrolls sideways, sorts and filters in the browser.
         self.table = ITable(**GRID)
         self.show_table.on_click(lambda _: guarded(self.table_errors, self.show_rows)())
+        self.table_group.observe(
+            lambda _: guarded(self.table_errors, self._show_group)(), names="value"
+        )
+        self._groups: list[plot.RankGroup] = []
+        self._grouping = False  # the group list is being remade: its choice is no click
         self.table_name.observe(
             lambda _: guarded(self.table_errors, self._columns_of)(), names="value"
         )
@@ -122,6 +142,8 @@ class ResultsPanel(widgets.VBox):
                         self.table_columns,
                     ]
                 ),
+                # a group's label is long: the list has the width of the tab
+                widgets.HBox([self.table_group, self.table_grouped]),
                 self.table_errors,
                 self.table_info,
                 self.table,
@@ -201,7 +223,11 @@ class ResultsPanel(widgets.VBox):
         # how each rank ended, read now: the run shown may have been read while it ran
         ranks = load_run(self.run.path).ranks
         keep = [c for c in STATIC_RANK_COLUMNS if c in ranks.columns]
-        shown = ranks[keep].astype(object)
+        shown = ranks[keep]
+        if len(shown) > plot.GROUP_FROM:  # a row per group of ranks that ended alike
+            shown, _ = plot.grouped_rows(shown, culprits=self.diagnosis.culprit_ranks, columns=keep)
+            keep = list(shown.columns)
+        shown = shown.astype(object)
         rows = shown.where(shown.notna(), None).itertuples(index=False)
         body = "".join(
             "<tr>" + "".join(cell(v, style=STATIC_CELL) for v in row) + "</tr>" for row in rows
@@ -231,25 +257,77 @@ class ResultsPanel(widgets.VBox):
 
     def show_rows(self) -> None:
         """Show the chosen table's rows for the chosen ranks, in the chosen columns (all when
-        none is chosen), in the grid."""
-        if self.run is None:
+        none is chosen), in the grid. Past :data:`rankscope.plot.GROUP_FROM` ranks (and while
+        ``table_grouped`` is ticked), a row per group of rows alike but for their ranks, the
+        outliers first; choosing a group in ``table_group`` shows its rows."""
+        if self.run is None or self.diagnosis is None:
             raise ValueError("nothing loaded yet: diagnose a job or open a run first")
         name = self.table_name.value
         self._columns_of()
+        table, ranks = self._table(), rank_list(self.table_ranks.value)
+        many = len(self.run.ranks) > plot.GROUP_FROM and "rank" in table.columns
+        groups: list[plot.RankGroup] = []
+        if many and self.table_grouped.value:
+            rows, groups = plot.grouped_rows(
+                table,
+                culprits=self.diagnosis.culprit_ranks,
+                ranks=ranks,
+                columns=self.table_columns.value,
+            )
+            matched = sum(len(g.rows) for g in groups)
+            more = f", the first {len(rows)} shown" if len(groups) > len(rows) else ""
+            info = (
+                f"<b>{html.escape(name)}</b>: {matched} rows in {len(groups)} "
+                f"group{'' if len(groups) == 1 else 's'} of ranks "
+                f"alike, the outliers first{more}; choose a group to see its rows"
+            )
+        else:
+            rows, matched = plot.table_rows(table, ranks=ranks, columns=self.table_columns.value)
+            more = f", the first {len(rows)} shown" if matched > len(rows) else ""
+            # no promise of a search box or sorting: a saved page shows the first rows only
+            info = f"<b>{html.escape(name)}</b>: {matched} rows{more}"
+        self._grouping = True
+        try:
+            self._groups = groups
+            self.table_group.options = [(EVERY_GROUP, None)] + [
+                (f"{g.marked} — {g.what}", i) for i, g in enumerate(groups[:GROUP_CHOICES])
+            ]
+            self.table_group.index = 0  # "every group" (a value of None would show no choice)
+        finally:
+            self._grouping = False
+        self.table_group.disabled = not groups
+        self.table_info.value = info
+        self.table.update(rows, caption=name, **GRID)
+
+    def _show_group(self) -> None:
+        """The rows of the group chosen in ``table_group``; every group's row again for none."""
+        if self._grouping:
+            return
+        if self.table_group.value is None:
+            self.show_rows()
+            return
+        group = self._groups[self.table_group.value]
         rows, matched = plot.table_rows(
-            self.run.table(name),
-            ranks=rank_list(self.table_ranks.value),
-            columns=self.table_columns.value,
+            self._table(), at=group.rows, columns=self.table_columns.value
         )
         more = f", the first {len(rows)} shown" if matched > len(rows) else ""
-        # no promise of a search box or sorting: a saved page shows the first rows only
-        self.table_info.value = f"<b>{html.escape(name)}</b>: {matched} rows{more}"
-        self.table.update(rows, caption=name, **GRID)
+        self.table_info.value = (
+            f"<b>{html.escape(self.table_name.value)}</b>: the {matched} rows of "
+            f"{html.escape(group.label)}{more}"
+        )
+        self.table.update(rows, caption=self.table_name.value, **GRID)
+
+    def _table(self) -> pd.DataFrame:
+        """The chosen table: the run's, or ``calls``, the diagnosis's (probe and recorder
+        merged)."""
+        assert self.run is not None and self.diagnosis is not None
+        name = self.table_name.value
+        return self.diagnosis.calls if name == "calls" else self.run.table(name)
 
     def _columns_of(self) -> None:
         """The column choice offers the chosen table's columns (kept if they are the same)."""
-        if self.run is None:
+        if self.run is None or self.diagnosis is None:
             return
-        columns = tuple(self.run.table(self.table_name.value).columns)
+        columns = tuple(self._table().columns)
         if tuple(self.table_columns.options) != columns:
             self.table_columns.options = columns
