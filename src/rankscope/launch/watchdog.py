@@ -45,7 +45,7 @@ CPU_LOOK_S = 0.5
 #: tens of milliseconds at a thousand ranks, a fraction of one at a few), and looks at least
 #: every ``PROVE_BUSY_S``: a rank's progress is no sign that the others are not held (its
 #: heartbeat reports collectives completed long before).
-PROVE_BUSY_SHARE = 0.01
+PROVE_BUSY_SHARE = 0.005
 PROVE_BUSY_S = 1.0
 #: Otherwise it waits this many times its last look's duration before the next: at most a fifth
 #: of the watchdog's time, so that reading the ranks' events keeps up (nothing, for small jobs).
