@@ -102,7 +102,9 @@ def _key(op: pd.Series, *columns: pd.Series, root: pd.Series | None = None) -> n
         if count * (n + 1) >= 1 << 62:
             key, uniques = pd.factorize(key)
             count = len(uniques)
-        key, count = key * (n + 1) + codes, count * (n + 1)
+        key *= n + 1  # in place: a 32-million-row table holds one key, not three
+        key += codes
+        count *= n + 1
     return key
 
 
@@ -110,19 +112,23 @@ def _finish(columns: dict[str, Any], n: int) -> pd.DataFrame:
     """The calls table from ``n`` rows of columns: arrays, or a scalar for the whole column.
 
     Columns left out are null. Constant and null category columns are built from codes, so a
-    32-million-row table costs no Python object per row."""
+    32-million-row table costs no Python object per row. Nothing is copied that need not be: a
+    column of the source table is shared with it (copy-on-write: a change to either copies it
+    then), an array made for the table is the table's."""
     out = {}
     for col, dtype in CALLS.items():
         value = columns.get(col)
         if dtype == "category" and (value is None or isinstance(value, str)):
             cats = [] if value is None else [value]
             codes = np.full(n, -1 if value is None else 0, dtype=np.int8)
-            out[col] = pd.Categorical.from_codes(codes, categories=cats)
+            series = pd.Series(pd.Categorical.from_codes(codes, categories=cats), copy=False)
         elif value is None:
-            out[col] = _nulls(n, dtype)
+            series = pd.Series(_nulls(n, dtype), copy=False)
+        elif isinstance(value, pd.Series):
+            series = value.reset_index(drop=True)
         else:
-            series = pd.Series(value)
-            out[col] = series.array if str(series.dtype) == dtype else series.astype(dtype).array
+            series = pd.Series(value, copy=False)
+        out[col] = series if str(series.dtype) == dtype else series.astype(dtype)
     return pd.DataFrame(out, copy=False)
 
 
@@ -211,14 +217,23 @@ def _states(completed: np.ndarray, started: np.ndarray | None = None) -> pd.Cate
 def _ranks_per_group(pg: pd.Series, pg_ranks: pd.Series) -> pd.Categorical:
     """``pg_ranks`` as a category per group: the members are a property of the group, so only
     the first recorded value of each group is read (a world of 16k ranks makes long texts)."""
-    codes, groups = pd.factorize(pg)
+    codes, count = _codes(pg)
     known = np.flatnonzero(pg_ranks.notna().to_numpy())
-    rows = known[~pd.Index(codes[known]).duplicated()]
-    text = dict(zip(codes[rows], pg_ranks.iloc[rows].astype(str), strict=True))
-    categories = [text.get(i) for i in range(len(groups))]
-    present = sorted({c for c in categories if c is not None})
-    lookup = np.array([present.index(c) if c is not None else -1 for c in categories] or [-1])
-    return pd.Categorical.from_codes(lookup[codes] if len(codes) else codes, categories=present)
+    first = np.full(count, len(codes), dtype=np.int64)
+    np.minimum.at(first, codes[known], known)  # each group's first row that knows its ranks
+    groups = np.flatnonzero(first < len(codes))
+    text = dict(zip(groups.tolist(), pg_ranks.iloc[first[groups]].astype(str), strict=True))
+    present = sorted(set(text.values()))
+    place = {c: i for i, c in enumerate(present)}
+    lookup = np.full(count, -1, dtype=_code_type(len(present)))
+    for group, ranks in text.items():
+        lookup[group] = place[ranks]
+    return pd.Categorical.from_codes(lookup[codes], categories=present)
+
+
+def _code_type(n: int) -> type[np.signedinteger]:
+    """The narrowest integer type for codes into ``n`` categories (and -1)."""
+    return np.int8 if n < 1 << 7 else np.int16 if n < 1 << 15 else np.int32
 
 
 def _thread_text(thread_id: pd.Series) -> pd.Categorical:
@@ -258,13 +273,15 @@ def calls_from_flight_recorder(flight_recorder: pd.DataFrame) -> pd.DataFrame:
     if not usable.all():
         df = df[usable]
     p2p = df["is_p2p"].fillna(False).to_numpy(dtype=bool) | df["op"].isin(P2P_OPS).to_numpy()
+    any_p2p = bool(p2p.any())
     seq = df["collective_seq_id"]
     pg_ranks = _ranks_per_group(df["pg_name"], df["pg_ranks"])
-    peer = pd.Series(pd.NA, index=df.index, dtype="Int64")
-    if p2p.any():
+    peer = None  # null without point-to-point calls
+    if any_p2p:
+        peer = pd.Series(pd.NA, index=df.index, dtype="Int64")
         peer[p2p] = _fr_peers(df[p2p], pg_ranks[p2p])
     completed = fr_completed(df).astype("boolean")
-    rank = df["rank"].astype("int64")
+    rank = df["rank"].to_numpy(dtype=np.int64)
     # Dumps list a rank's entries oldest first; a rank's merged order is its record order.
     order = (
         df["record_id"].fillna(-1).to_numpy(dtype=np.int64)
@@ -278,8 +295,8 @@ def calls_from_flight_recorder(flight_recorder: pd.DataFrame) -> pd.DataFrame:
             "pg": df["pg_name"],
             "pg_desc": df["pg_desc"],
             "pg_ranks": pg_ranks,
-            "seq": seq.where(~p2p).astype("Int64"),
-            "p2p_seq": df["p2p_seq_id"].where(p2p).astype("Int64"),
+            "seq": seq.where(~p2p) if any_p2p else seq,
+            "p2p_seq": df["p2p_seq_id"].where(p2p) if any_p2p else None,
             "op": df["op"],
             "shapes": df["input_sizes"],
             "dtypes": df["input_dtypes"],
@@ -297,8 +314,8 @@ def calls_from_flight_recorder(flight_recorder: pd.DataFrame) -> pd.DataFrame:
                 (df["state"] == "started").to_numpy(dtype=bool)
                 | df["time_discovered_started_ns"].notna().to_numpy(dtype=bool),
             ),
-            "t_start_s": df["time_created_ns"].astype("Float64") / 1e9,
-            "t_end_s": df["time_discovered_completed_ns"].astype("Float64") / 1e9,
+            "t_start_s": _seconds(df["time_created_ns"]),
+            "t_end_s": _seconds(df["time_discovered_completed_ns"]),
             "thread": None if thread.isna().all() else _thread_text(thread),
             "order": order,
             "row": df.index.to_numpy(dtype=np.int64),
@@ -313,6 +330,13 @@ def calls_from_flight_recorder(flight_recorder: pd.DataFrame) -> pd.DataFrame:
     dup = np.zeros(len(out), dtype=bool)
     dup[1:] = np.logical_and.reduce([a[1:] == a[:-1] for a in same]) & (idx[1:] >= 0)
     return out[~dup].reset_index(drop=True) if dup.any() else out
+
+
+def _seconds(ns: pd.Series) -> pd.arrays.FloatingArray:
+    """Nanoseconds (nullable integers) as seconds, made in one array."""
+    seconds = ns.to_numpy(dtype=np.float64, na_value=np.nan)
+    seconds /= 1e9
+    return pd.arrays.FloatingArray(seconds, np.isnan(seconds))
 
 
 def _fr_peers(df: pd.DataFrame, pg_ranks: pd.Categorical) -> pd.Series:

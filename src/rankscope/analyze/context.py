@@ -97,7 +97,7 @@ class Context(Phrasing):
         backward's bucket all_reduce, a Work waited on): its last such entry did not complete,
         and it waited there."""
         fr = calls_from_flight_recorder(self.fr)
-        nccl = self.fr["backend"].astype(str).to_numpy()[fr["row"].to_numpy()] == "nccl"
+        nccl = self.fr["backend"].eq("nccl").to_numpy(dtype=bool)[fr["row"].to_numpy()]
         calls = merge_calls(self.probe_calls, fr, backend_completes=nccl)
         victims = [
             r
@@ -141,13 +141,14 @@ class Context(Phrasing):
         fr = self.fr
         if fr.empty or "time_discovered_started_ns" not in fr:
             return []
-        nccl = fr[fr["backend"].astype(str) == "nccl"]
-        if nccl.empty:
+        rank = fr["rank"].array.to_numpy(dtype=np.int64, na_value=-1)
+        nccl = fr["backend"].eq("nccl").to_numpy(dtype=bool) & (rank >= 0)
+        open_ = np.unique(rank[nccl & ~fr_completed(fr).to_numpy(dtype=bool)])
+        if not len(open_):
             return []
-        done = fr_completed(nccl)
-        timed = nccl["time_discovered_started_ns"].notna().groupby(nccl["rank"]).any()
-        open_ = (~done).groupby(nccl["rank"]).any()
-        return sorted(int(r) for r in timed.index if open_[r] and not timed[r])
+        timed = np.zeros(int(rank.max()) + 1, dtype=bool)
+        timed[rank[nccl & fr["time_discovered_started_ns"].notna().to_numpy(dtype=bool)]] = True
+        return [int(r) for r in open_ if not timed[r]]
 
     @cached_property
     def complete_ranks(self) -> set[int]:
