@@ -79,12 +79,11 @@ _P2P_NAME = re.compile(
 
 
 def _codes(col: pd.Series) -> tuple[np.ndarray, int]:
-    """Dense integer codes of a column (nulls included as one more value) and their count."""
+    """Integer codes of a column and their count ``n``, nulls being the last of the ``n``
+    values. A categorical gives its own codes, not a copy (not to be changed), where a null is
+    -1: as an index into ``n`` slots, that is the last."""
     if isinstance(col.dtype, pd.CategoricalDtype):
-        codes = col.cat.codes.to_numpy().astype(np.int64)
-        n = len(col.cat.categories)
-        codes[codes < 0] = n
-        return codes, n + 1
+        return col.array.codes, len(col.cat.categories) + 1
     codes, uniques = pd.factorize(col, use_na_sentinel=False)
     return codes.astype(np.int64), len(uniques)
 
@@ -92,18 +91,24 @@ def _codes(col: pd.Series) -> tuple[np.ndarray, int]:
 def _key(op: pd.Series, *columns: pd.Series, root: pd.Series | None = None) -> np.ndarray:
     """One integer per call such that calls get equal keys iff they are the same call: same op,
     same root where it is known, and, unless the op takes different tensors per rank by design,
-    same shapes and dtypes."""
-    free = op.isin(UNEVEN_OPS).to_numpy()
-    key, count = _codes(op)
+    same shapes and dtypes. Built in place in one array (a 32-million-row table makes no other
+    of its size)."""
+    free = np.flatnonzero(op.isin(UNEVEN_OPS).to_numpy())
+    codes, count = _codes(op)
+    key = codes.astype(np.int64)
+    key[codes < 0] = count - 1
     for i, col in enumerate((*columns, *([] if root is None else [root]))):
         codes, n = _codes(col)
-        if i < len(columns):
-            codes[free] = n
         if count * (n + 1) >= 1 << 62:
             key, uniques = pd.factorize(key)
             count = len(uniques)
-        key *= n + 1  # in place: a 32-million-row table holds one key, not three
+        key *= n + 1
         key += codes
+        key[codes < 0] += n  # a null: code n - 1
+        if i < len(columns) and len(free):  # the rows whose tensors may differ: code n
+            added = codes[free].astype(np.int64)
+            added[added < 0] = n - 1
+            key[free] += n - added
         count *= n + 1
     return key
 
@@ -210,8 +215,9 @@ STATES = ("issued", "started", "completed")
 
 
 def _states(completed: np.ndarray, started: np.ndarray | None = None) -> pd.Categorical:
-    codes = np.where(completed, 2, 0 if started is None else np.where(started, 1, 0))
-    return pd.Categorical.from_codes(codes.astype(np.int8), categories=STATES)
+    codes = np.zeros(len(completed), dtype=np.int8) if started is None else started.astype(np.int8)
+    codes[completed] = 2
+    return pd.Categorical.from_codes(codes, categories=STATES)
 
 
 def _ranks_per_group(pg: pd.Series, pg_ranks: pd.Series) -> pd.Categorical:
@@ -284,7 +290,7 @@ def calls_from_flight_recorder(flight_recorder: pd.DataFrame) -> pd.DataFrame:
     rank = df["rank"].to_numpy(dtype=np.int64)
     # Dumps list a rank's entries oldest first; a rank's merged order is its record order.
     order = (
-        df["record_id"].fillna(-1).to_numpy(dtype=np.int64)
+        df["record_id"].array.to_numpy(dtype=np.int64, copy=True)
         if len(df) and (df["record_id"].notna()).all()
         else df.groupby("rank").cumcount().to_numpy(dtype=np.int64)
     )
@@ -325,10 +331,12 @@ def calls_from_flight_recorder(flight_recorder: pd.DataFrame) -> pd.DataFrame:
     )
     # A coalesced group's entries follow each other and repeat one collective_seq_id; the first
     # stands for the group.
-    idx = out["seq"].to_numpy(dtype=np.int64, na_value=-1)
-    same = [out["rank"].to_numpy(), out["pg"].cat.codes.to_numpy(), idx]
+    idx = out["seq"].array.to_numpy(dtype=np.int64, na_value=-1)
     dup = np.zeros(len(out), dtype=bool)
-    dup[1:] = np.logical_and.reduce([a[1:] == a[:-1] for a in same]) & (idx[1:] >= 0)
+    follows = dup[1:]  # a view: each row against the one before
+    np.greater_equal(idx[1:], 0, out=follows)
+    for a in (idx, out["pg"].array.codes, out["rank"].to_numpy()):
+        follows &= a[1:] == a[:-1]
     return out[~dup].reset_index(drop=True) if dup.any() else out
 
 

@@ -153,7 +153,7 @@ class Run:
             }
 
         def frames() -> dict[str, pd.DataFrame]:
-            kept = set(self.table("pg_status")["source"]) | set(self.flight_recorder["source"])
+            kept = self._kept_dumps()
             dumps = [s for s in inv.flight_recorder if s.name in kept]
             # The dumps' problems were reported by the entries pass already.
             return {"fr_frames": read_fr_frames(dumps, problems=Problems(), workers=self.workers)}
@@ -197,9 +197,19 @@ class Run:
         if "fr_frames" in self._cache:
             frames = self._cache["fr_frames"]
             return frames[frames["rank"].isin(list(ranks))]
-        kept = set(self.table("pg_status")["source"]) | set(self.flight_recorder["source"])
+        kept = self._kept_dumps()
         mine = [s for s in self.inventory.flight_recorder if s.rank in ranks and s.name in kept]
         return read_fr_frames(mine, problems=Problems(), workers=1)
+
+    def _kept_dumps(self) -> set[str]:
+        """The dumps whose entries and status the tables hold (:func:`latest_dumps`): the
+        distinct sources, not a Python string per entry."""
+        return {
+            source
+            for table in (self.table("pg_status"), self.flight_recorder)
+            for source in table["source"].unique()
+            if isinstance(source, str)
+        }
 
     def _launcher_text(self) -> str:
         text = ""
