@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 
 from rankscope.analyze.calls import parse_ranks
+from rankscope.collect import first_rows
 
 
 def _min_max(groups: np.ndarray, values: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
@@ -45,9 +46,9 @@ def group_members(calls: pd.DataFrame, *, world: Sequence[int] = ()) -> dict[str
     """Members of every process group in ``calls``: from ``pg_ranks`` where the source recorded
     it, else the ranks seen on the group (the world group ``"0"`` gets ``world`` too)."""
     members: dict[str, tuple[int, ...]] = {}
-    codes = calls["pg"].cat.codes.to_numpy().astype(np.int64)
+    codes = calls["pg"].array.codes
     groups = calls["pg"].cat.categories
-    first, _ = _min_max(codes, np.arange(len(codes), dtype=np.int64), len(groups))
+    first = first_rows(codes, len(groups))
     for code in np.flatnonzero(first < len(codes)):
         pg = str(groups[code])
         ranks = parse_ranks(calls["pg_ranks"].iloc[first[code]])

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from rankscope.collect import is_user_file
+from rankscope.collect import first_rows, is_user_file
 from rankscope.rundir import (  # P2P: only two ranks take part, not aligned by position
     MANAGEMENT_OPS,
     P2P_OPS,
@@ -224,9 +224,7 @@ def _ranks_per_group(pg: pd.Series, pg_ranks: pd.Series) -> pd.Categorical:
     """``pg_ranks`` as a category per group: the members are a property of the group, so only
     the first recorded value of each group is read (a world of 16k ranks makes long texts)."""
     codes, count = _codes(pg)
-    known = np.flatnonzero(pg_ranks.notna().to_numpy())
-    first = np.full(count, len(codes), dtype=np.int64)
-    np.minimum.at(first, codes[known], known)  # each group's first row that knows its ranks
+    first = first_rows(codes, count, where=pg_ranks.notna().to_numpy())
     groups = np.flatnonzero(first < len(codes))
     text = dict(zip(groups.tolist(), pg_ranks.iloc[first[groups]].astype(str), strict=True))
     present = sorted(set(text.values()))

@@ -156,11 +156,15 @@ class Context(Phrasing):
         buffer that still holds its first entry (``record_id`` 0)."""
         probed = {r for r, f in self.facts.items() if f.started}
         fr = self.fr
-        rank = fr["rank"].to_numpy(dtype=np.int64, na_value=-1)
-        record = fr["record_id"].to_numpy(dtype=np.int64, na_value=-1)
+        rank = fr["rank"].array.to_numpy(dtype=np.int64, na_value=-1)
+        record = fr["record_id"].array.to_numpy(dtype=np.int64, na_value=-1)
         first = set(np.unique(rank[record == 0]).tolist())
         dumped = set(self.ev.table("pg_status")["rank"].dropna().astype(int).tolist())
-        return probed | first | (dumped - set(np.unique(rank).tolist()))
+        top = int(rank.max(initial=-1)) + 1
+        with_entries = np.zeros(top + 1, dtype=bool)  # the last: entries of no known rank
+        with_entries[rank] = True
+        without = {r for r in dumped if not (0 <= r < top and with_entries[r])}
+        return probed | first | without
 
     @cached_property
     def last(self) -> pd.DataFrame:
