@@ -34,7 +34,7 @@ def stream_stuck(ctx: Context) -> Finding | None:
     timed = np.zeros(int(rank.max(initial=0)) + 2, dtype=bool)  # [-1]: a dump of no known rank
     timed[rank[is_coll & has_start]] = True
     scheduled = fr["state"].eq("scheduled").to_numpy(dtype=bool)
-    # A start time says it began, whatever the state
+    # A start time says it began, whatever the state.
     waits = is_coll & scheduled & ~has_start & timed[rank]
     waits[rank < 0] = False  # a rank unknown is never in the timed ranks
     if not waits.any():
