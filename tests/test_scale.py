@@ -93,3 +93,22 @@ def test_sizes_and_frames_read_alike_whether_the_pickle_shares_them_or_not(tmp_p
     pd.testing.assert_frame_equal(fa, fb)
     assert fa["depth"].tolist() == [0, 0, 1, 0, 0, 0]
     assert os.path.basename(str(fa["filename"].iloc[2])) == "x.py"
+
+
+def test_first_rows_are_each_codes_first_row_across_chunks() -> None:
+    import numpy as np
+
+    from rankscope.collect import first_rows
+
+    rng = np.random.default_rng(0)
+    n = (1 << 20) * 2 + 5  # three chunks
+    codes = rng.integers(-1, 6, n).astype(np.int8)
+    codes[: (1 << 20) + 3] = np.where(codes[: (1 << 20) + 3] == 5, 4, codes[: (1 << 20) + 3])
+    where = rng.random(n) < 0.3
+    for mask in (None, where):
+        rows = np.arange(n) if mask is None else np.flatnonzero(mask)
+        expected = [n] * 7  # codes 0..5, and -1 as the last
+        for row in rows[::-1]:
+            expected[codes[row]] = row
+        assert first_rows(codes, 7, where=mask).tolist() == expected
+    assert first_rows(codes, 7)[5] > 1 << 20  # first met in the second chunk
