@@ -112,3 +112,25 @@ def test_first_rows_are_each_codes_first_row_across_chunks() -> None:
             expected[codes[row]] = row
         assert first_rows(codes, 7, where=mask).tolist() == expected
     assert first_rows(codes, 7)[5] > 1 << 20  # first met in the second chunk
+
+
+def test_the_latest_dumps_read_each_dump_as_a_groupby_does() -> None:
+    from rankscope.collect.run import _per_dump
+
+    entries = pd.DataFrame(
+        {
+            "source": pd.Categorical(["a", "b", "a", "b", "a", None], categories=["c", "b", "a"]),
+            "rank": pd.array([None, 1, 0, None, 2, 3], dtype="Int64"),
+            "backend": pd.Categorical([None, "gloo", "nccl", "nccl", None, "gloo"]),
+            "time_created_ns": pd.array([5, None, 7, None, 1, 9], dtype="Int64"),
+        }
+    )
+    grouped = entries.groupby("source", sort=False).agg(
+        rank=("rank", "first"), backend=("backend", "first"), newest=("time_created_ns", "max")
+    )
+    mine = _per_dump(entries)
+    assert list(mine.index) == list(grouped.index.astype(str)) == ["a", "b"]
+    for col in grouped:
+        assert mine[col].astype(object).fillna(-1).tolist() == (
+            grouped[col].astype(object).fillna(-1).tolist()
+        ), col

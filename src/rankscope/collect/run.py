@@ -293,7 +293,9 @@ def _per_dump(entries: pd.DataFrame) -> pd.DataFrame:
     seen = seen[np.argsort(first[seen], kind="stable")]
 
     def first_known(col: pd.Series) -> pd.Series:
-        rows = first_rows(codes, count, where=col.notna().to_numpy())[seen]
+        rows = first[seen]
+        if col.iloc[rows].isna().any():  # a dump's first entry lacks it: its first that has it
+            rows = first_rows(codes, count, where=col.notna().to_numpy())[seen]
         return col.iloc[np.where(rows < n, rows, 0)].reset_index(drop=True).where(rows < n)
 
     created = entries["time_created_ns"].array
