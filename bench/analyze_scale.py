@@ -9,10 +9,13 @@ one rank diverging in the last collective, then times, each in a fresh process:
   ``rankscope diagnose DIR --json`` (not with ``--no-torch``).
 
 It prints the wall time of both, their ratio, the peak memory (resident set of the process and
-its children, sampled) and the culprit each names. The files are deleted afterwards.
+its children, sampled) and the culprit each names. The files are deleted afterwards, unless
+``--reuse DIR`` keeps them in a folder of DIR named after the arguments that made them, where the
+next run with the same arguments reads them again instead of writing them.
 
     python bench/analyze_scale.py                              # 1024 ranks x 2000 entries
     python bench/analyze_scale.py --ranks 16384 --no-torch --link
+    python bench/analyze_scale.py --ranks 4096 --no-torch --link --reuse /tmp/dumps
 """
 
 from __future__ import annotations
@@ -151,6 +154,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--dir", type=Path, default=None, help="where to write (default: a temp dir)"
     )
+    parser.add_argument(
+        "--reuse", type=Path, default=None, metavar="DIR", help="keep the dumps in DIR, reuse them"
+    )
     parser.add_argument("--timeout", type=float, default=3600.0)
     parser.add_argument(
         "--workers", type=int, default=None, help="processes reading the dumps (default: collect's)"
@@ -161,22 +167,36 @@ def main(argv: list[str] | None = None) -> int:
         worker(args.worker, args.workers)
         return 0
     culprit = args.ranks // 2 + 5 if args.culprit is None else args.culprit
-    base = Path(tempfile.mkdtemp(prefix="rankscope-bench-", dir=args.dir))
-    folder = base / "dumps"
+    made = f"{args.ranks}x{args.entries}-{args.divergence}-{culprit}{'-link' if args.link else ''}"
+    if args.reuse is None:
+        base = Path(tempfile.mkdtemp(prefix="rankscope-bench-", dir=args.dir))
+        folder = base / "dumps"
+    else:
+        base, folder = None, args.reuse / f"rankscope-bench-{made}"
     try:
         t0 = time.perf_counter()
         dumps = _make_dumps()
-        paths = dumps.write_dumps(
-            folder,
-            world=args.ranks,
-            entries=args.entries,
-            culprit=culprit,
-            divergence=args.divergence,
-            link=args.link,
-        )
+        # written last, beside the dumps: a run cut short leaves no set to reuse
+        done = folder.with_name(folder.name + ".done")
+        if done.is_file():
+            paths = sorted(folder.glob(f"{dumps.PREFIX}*"))
+            wrote = "reused"
+        else:
+            shutil.rmtree(folder, ignore_errors=True)
+            paths = dumps.write_dumps(
+                folder,
+                world=args.ranks,
+                entries=args.entries,
+                culprit=culprit,
+                divergence=args.divergence,
+                link=args.link,
+            )
+            if base is None:
+                done.write_text(made)
+            wrote = "wrote"
         size = sum(p.stat().st_size for p in paths)
         print(
-            f"wrote {len(paths)} dumps x {args.entries} entries ({size / 2**30:.2f} GiB"
+            f"{wrote} {len(paths)} dumps x {args.entries} entries ({size / 2**30:.2f} GiB"
             f"{', hard-linked' if args.link else ''}) in {time.perf_counter() - t0:.1f} s; "
             f"rank {culprit} diverges ({args.divergence})",
             flush=True,
@@ -231,7 +251,8 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 0 if same else 1
     finally:
-        shutil.rmtree(base, ignore_errors=True)
+        if base is not None:
+            shutil.rmtree(base, ignore_errors=True)
 
 
 if __name__ == "__main__":

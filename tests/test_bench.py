@@ -88,3 +88,21 @@ def test_analyze_scale_bench_names_the_culprit_and_times_each_step(tmp_path: Pat
         out.stdout,
     ), out.stdout
     assert "hang lagging_rank, culprit [37], seq 50" in out.stdout, out.stdout
+
+
+@pytest.mark.slow
+def test_analyze_scale_bench_reuses_the_dumps_it_kept(tmp_path: Path) -> None:
+    args = ["--ranks=16", "--entries=20", "--no-torch", f"--reuse={tmp_path}"]
+    said = []
+    for _ in range(2):
+        out = subprocess.run(
+            [sys.executable, str(SCALE), *args], capture_output=True, text=True, timeout=300
+        )
+        assert out.returncode == 0, out.stderr[-3000:]
+        assert "hang lagging_rank, culprit [13], seq 20" in out.stdout, out.stdout
+        said.append(out.stdout.split(" ", 1)[0])
+    assert said == ["wrote", "reused"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "rankscope-bench-16x20-missing-13",
+        "rankscope-bench-16x20-missing-13.done",
+    ]

@@ -116,3 +116,44 @@ def test_the_tracker_reads_a_file_whose_stat_is_stale_within_the_full_read(
     assert not tracker.update() and tracker.records[0].step is None  # the stat is believed
     time.sleep(0.35)
     assert tracker.update() and tracker.records[0].step == 7  # opened and read all the same
+
+
+def test_first_rows_are_each_codes_first_row_across_chunks() -> None:
+    import numpy as np
+
+    from rankscope.collect import first_rows
+
+    rng = np.random.default_rng(0)
+    n = (1 << 20) * 2 + 5  # three chunks
+    codes = rng.integers(-1, 6, n).astype(np.int8)
+    codes[: (1 << 20) + 3] = np.where(codes[: (1 << 20) + 3] == 5, 4, codes[: (1 << 20) + 3])
+    where = rng.random(n) < 0.3
+    for mask in (None, where):
+        rows = np.arange(n) if mask is None else np.flatnonzero(mask)
+        expected = [n] * 7  # codes 0..5, and -1 as the last
+        for row in rows[::-1]:
+            expected[codes[row]] = row
+        assert first_rows(codes, 7, where=mask).tolist() == expected
+    assert first_rows(codes, 7)[5] > 1 << 20  # first met in the second chunk
+
+
+def test_the_latest_dumps_read_each_dump_as_a_groupby_does() -> None:
+    from rankscope.collect.run import _per_dump
+
+    entries = pd.DataFrame(
+        {
+            "source": pd.Categorical(["a", "b", "a", "b", "a", None], categories=["c", "b", "a"]),
+            "rank": pd.array([None, 1, 0, None, 2, 3], dtype="Int64"),
+            "backend": pd.Categorical([None, "gloo", "nccl", "nccl", None, "gloo"]),
+            "time_created_ns": pd.array([5, None, 7, None, 1, 9], dtype="Int64"),
+        }
+    )
+    grouped = entries.groupby("source", sort=False).agg(
+        rank=("rank", "first"), backend=("backend", "first"), newest=("time_created_ns", "max")
+    )
+    mine = _per_dump(entries)
+    assert list(mine.index) == list(grouped.index.astype(str)) == ["a", "b"]
+    for col in grouped:
+        assert mine[col].astype(object).fillna(-1).tolist() == (
+            grouped[col].astype(object).fillna(-1).tolist()
+        ), col

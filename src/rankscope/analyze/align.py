@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 
 from rankscope.analyze.calls import parse_ranks
+from rankscope.collect import first_rows
 
 
 def _min_max(groups: np.ndarray, values: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
@@ -25,6 +26,11 @@ def _min_max(groups: np.ndarray, values: np.ndarray, size: int) -> tuple[np.ndar
     np.minimum.at(lo, groups, values)
     np.maximum.at(hi, groups, values)
     return lo, hi
+
+
+def _rows(values: np.ndarray, pos: np.ndarray | None) -> np.ndarray:
+    """``values`` at ``pos``; all of them (the array itself) for None."""
+    return values if pos is None else values[pos]
 
 
 def _dense(codes: np.ndarray, span: int) -> tuple[np.ndarray, np.ndarray | None]:
@@ -40,9 +46,9 @@ def group_members(calls: pd.DataFrame, *, world: Sequence[int] = ()) -> dict[str
     """Members of every process group in ``calls``: from ``pg_ranks`` where the source recorded
     it, else the ranks seen on the group (the world group ``"0"`` gets ``world`` too)."""
     members: dict[str, tuple[int, ...]] = {}
-    codes = calls["pg"].cat.codes.to_numpy().astype(np.int64)
+    codes = calls["pg"].array.codes
     groups = calls["pg"].cat.categories
-    first, _ = _min_max(codes, np.arange(len(codes), dtype=np.int64), len(groups))
+    first = first_rows(codes, len(groups))
     for code in np.flatnonzero(first < len(codes)):
         pg = str(groups[code])
         ranks = parse_ranks(calls["pg_ranks"].iloc[first[code]])
@@ -92,28 +98,36 @@ def find_divergences(
     The work is a handful of vectorised passes (``numpy.minimum.at`` and friends over dense
     group numbers), whatever the number of ranks.
     """
-    pos = np.flatnonzero(calls["seq"].notna().to_numpy())
-    if not len(pos):
+    numbered = calls["seq"].notna().to_numpy()
+    if not numbered.any():
         return []
+    # The columns as they are where every call is numbered (no copy of 32 million rows).
+    pos = None if numbered.all() else np.flatnonzero(numbered)
     groups = list(calls["pg"].cat.categories)
-    pg = calls["pg"].cat.codes.to_numpy()[pos].astype(np.int64)
-    seq = calls["seq"].to_numpy(dtype=np.int64, na_value=0)[pos]
-    rank = calls["rank"].to_numpy(dtype=np.int64)[pos]
-    key = calls["key"].to_numpy(dtype=np.int64)[pos]
+    pg = _rows(calls["pg"].array.codes, pos)
+    seq = _rows(calls["seq"].array.to_numpy(dtype=np.int64, na_value=0), pos)
+    rank = _rows(calls["rank"].to_numpy(dtype=np.int64), pos)
+    key = _rows(calls["key"].to_numpy(dtype=np.int64), pos)
     # Calls at one (group, position): do their keys differ?
     base, _ = _min_max(pg, seq, len(groups))
-    rel = seq - base[pg]
-    span = int(rel.max()) + 1
-    cell, cells = _dense(pg * span + rel, len(groups) * span)
+    cell = base[pg]
+    np.subtract(seq, cell, out=cell)  # the position from the group's first
+    span = int(cell.max()) + 1
+    cell += np.multiply(pg, span, dtype=np.int64)
+    cell, cells = _dense(cell, len(groups) * span)
     size = len(cells) if cells is not None else len(groups) * span
     lo, hi = _min_max(cell, key, size)
+    del cell
     split_cells = np.flatnonzero(lo < hi)
     split_codes = cells[split_cells] if cells is not None else split_cells
     split_pg, split_seq = split_codes // span, split_codes % span + base[split_codes // span]
     # Each rank's first and last position on each group.
     top = int(rank.max()) + 1
-    slot, slots = _dense(pg * top + rank, len(groups) * top)
+    slot = np.multiply(pg, top, dtype=np.int64)
+    slot += rank
+    slot, slots = _dense(slot, len(groups) * top)
     first, last = _min_max(slot, seq, len(slots) if slots is not None else len(groups) * top)
+    del slot
     out = []
     for code, name in enumerate(groups):
         if slots is None:
@@ -136,7 +150,8 @@ def find_divergences(
         at = min([*behind, *([int(splits.min())] if len(splits) else [])], default=None)
         if at is None:
             continue
-        rows = calls.iloc[pos[(pg == code) & (seq == at)]]
+        here = np.flatnonzero((pg == code) & (seq == at))
+        rows = calls.iloc[here if pos is None else pos[here]]
         present = set(rows["rank"].tolist())
         out.append(
             Divergence(

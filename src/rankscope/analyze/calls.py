@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from rankscope.collect import is_user_file
+from rankscope.collect import first_rows, is_user_file
 from rankscope.rundir import (  # P2P: only two ranks take part, not aligned by position
     MANAGEMENT_OPS,
     P2P_OPS,
@@ -79,12 +79,11 @@ _P2P_NAME = re.compile(
 
 
 def _codes(col: pd.Series) -> tuple[np.ndarray, int]:
-    """Dense integer codes of a column (nulls included as one more value) and their count."""
+    """Integer codes of a column and their count ``n``, nulls being the last of the ``n``
+    values. A categorical gives its own codes, not a copy (not to be changed), where a null is
+    -1: as an index into ``n`` slots, that is the last."""
     if isinstance(col.dtype, pd.CategoricalDtype):
-        codes = col.cat.codes.to_numpy().astype(np.int64)
-        n = len(col.cat.categories)
-        codes[codes < 0] = n
-        return codes, n + 1
+        return col.array.codes, len(col.cat.categories) + 1
     codes, uniques = pd.factorize(col, use_na_sentinel=False)
     return codes.astype(np.int64), len(uniques)
 
@@ -92,17 +91,25 @@ def _codes(col: pd.Series) -> tuple[np.ndarray, int]:
 def _key(op: pd.Series, *columns: pd.Series, root: pd.Series | None = None) -> np.ndarray:
     """One integer per call such that calls get equal keys iff they are the same call: same op,
     same root where it is known, and, unless the op takes different tensors per rank by design,
-    same shapes and dtypes."""
-    free = op.isin(UNEVEN_OPS).to_numpy()
-    key, count = _codes(op)
+    same shapes and dtypes. Built in place in one array (a 32-million-row table makes no other
+    of its size)."""
+    free = np.flatnonzero(op.isin(UNEVEN_OPS).to_numpy())
+    codes, count = _codes(op)
+    key = codes.astype(np.int64)
+    key[codes < 0] = count - 1
     for i, col in enumerate((*columns, *([] if root is None else [root]))):
         codes, n = _codes(col)
-        if i < len(columns):
-            codes[free] = n
         if count * (n + 1) >= 1 << 62:
             key, uniques = pd.factorize(key)
             count = len(uniques)
-        key, count = key * (n + 1) + codes, count * (n + 1)
+        key *= n + 1
+        key += codes
+        key[codes < 0] += n  # a null: code n - 1
+        if i < len(columns) and len(free):  # the rows whose tensors may differ: code n
+            added = codes[free].astype(np.int64)
+            added[added < 0] = n - 1
+            key[free] += n - added
+        count *= n + 1
     return key
 
 
@@ -110,19 +117,23 @@ def _finish(columns: dict[str, Any], n: int) -> pd.DataFrame:
     """The calls table from ``n`` rows of columns: arrays, or a scalar for the whole column.
 
     Columns left out are null. Constant and null category columns are built from codes, so a
-    32-million-row table costs no Python object per row."""
+    32-million-row table costs no Python object per row. Nothing is copied that need not be: a
+    column of the source table is shared with it (copy-on-write: a change to either copies it
+    then), an array made for the table is the table's."""
     out = {}
     for col, dtype in CALLS.items():
         value = columns.get(col)
         if dtype == "category" and (value is None or isinstance(value, str)):
             cats = [] if value is None else [value]
             codes = np.full(n, -1 if value is None else 0, dtype=np.int8)
-            out[col] = pd.Categorical.from_codes(codes, categories=cats)
+            series = pd.Series(pd.Categorical.from_codes(codes, categories=cats), copy=False)
         elif value is None:
-            out[col] = _nulls(n, dtype)
+            series = pd.Series(_nulls(n, dtype), copy=False)
+        elif isinstance(value, pd.Series):
+            series = value.reset_index(drop=True)
         else:
-            series = pd.Series(value)
-            out[col] = series.array if str(series.dtype) == dtype else series.astype(dtype).array
+            series = pd.Series(value, copy=False)
+        out[col] = series if str(series.dtype) == dtype else series.astype(dtype)
     return pd.DataFrame(out, copy=False)
 
 
@@ -204,21 +215,29 @@ STATES = ("issued", "started", "completed")
 
 
 def _states(completed: np.ndarray, started: np.ndarray | None = None) -> pd.Categorical:
-    codes = np.where(completed, 2, 0 if started is None else np.where(started, 1, 0))
-    return pd.Categorical.from_codes(codes.astype(np.int8), categories=STATES)
+    codes = np.zeros(len(completed), dtype=np.int8) if started is None else started.astype(np.int8)
+    codes[completed] = 2
+    return pd.Categorical.from_codes(codes, categories=STATES)
 
 
 def _ranks_per_group(pg: pd.Series, pg_ranks: pd.Series) -> pd.Categorical:
     """``pg_ranks`` as a category per group: the members are a property of the group, so only
     the first recorded value of each group is read (a world of 16k ranks makes long texts)."""
-    codes, groups = pd.factorize(pg)
-    known = np.flatnonzero(pg_ranks.notna().to_numpy())
-    rows = known[~pd.Index(codes[known]).duplicated()]
-    text = dict(zip(codes[rows], pg_ranks.iloc[rows].astype(str), strict=True))
-    categories = [text.get(i) for i in range(len(groups))]
-    present = sorted({c for c in categories if c is not None})
-    lookup = np.array([present.index(c) if c is not None else -1 for c in categories] or [-1])
-    return pd.Categorical.from_codes(lookup[codes] if len(codes) else codes, categories=present)
+    codes, count = _codes(pg)
+    first = first_rows(codes, count, where=pg_ranks.notna().to_numpy())
+    groups = np.flatnonzero(first < len(codes))
+    text = dict(zip(groups.tolist(), pg_ranks.iloc[first[groups]].astype(str), strict=True))
+    present = sorted(set(text.values()))
+    place = {c: i for i, c in enumerate(present)}
+    lookup = np.full(count, -1, dtype=_code_type(len(present)))
+    for group, ranks in text.items():
+        lookup[group] = place[ranks]
+    return pd.Categorical.from_codes(lookup[codes], categories=present)
+
+
+def _code_type(n: int) -> type[np.signedinteger]:
+    """The narrowest integer type for codes into ``n`` categories (and -1)."""
+    return np.int8 if n < 1 << 7 else np.int16 if n < 1 << 15 else np.int32
 
 
 def _thread_text(thread_id: pd.Series) -> pd.Categorical:
@@ -258,16 +277,18 @@ def calls_from_flight_recorder(flight_recorder: pd.DataFrame) -> pd.DataFrame:
     if not usable.all():
         df = df[usable]
     p2p = df["is_p2p"].fillna(False).to_numpy(dtype=bool) | df["op"].isin(P2P_OPS).to_numpy()
+    any_p2p = bool(p2p.any())
     seq = df["collective_seq_id"]
     pg_ranks = _ranks_per_group(df["pg_name"], df["pg_ranks"])
-    peer = pd.Series(pd.NA, index=df.index, dtype="Int64")
-    if p2p.any():
+    peer = None  # null without point-to-point calls
+    if any_p2p:
+        peer = pd.Series(pd.NA, index=df.index, dtype="Int64")
         peer[p2p] = _fr_peers(df[p2p], pg_ranks[p2p])
     completed = fr_completed(df).astype("boolean")
-    rank = df["rank"].astype("int64")
+    rank = df["rank"].to_numpy(dtype=np.int64)
     # Dumps list a rank's entries oldest first; a rank's merged order is its record order.
     order = (
-        df["record_id"].fillna(-1).to_numpy(dtype=np.int64)
+        df["record_id"].array.to_numpy(dtype=np.int64, copy=True)
         if len(df) and (df["record_id"].notna()).all()
         else df.groupby("rank").cumcount().to_numpy(dtype=np.int64)
     )
@@ -278,8 +299,8 @@ def calls_from_flight_recorder(flight_recorder: pd.DataFrame) -> pd.DataFrame:
             "pg": df["pg_name"],
             "pg_desc": df["pg_desc"],
             "pg_ranks": pg_ranks,
-            "seq": seq.where(~p2p).astype("Int64"),
-            "p2p_seq": df["p2p_seq_id"].where(p2p).astype("Int64"),
+            "seq": seq.where(~p2p) if any_p2p else seq,
+            "p2p_seq": df["p2p_seq_id"].where(p2p) if any_p2p else None,
             "op": df["op"],
             "shapes": df["input_sizes"],
             "dtypes": df["input_dtypes"],
@@ -297,8 +318,8 @@ def calls_from_flight_recorder(flight_recorder: pd.DataFrame) -> pd.DataFrame:
                 (df["state"] == "started").to_numpy(dtype=bool)
                 | df["time_discovered_started_ns"].notna().to_numpy(dtype=bool),
             ),
-            "t_start_s": df["time_created_ns"].astype("Float64") / 1e9,
-            "t_end_s": df["time_discovered_completed_ns"].astype("Float64") / 1e9,
+            "t_start_s": _seconds(df["time_created_ns"]),
+            "t_end_s": _seconds(df["time_discovered_completed_ns"]),
             "thread": None if thread.isna().all() else _thread_text(thread),
             "order": order,
             "row": df.index.to_numpy(dtype=np.int64),
@@ -308,11 +329,20 @@ def calls_from_flight_recorder(flight_recorder: pd.DataFrame) -> pd.DataFrame:
     )
     # A coalesced group's entries follow each other and repeat one collective_seq_id; the first
     # stands for the group.
-    idx = out["seq"].to_numpy(dtype=np.int64, na_value=-1)
-    same = [out["rank"].to_numpy(), out["pg"].cat.codes.to_numpy(), idx]
+    idx = out["seq"].array.to_numpy(dtype=np.int64, na_value=-1)
     dup = np.zeros(len(out), dtype=bool)
-    dup[1:] = np.logical_and.reduce([a[1:] == a[:-1] for a in same]) & (idx[1:] >= 0)
+    follows = dup[1:]  # a view: each row against the one before
+    np.greater_equal(idx[1:], 0, out=follows)
+    for a in (idx, out["pg"].array.codes, out["rank"].to_numpy()):
+        follows &= a[1:] == a[:-1]
     return out[~dup].reset_index(drop=True) if dup.any() else out
+
+
+def _seconds(ns: pd.Series) -> pd.arrays.FloatingArray:
+    """Nanoseconds (nullable integers) as seconds, made in one array."""
+    seconds = ns.to_numpy(dtype=np.float64, na_value=np.nan)
+    seconds /= 1e9
+    return pd.arrays.FloatingArray(seconds, np.isnan(seconds))
 
 
 def _fr_peers(df: pd.DataFrame, pg_ranks: pd.Categorical) -> pd.Series:

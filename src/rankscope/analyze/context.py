@@ -98,7 +98,7 @@ class Context(Phrasing):
         backward's bucket all_reduce, a Work waited on): its last such entry did not complete,
         and it waited there."""
         fr = calls_from_flight_recorder(self.fr)
-        nccl = self.fr["backend"].astype(str).to_numpy()[fr["row"].to_numpy()] == "nccl"
+        nccl = self.fr["backend"].eq("nccl").to_numpy(dtype=bool)[fr["row"].to_numpy()]
         calls = merge_calls(self.probe_calls, fr, backend_completes=nccl)
         victims = [
             r
@@ -142,13 +142,14 @@ class Context(Phrasing):
         fr = self.fr
         if fr.empty or "time_discovered_started_ns" not in fr:
             return []
-        nccl = fr[fr["backend"].astype(str) == "nccl"]
-        if nccl.empty:
+        rank = fr["rank"].array.to_numpy(dtype=np.int64, na_value=-1)
+        nccl = fr["backend"].eq("nccl").to_numpy(dtype=bool) & (rank >= 0)
+        open_ = np.unique(rank[nccl & ~fr_completed(fr).to_numpy(dtype=bool)])
+        if not len(open_):
             return []
-        done = fr_completed(nccl)
-        timed = nccl["time_discovered_started_ns"].notna().groupby(nccl["rank"]).any()
-        open_ = (~done).groupby(nccl["rank"]).any()
-        return sorted(int(r) for r in timed.index if open_[r] and not timed[r])
+        timed = np.zeros(int(rank.max()) + 1, dtype=bool)
+        timed[rank[nccl & fr["time_discovered_started_ns"].notna().to_numpy(dtype=bool)]] = True
+        return [int(r) for r in open_ if not timed[r]]
 
     @cached_property
     def complete_ranks(self) -> set[int]:
@@ -156,11 +157,15 @@ class Context(Phrasing):
         buffer that still holds its first entry (``record_id`` 0)."""
         probed = {r for r, f in self.facts.items() if f.started}
         fr = self.fr
-        rank = fr["rank"].to_numpy(dtype=np.int64, na_value=-1)
-        record = fr["record_id"].to_numpy(dtype=np.int64, na_value=-1)
+        rank = fr["rank"].array.to_numpy(dtype=np.int64, na_value=-1)
+        record = fr["record_id"].array.to_numpy(dtype=np.int64, na_value=-1)
         first = set(np.unique(rank[record == 0]).tolist())
         dumped = set(self.ev.table("pg_status")["rank"].dropna().astype(int).tolist())
-        return probed | first | (dumped - set(np.unique(rank).tolist()))
+        top = int(rank.max(initial=-1)) + 1
+        with_entries = np.zeros(top + 1, dtype=bool)  # the last: entries of no known rank
+        with_entries[rank] = True
+        without = {r for r in dumped if not (0 <= r < top and with_entries[r])}
+        return probed | first | without
 
     @cached_property
     def last(self) -> pd.DataFrame:

@@ -122,7 +122,10 @@ def wait_graph(
     sets = _collective_waits(calls, stuck[stuck["seq"].notna()], members)
     peers: dict[int | None, frozenset[int]] = {}
     waits: dict[int, Wait] = {}
-    for rank, row in zip(stuck.index.tolist(), stuck.itertuples(index=False), strict=True):
+    # Only the columns read: a row of every column would make each rank's copy of its groups'
+    # member lists (16k texts of 90 kB at 16k ranks).
+    read = stuck[["pg", "pg_desc", "seq", "op", "site", "thread", "peer", "key", "position"]]
+    for rank, row in zip(stuck.index.tolist(), read.itertuples(index=False), strict=True):
         peer = None if pd.isna(row.peer) else int(row.peer)
         if pd.isna(row.seq):
             waits_for = peers.setdefault(peer, frozenset([] if peer is None else [peer]))

@@ -152,6 +152,22 @@ def categorical(codes: np.ndarray, values: Sequence[Any]) -> pd.Categorical:
     return pd.Categorical.from_codes(codes, categories=pd.Index(list(table), dtype=object))
 
 
+def first_rows(codes: np.ndarray, count: int, *, where: np.ndarray | None = None) -> np.ndarray:
+    """For each of ``count`` codes (-1 being the last), the first row that has it (of the rows
+    ``where`` is true), or ``len(codes)`` where none has. A million rows at a time: no array of
+    every row's position is made."""
+    first = np.full(count, len(codes), dtype=np.int64)
+    step = 1 << 20
+    for at in range(0, len(codes), step):
+        part = codes[at : at + step]
+        if where is None:
+            np.minimum.at(first, part, np.arange(at, at + len(part)))
+        else:
+            rows = np.flatnonzero(where[at : at + step])
+            np.minimum.at(first, part[rows], rows + at)
+    return first
+
+
 def columns(names: Sequence[str], rows: list[tuple[Any, ...]]) -> dict[str, list[Any]]:
     """Rows read one by one (tuples in the order of ``names``) as the columns of a table."""
     values = zip(*rows, strict=True) if rows else ([] for _ in names)

@@ -466,7 +466,20 @@ def _json_category(key: Any) -> str | None:
 
 def parse_ranks(text: Any) -> str | None:
     """``"[0, 1, 2]"`` -> ``"0,1,2"``, parsed as text; anything else is None."""
-    return _parse_ranks(text) if isinstance(text, str) else None
+    if not isinstance(text, str):
+        return None
+    # The dump before this one most often has the same text: compared, it is not hashed (the
+    # world's members are 100 kB of text at 16k ranks; a hash of them costs more than a compare)
+    last_text, last_parsed = _last_ranks
+    if text == last_text:
+        return last_parsed
+    parsed = _parse_ranks(text)
+    _last_ranks[:] = [text, parsed]
+    return parsed
+
+
+#: The text parse_ranks parsed last, and what it gave.
+_last_ranks: list[Any] = [None, None]
 
 
 @functools.lru_cache(maxsize=256)

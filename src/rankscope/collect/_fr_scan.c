@@ -164,6 +164,11 @@ static int box_add(Scan *S, int32_t c, const Val *v, Py_ssize_t n) {
 static int utf8_ok(const unsigned char *p, Py_ssize_t n) {
     Py_ssize_t i = 0;
     while (i < n) {
+        uint64_t eight; /* plain ASCII (a world's member list is 100 kB of it), 8 at a time */
+        if (i + 8 <= n && (memcpy(&eight, p + i, 8), !(eight & 0x8080808080808080ULL))) {
+            i += 8;
+            continue;
+        }
         unsigned char c = p[i];
         if (c < 0x80) {
             i++;
@@ -534,9 +539,12 @@ static PyObject *to_py(Scan *S, Val v, int depth) {
 }
 
 /* --- distinct values of a coded field ------------------------------------------------------ */
-/* A value's identity: a string by where the pickle wrote it, a container by its index, a scalar
- * by its value. Equal identities are equal values; equal values may differ in identity (two
- * writes of one string), which the caller's coding by value then merges. */
+/* A value's identity: a string by its text (torch writes each entry's profiling name, state and
+ * thread as a string of its own, so 2000 entries are 2000 writes of a handful of texts), a tuple
+ * of strings and scalars by its items (an entry's process_group, a tuple of its own), another
+ * container by its index, a scalar by its value. Equal identities are equal values; equal
+ * containers may differ in identity (two writes of one list), which the caller's coding by
+ * value then merges. */
 typedef struct {
     uint64_t key;
     int32_t index;
@@ -546,12 +554,31 @@ typedef struct {
     Slot *slots;
     Py_ssize_t cap, count, nvals, capvals;
     Val *vals; /* the distinct values, in order of first appearance */
-    uint64_t last_key;
+    Val last_val; /* the value last looked up, as written (a string: where) */
     int32_t last;
 } Distinct;
 
-static uint64_t ident(Val v) {
+/* A tuple of strings and scalars only: compared by its items. */
+static int flat(const Scan *S, Val v) {
+    if (v.type != T_TUPLE)
+        return 0;
+    const Box *b = &S->boxes[v.u.c];
+    for (Py_ssize_t i = 0; i < b->len; i++)
+        if (is_container(b->items[i].type))
+            return 0;
+    return 1;
+}
+
+static uint64_t ident(const Scan *S, Val v) {
+    const unsigned char *data = S->data;
     uint64_t payload;
+    if (flat(S, v)) {
+        const Box *b = &S->boxes[v.u.c];
+        payload = (uint64_t)b->len;
+        for (Py_ssize_t i = 0; i < b->len; i++)
+            payload = payload * 0x100000001b3ULL ^ ident(S, b->items[i]);
+        return payload * 0x9E3779B97F4A7C15ULL ^ ((uint64_t)v.type << 58) ^ v.type;
+    }
     switch (v.type) {
     case T_INT:
         payload = (uint64_t)v.u.i;
@@ -559,8 +586,10 @@ static uint64_t ident(Val v) {
     case T_FLOAT:
         memcpy(&payload, &v.u.f, 8);
         break;
-    case T_STR:
-        payload = v.u.s.off;
+    case T_STR: /* FNV-1a of the text */
+        payload = 0xcbf29ce484222325ULL;
+        for (uint32_t i = 0; i < v.u.s.len; i++)
+            payload = (payload ^ data[v.u.s.off + i]) * 0x100000001b3ULL;
         break;
     case T_LIST:
     case T_TUPLE:
@@ -573,7 +602,8 @@ static uint64_t ident(Val v) {
     return payload * 0x9E3779B97F4A7C15ULL ^ ((uint64_t)v.type << 58) ^ v.type;
 }
 
-static int same(Val a, Val b) {
+/* The same write of a value: what the pickle stored once. */
+static int same_write(Val a, Val b) {
     if (a.type != b.type)
         return 0;
     switch (a.type) {
@@ -582,7 +612,7 @@ static int same(Val a, Val b) {
     case T_FLOAT:
         return memcmp(&a.u.f, &b.u.f, 8) == 0;
     case T_STR:
-        return a.u.s.off == b.u.s.off;
+        return a.u.s.off == b.u.s.off && a.u.s.len == b.u.s.len;
     case T_LIST:
     case T_TUPLE:
     case T_DICT:
@@ -591,10 +621,41 @@ static int same(Val a, Val b) {
     return 1;
 }
 
-static int32_t distinct_index(Distinct *d, Val v) {
-    uint64_t key = ident(v);
-    if (d->last >= 0 && d->last_key == key && same(d->vals[d->last], v))
+static int same(const Scan *S, Val a, Val b) {
+    const unsigned char *data = S->data;
+    if (a.type != b.type)
+        return 0;
+    switch (a.type) {
+    case T_INT:
+        return a.u.i == b.u.i;
+    case T_FLOAT:
+        return memcmp(&a.u.f, &b.u.f, 8) == 0;
+    case T_STR:
+        return a.u.s.len == b.u.s.len &&
+               memcmp(data + a.u.s.off, data + b.u.s.off, a.u.s.len) == 0;
+    case T_TUPLE:
+        if (a.u.c != b.u.c && flat(S, a) && flat(S, b)) {
+            const Box *x = &S->boxes[a.u.c], *y = &S->boxes[b.u.c];
+            if (x->len != y->len)
+                return 0;
+            for (Py_ssize_t i = 0; i < x->len; i++)
+                if (!same(S, x->items[i], y->items[i]))
+                    return 0;
+            return 1;
+        }
+        return a.u.c == b.u.c;
+    case T_LIST:
+    case T_DICT:
+        return a.u.c == b.u.c;
+    }
+    return 1;
+}
+
+static int32_t distinct_index(Distinct *d, const Scan *S, Val v) {
+    /* Most entries repeat the value before them, as written once: no text is looked at. */
+    if (d->last >= 0 && same_write(d->last_val, v))
         return d->last;
+    uint64_t key = ident(S, v);
     if (d->count * 2 >= d->cap) { /* rehash */
         Py_ssize_t cap = d->cap ? d->cap * 2 : 16;
         Slot *slots = malloc((size_t)cap * sizeof(Slot));
@@ -615,7 +676,7 @@ static int32_t distinct_index(Distinct *d, Val v) {
     }
     Py_ssize_t j = (Py_ssize_t)(key & (uint64_t)(d->cap - 1));
     while (d->slots[j].index >= 0) {
-        if (d->slots[j].key == key && same(d->vals[d->slots[j].index], v))
+        if (d->slots[j].key == key && same(S, d->vals[d->slots[j].index], v))
             goto found;
         j = (j + 1) & (d->cap - 1);
     }
@@ -626,7 +687,7 @@ static int32_t distinct_index(Distinct *d, Val v) {
     d->slots[j].index = (int32_t)d->nvals++;
     d->count++;
 found:
-    d->last_key = key;
+    d->last_val = v;
     d->last = d->slots[j].index;
     return d->last;
 }
@@ -859,7 +920,7 @@ static PyObject *scan(PyObject *self, PyObject *args) {
         for (Py_ssize_t k = 0; k < nc; k++) {
             const Val *v = fields[ni + 1 + nb + k];
             Val none = {.type = T_NONE};
-            int32_t at = distinct_index(&dist[k], v ? *v : none);
+            int32_t at = distinct_index(&dist[k], &S, v ? *v : none);
             if (at < 0)
                 FAIL;
             ccol[k][e] = at;

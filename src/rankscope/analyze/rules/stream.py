@@ -4,6 +4,8 @@ work."""
 
 from __future__ import annotations
 
+import numpy as np
+
 from rankscope.analyze.causes import Cause
 from rankscope.analyze.context import Context
 from rankscope.analyze.diagnosis import EvidenceRef, who_of
@@ -21,12 +23,26 @@ def stream_stuck(ctx: Context) -> Finding | None:
     fr = ctx.ev.table("flight_recorder")
     if fr.empty:
         return None
-    coll = fr[fr["collective_seq_id"].notna() & ~fr["is_p2p"].fillna(False).astype(bool)]
-    coll = coll[coll["backend"].astype(str) == "nccl"]
-    timed = set(coll.loc[coll["time_discovered_started_ns"].notna(), "rank"].astype(int))
+    # Masks over the whole table first: its rows are only copied where some entry waits.
+    is_coll = (
+        fr["collective_seq_id"].notna().to_numpy(dtype=bool)
+        & ~fr["is_p2p"].fillna(False).to_numpy(dtype=bool)
+        & fr["backend"].eq("nccl").to_numpy(dtype=bool)
+    )
+    has_start = fr["time_discovered_started_ns"].notna().to_numpy(dtype=bool)
+    rank = fr["rank"].array.to_numpy(dtype=np.int64, na_value=-1)
+    timed = np.zeros(int(rank.max(initial=0)) + 2, dtype=bool)  # [-1]: a dump of no known rank
+    timed[rank[is_coll & has_start]] = True
+    scheduled = fr["state"].eq("scheduled").to_numpy(dtype=bool)
+    # A start time says it began, whatever the state.
+    waits = is_coll & scheduled & ~has_start & timed[rank]
+    waits[rank < 0] = False  # a rank unknown is never in the timed ranks
+    if not waits.any():
+        return None
+    coll = fr[is_coll]
     state = coll["state"].astype(str)
     began = state.isin(["started", "completed"]) | coll["time_discovered_started_ns"].notna()
-    waiting = coll[(state == "scheduled") & coll["rank"].isin(list(timed)) & ~began]
+    waiting = fr[waits]
     for (pg, seq), rows in waiting.groupby(["pg_name", "collective_seq_id"], observed=True):
         same = coll[(coll["pg_name"] == pg) & (coll["collective_seq_id"] == seq)]
         started = same[began.loc[same.index] & (same["state"].astype(str) != "completed")]
