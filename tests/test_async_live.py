@@ -23,15 +23,21 @@ STALL_S = 2.0
 HANG = {"stall_timeout_s": STALL_S, "on_stall": "keep", "collective_timeout_s": 30.0}
 
 
-def stalled(job, capsys) -> str:
-    """Wait for the stall; return what ``rankscope status`` prints then, and stop the job."""
+def stalled(job, capsys, *, until: str | None = None) -> str:
+    """Wait for the stall; return what ``rankscope status`` prints then (or, given ``until``,
+    once every waiting rank's line says it, within a few heartbeats), and stop the job."""
     deadline = time.monotonic() + 90
     while job.status() != "stalled":
         assert time.monotonic() < deadline, f"no stall: {job.status()}"
         time.sleep(0.1)
-    capsys.readouterr()
-    assert main(["status", str(job.run.path)]) == 0
-    out = capsys.readouterr().out
+    settle = time.monotonic() + 5.0
+    while True:
+        capsys.readouterr()
+        assert main(["status", str(job.run.path)]) == 0
+        out = capsys.readouterr().out
+        if until is None or out.count(until) >= 2 or time.monotonic() > settle:
+            break
+        time.sleep(0.2)
     (stall,) = job.info()["stalls"]
     # called within the stall timeout (and the watchdog's look, and a loaded box's second)
     assert stall["idle_s"] < STALL_S + 1.5, stall
@@ -89,7 +95,9 @@ def test_ddp_s_bucket_all_reduce_from_cpp_is_a_wait(start_job, capsys):
     """The last rank skipped a backward, so DDP's reducer made one gradient all_reduce fewer
     there; the others wait in their backward for theirs, which no Python call made."""
     job = start_job("analyze/ddp_skip_backward.py", args=("barrier",), nproc_per_node=3, **HANG)
-    out = stalled(job, capsys)
+    # Proven as soon as one waiting rank's recorder entries are read; a rank whose entries are
+    # not read yet is "waiting in a collective (group 0 #8, issued by torch)" until they are.
+    out = stalled(job, capsys, until="waiting in all_reduce (group 0 #8, issued by torch)")
     backward = site_of("analyze/ddp_skip_backward.py", "backward")
     for rank in (0, 1):
         line = rank_line(out, rank)
