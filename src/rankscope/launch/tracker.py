@@ -424,11 +424,7 @@ def _state(record: RankRecord) -> RankState:
 
 
 def _backend_state(r: RankRecord) -> RankState:
-    entries = [
-        (str(e[0]), e[1], str(e[2]))
-        for e in r.fr_active or ()
-        if isinstance(e, list) and len(e) >= 3 and type(e[1]) is int
-    ]
+    entries = [(e[0], e[1], str(e[2])) for e in r.fr_active or () if _entry(e)]
     return RankState(
         rank=r.rank,
         members=r.members,
