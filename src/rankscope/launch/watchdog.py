@@ -1,6 +1,6 @@
 """The stall watchdog: what counts as a stall (:func:`stall_decision`, a pure function of what
-one look at the ranks saw), and the thread that looks every ``POLL_S`` and hands each stall to
-the job.
+one look at the ranks saw), and the thread that looks at them (every ``POLL_S``, less often
+where reading them costs: see ``LOOK_SHARE``) and hands each stall to the job.
 
 The rule, as the README's "What counts as a stall" tells it: no rank has completed a collective
 or marked a step for the stall timeout while at least one live rank waits inside a collective,
@@ -34,7 +34,13 @@ from rankscope.waitfor import prove
 
 log = logging.getLogger(__name__)
 
-POLL_S = 0.1
+#: A look at the ranks comes every ``POLL_S`` (a few ranks' events cost a tenth of a
+#: millisecond to read), and later when the last look's read took more than ``LOOK_SHARE`` of
+#: the time since (of one core: its thread's CPU time, whatever the load), but never later than
+#: ``LOOK_MAX_S``: at a thousand ranks a look reads what a fifth of a second of the job wrote,
+#: and the stall is still decided within a look of what the rule asks.
+POLL_S = 0.05
+LOOK_SHARE, LOOK_MAX_S = 0.1, 0.25
 #: How long a busy rank may keep the others waiting before it counts as a stall anyway, in
 #: multiples of the stall timeout.
 BUSY_LIMIT = 10.0
@@ -139,7 +145,9 @@ class Watchdog:
                 # The startup timeout counts from when the job runs, not from its submission.
                 launched = busy_at = time.monotonic()
             with self.lock:
+                read_from = time.thread_time()
                 progress = tracker.update()
+                read_cpu = time.thread_time() - read_from
                 new = set(tracker.records) - known
                 waiting = tracker.waiting_in_collective()
                 proven = None
@@ -205,7 +213,7 @@ class Watchdog:
                 )
                 stalled_at = now
                 self.on_stall(kind, idle, proven)
-            time.sleep(POLL_S)
+            time.sleep(min(LOOK_MAX_S, max(POLL_S, read_cpu / LOOK_SHARE)))
 
 
 def _recorder_says(fact: str | None) -> str | None:
