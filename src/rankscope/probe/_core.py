@@ -484,7 +484,12 @@ class Probe:
             state = self._state
             busy = state.done != done and time.time() - state.t_done < POLL_S
             done = state.done
-            self._stop.wait(max(next_beat - now, 0.0) if busy else POLL_S)
+            wait = max(next_beat - now, 0.0) if busy else POLL_S
+            if not busy and cur is not None and not stuck and cur.cid not in self._entered:
+                # A call entered a moment ago, after a while without one (the step's work,
+                # then a call that may block): looked at again once it is half a look old.
+                wait = min(wait, max(0.0, POLL_S / 2 - (time.time() - cur.t)) + 0.002)
+            self._stop.wait(wait)
 
     def _take_returned(self) -> None:
         """Follow the async calls the wrappers put in ``_returned`` since the last look: each
