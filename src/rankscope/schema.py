@@ -11,6 +11,7 @@ This module imports nothing from rankscope.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 
 import pandas as pd
@@ -307,7 +308,13 @@ class SchemaError(ValueError):
 
 
 def empty(name: str) -> pd.DataFrame:
-    """An empty frame with the table's columns and dtypes."""
+    """An empty frame with the table's columns and dtypes (a frame of its own: changing it
+    changes no other)."""
+    return _empty(name).copy(deep=False)
+
+
+@functools.cache
+def _empty(name: str) -> pd.DataFrame:
     cols = _columns(name)
     return pd.DataFrame({c: pd.Series([], dtype=t) for c, t in cols.items()})
 
@@ -321,16 +328,25 @@ def conform(name: str, df: pd.DataFrame) -> pd.DataFrame:
     extra = [c for c in df.columns if c not in cols]
     if extra:
         raise SchemaError(f"table {name!r}: unexpected columns {extra}")
+    # A diagnosis builds a dozen tables, most of a few rows: what is right already is kept as
+    # it is (a column read out of a frame costs more than a small table's arithmetic).
+    has = dict(zip(df.columns, map(str, df.dtypes), strict=True))
+    index = df.index
+    plain = isinstance(index, pd.RangeIndex) and index.start == 0 and index.step == 1
+    if plain and list(has) == list(cols) and all(has[c] == t for c, t in cols.items()):
+        return df
     out = {}
     n = len(df)
     for col, dtype in cols.items():
-        if col in df.columns:
+        if col in has:
             s = df[col]
-            if str(s.dtype) != dtype:
+            if has[col] != dtype:
                 s = _cast(s, dtype)
+            if not plain:
+                s = s.reset_index(drop=True)
         else:
             s = pd.Series([None] * n, dtype=dtype if dtype != "object" else object)
-        out[col] = s.reset_index(drop=True)
+        out[col] = s
     # No copy: with copy-on-write, changing either frame later copies then, not now.
     return pd.DataFrame(out, copy=False)
 
@@ -350,7 +366,8 @@ def validate(name: str, df: pd.DataFrame) -> pd.DataFrame:
     cols = _columns(name)
     if list(df.columns) != list(cols):
         raise SchemaError(f"table {name!r}: columns {list(df.columns)} != {list(cols)}")
-    wrong = {c: str(df[c].dtype) for c, t in cols.items() if str(df[c].dtype) != t}
+    has = dict(zip(df.columns, map(str, df.dtypes), strict=True))
+    wrong = {c: has[c] for c, t in cols.items() if has[c] != t}
     if wrong:
         raise SchemaError(f"table {name!r}: wrong dtypes {wrong}; expected {dict(cols)}")
     return df

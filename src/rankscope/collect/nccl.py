@@ -33,6 +33,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
+from rankscope import schema
 from rankscope.collect._common import (
     Problems,
     Source,
@@ -48,6 +49,8 @@ from rankscope.collect.logs import line_time
 READER = "nccl"
 CHUNK_BYTES = 16 << 20
 LEVELS = ("INFO", "WARN", "TRACE", "CALL", "ABORT", "VERSION")
+#: What every NCCL line holds (``_nccl_scan._keyword`` finds it at a word's start).
+_KEYWORD = b"NCCL "
 
 #: What comes before ``NCCL <LEVEL>``: torchrun/torch prefixes, NCCL's WARN timestamp, then
 #: ``host:pid:tid``, the device, the TRACE clock, ``file:line`` and ``(function)``.
@@ -151,6 +154,9 @@ def load_nccl(
             while len(pending) > 2 * threads:  # bounded read-ahead: memory stays a few chunks
                 parts.append(pending.popleft().result())
         parts.extend(f.result() for f in pending)
+        if not parts and not any(source.stream is None for source in sources):
+            # no NCCL line anywhere (a gloo job's logs): nothing to build
+            return NcclTables(schema.empty("nccl"), schema.empty("nccl_comms"))
         for index in sorted({p.source for p in parts if p.not_utf8}):
             problems.add(
                 sources[index], READER, "not UTF-8 text; undecodable bytes are shown as U+FFFD"
@@ -210,7 +216,9 @@ def _chunks(sources: list[Source], problems: Problems) -> Iterator[tuple[int, me
     """(source index, bytes ending at a line end) in file order.
 
     Files are memory-mapped, so a chunk is a view of the page cache, not a copy; only a last line
-    without its newline is copied, to add one.
+    without its newline is copied, to add one. A file without the keyword (a gloo job's rank
+    log) yields nothing: one search, and the compiled pass is not even loaded (Numba's import
+    and cache cost a second, the first time in a process).
     """
     for index, source in enumerate(sources):
         try:
@@ -220,6 +228,8 @@ def _chunks(sources: list[Source], problems: Problems) -> Iterator[tuple[int, me
         except (OSError, ValueError) as exc:
             reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
             problems.add(source, READER, f"cannot read the file: {reason}")
+            continue
+        if data.find(_KEYWORD) < 0:
             continue
         view, n, start = memoryview(data), len(data), 0
         while start < n:
