@@ -71,6 +71,83 @@ def test_collectives_pair_enter_and_exit():
     assert list(done[done["rank"] == 0]["seq"]) == [1, 2, 3]
 
 
+def test_each_exit_and_done_pairs_with_its_call(tmp_path):
+    """The pairing on lines written by hand: an async call completed by its done event (one
+    failed, one whose done came before its exit), a call in flight, an exit whose enter was
+    lost, and a call id written twice."""
+
+    def enter(cid, seq, op="all_reduce", async_op=False):
+        return {
+            "ev": "enter",
+            "id": cid,
+            "seq": seq,
+            "op": op,
+            "pg": "0",
+            "t": 10.0 + cid,
+            "async_op": async_op,
+            "file": "/w/t.py",
+            "line": 7,
+        }
+
+    def leave(cid, ok=True, error=None):
+        return {
+            "ev": "exit",
+            "id": cid,
+            "op": "all_reduce",
+            "pg": "0",
+            "seq": cid,
+            "dur_s": 0.5,
+            "ok": ok,
+            "error": error,
+            "t": 10.5 + cid,
+        }
+
+    lines = [
+        {"ev": "start", "pid": 7, "works": True, "t": 1.0},
+        enter(1, 1),
+        leave(1),
+        enter(2, 2, async_op=True),
+        leave(2),
+        {"ev": "done", "ids": [2], "t": 14.0},
+        enter(3, 3, async_op=True),
+        leave(3),
+        {"ev": "done", "ids": [3], "failed": [3], "t": 15.0},
+        enter(4, 4, async_op=True),
+        {"ev": "done", "ids": [4], "t": 14.2},
+        leave(4),
+        enter(5, 5, async_op=True),
+        leave(5),  # its Work not completed yet
+        leave(6, ok=False, error="boom"),  # its enter line lost
+        enter(7, 7),
+        leave(7),
+        leave(7),  # a call id written twice
+        enter(8, 8, op="barrier"),  # in flight
+    ]
+    path = tmp_path / "events.jsonl"
+    path.write_text("".join(json.dumps(ev) + "\n" for ev in lines))
+    calls = read_collectives([Source(path, "events.jsonl", rank=0)])
+    schema.validate("collectives", calls)
+    got = {
+        cid: (row["completed"], None if pd.isna(row["ok"]) else bool(row["ok"]), row["t_done_s"])
+        for cid, row in zip(calls["coll_id"], calls.to_dict("records"), strict=True)
+        if cid != 7
+    }
+    assert got == {
+        1: (True, True, 11.5),
+        2: (True, True, 14.0),
+        3: (True, False, 15.0),
+        4: (True, True, 14.2),
+        5: (False, True, None),
+        6: (True, False, 16.5),
+        8: (False, None, None),
+    }
+    assert list(calls["coll_id"]) == [1, 2, 3, 4, 5, 6, 7, 7, 8]
+    alone = calls[calls["coll_id"] == 6].iloc[0]
+    assert (alone["op"], alone["seq"], alone["error"]) == ("all_reduce", 6, "boom")
+    assert pd.isna(alone["t_start_s"]) and alone["duration_s"] == 0.5
+    assert calls.loc[calls["coll_id"] == 8, "site"].item() == "t.py:7"
+
+
 def test_a_torn_events_line_is_skipped_and_reported(tmp_path):
     lines = (HANG / "ranks/0/events.jsonl").read_text().splitlines()
     path = tmp_path / "events.jsonl"

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from rankscope import schema
 from rankscope._values import as_float, as_int, as_str
 from rankscope.collect._common import (
     Problems,
@@ -382,37 +383,87 @@ def _pair(
     """Join each exit and done to its enter by (rank, process lifetime, call id); keep the
     unmatched. A blocking call is completed when it returned; an async one (it returned a Work)
     when its done event says the backend completed it, in a process whose probe follows Works
-    (``follows``: (rank, life)); in an older one, when it returned."""
-    keys = ["rank", "life", "coll_id"]
-    types = {"rank": "Int64", "life": "int64", "coll_id": "Int64"}
-    enter = pd.DataFrame(enters).astype(types)
-    leave = pd.DataFrame(exits).astype(types)
-    done = pd.DataFrame(dones).astype(types).drop_duplicates(keys, keep="last")
-    both = enter.merge(leave, on=keys, how="outer", indicator=True, sort=False)
-    both = both.merge(done, on=keys, how="left", sort=False)
-    exited = both["_merge"] != "left_only"
-    for col in ("op", "pg", "seq"):
-        both[col] = both[col].astype(object).where(both[col].notna(), both[f"x_{col}"])
-    missing_duration = both["duration_s"].isna() & both["t_end_s"].notna()
-    both.loc[missing_duration, "duration_s"] = (both["t_end_s"] - both["t_start_s"])[
-        missing_duration
-    ]
-    followed = pd.Series(
-        [(r, life) in follows for r, life in zip(both["rank"], both["life"], strict=True)],
-        index=both.index,
-        dtype=bool,
+    (``follows``: (rank, life)); in an older one, when it returned.
+
+    Paired as an outer merge pairs rows (a repeated key pairs every enter with every exit of
+    it; the later of two dones counts; rows of one key in another order), by dict lookups and
+    takes of whole columns: a frozen job's diagnosis is asked for within a second, and a merge
+    costs milliseconds however few the rows."""
+    e_keys = list(zip(enters["rank"], enters["life"], enters["coll_id"], strict=True))
+    x_keys = list(zip(exits["rank"], exits["life"], exits["coll_id"], strict=True))
+    n = len(x_keys)
+    first = dict(zip(reversed(x_keys), range(n - 1, -1, -1), strict=True))  # a key's first exit
+    more: dict[tuple[Any, ...], list[int]] = {}  # its others (a repeated call id)
+    if len(first) < n:
+        for j, key in enumerate(x_keys):
+            if first[key] != j:
+                more.setdefault(key, []).append(j)
+    # (enter, exit) positions, -1 for none: each enter with its first exit, then its others
+    i = np.arange(len(e_keys))
+    j = np.array([first.get(key, -1) for key in e_keys], dtype=np.int64)
+    if more:
+        extra = [(a, b) for a, key in enumerate(e_keys) for b in more.get(key, ())]
+        i = np.concatenate([i, [a for a, _ in extra]]).astype(np.int64)
+        j = np.concatenate([j, [b for _, b in extra]]).astype(np.int64)
+    matched = np.zeros(n, dtype=bool)
+    matched[j[j >= 0]] = True
+    alone = np.flatnonzero(~matched)  # exits without an enter
+    i = np.concatenate([i, np.full(len(alone), -1)])
+    j = np.concatenate([j, alone])
+    if not len(i):
+        return schema.empty("collectives")
+    done_keys = zip(dones["rank"], dones["life"], dones["coll_id"], strict=True)
+    done_of = dict(zip(done_keys, range(len(dones["rank"])), strict=True))  # the last counts
+    d = np.array([*(done_of.get(key, -1) for key in e_keys), -1], dtype=np.int64)[i]
+    d[i < 0] = [done_of.get(x_keys[b], -1) for b in j[i < 0].tolist()]
+
+    def key(name: str) -> np.ndarray:  # as floats: an integer or NaN, in NumPy's own loops
+        of_enter = np.array([*enters[name], None], dtype=float)[i]
+        return np.where(i >= 0, of_enter, np.array([*exits[name], None], dtype=float)[j])
+
+    rank, life, cid = key("rank"), key("life"), key("coll_id")
+    order = np.lexsort((cid, life, rank))  # nulls last; stable: ties keep the pairing's order
+    rank, life, cid, i, j, d = (x[order] for x in (rank, life, cid, i, j, d))
+    out = {name: _take(enters, name, i) for name in _ENTER_COLUMNS if name != "life"}
+    out["rank"], out["coll_id"] = rank, cid
+    exited = j >= 0
+    for name in ("op", "pg", "seq"):  # an enter without them (or none at all): the exit's
+        fill = exited & pd.isna(out[name])
+        if fill.any():
+            out[name] = np.asarray(out[name], dtype=object)
+            out[name][fill] = np.asarray(_take(exits, f"x_{name}", j), dtype=object)[fill]
+    t_end = np.asarray(_take(exits, "t_end_s", j), dtype=float)
+    duration = np.asarray(_take(exits, "duration_s", j), dtype=float)
+    t_start = np.asarray(out["t_start_s"], dtype=float)
+    duration = np.where(np.isnan(duration), t_end - t_start, duration)
+    ok = np.asarray(_take(exits, "ok", j), dtype=object)
+    followed = np.zeros(len(i), dtype=bool)
+    for r, number in follows:
+        followed |= (rank == r) & (life == number)
+    async_op = np.asarray(out["async_op"], dtype=object)
+    pending = (async_op == True) & followed & exited & (ok != False)  # noqa: E712
+    t_done = np.asarray(_take(dones, "t_done_s", d), dtype=float)
+    failed = pending & (np.asarray(_take(dones, "done_ok", d), dtype=object) == False)  # noqa: E712
+    out.update(
+        t_end_s=t_end,
+        t_done_s=np.where(pending, t_done, t_end),
+        duration_s=duration,
+        completed=exited & ~(pending & np.isnan(t_done)),
+        ok=np.where(failed, False, ok),
+        error=_take(exits, "error", j),
     )
-    pending = both["async_op"].eq(True).fillna(False).astype(bool) & followed & exited
-    pending &= both["ok"].ne(False).fillna(True).astype(bool)
-    both["completed"] = exited & ~(pending & both["t_done_s"].isna())
-    both["t_done_s"] = both["t_done_s"].where(pending, both["t_end_s"])
-    failed = pending & both["done_ok"].eq(False).fillna(False).astype(bool)
-    both["ok"] = both["ok"].astype("boolean").mask(failed, False)
-    both = both.sort_values(["rank", "life", "coll_id"], kind="stable", ignore_index=True)
-    return finish(
-        "collectives",
-        both.drop(columns=["life", "x_op", "x_pg", "x_seq", "_merge", "done_ok"]),
-    )
+    return finish("collectives", {name: out[name] for name in schema.COLLECTIVES})
+
+
+def _take(cols: dict[str, list[Any]], name: str, at: np.ndarray) -> Any:
+    """``cols[name]`` at the positions ``at`` (None at -1): the list itself where ``at`` is
+    every position in order (each call entered and exited once, in order: the usual case)."""
+    values = cols[name]
+    if len(at) == len(values) and (not len(at) or (at[0] == 0 and (np.diff(at) == 1).all())):
+        return values
+    taken = np.empty(len(values) + 1, dtype=object)
+    taken[:-1] = values
+    return taken[at]
 
 
 def _thread(tid: Any) -> str | None:
