@@ -63,7 +63,14 @@ def play(folder: Path, *, ranks: int, calls_per_s: float, steady_s: float, culpr
     """Write every rank's events until killed; print (wall clock) when every rank had hung and
     when the rule's clock began (the later of the last progress and the first wait)."""
     # the probe's formatters (importing the probe imports torch: in this process only)
-    from rankscope.probe._twins import _Call, _call_line, _enter_line, _exit_line, _facts_line
+    from rankscope.probe._twins import (
+        _Call,
+        _call_line,
+        _enter_line,
+        _exit_line,
+        _facts_line,
+        _seconds,
+    )
 
     run = RunDir(folder)
     # one call site's facts, as a rank's probe records them: the world group, every member
@@ -127,7 +134,7 @@ def play(folder: Path, *, ranks: int, calls_per_s: float, steady_s: float, culpr
                 if r != culprit:
                     text += _enter_line(r, call_at(seq[r] + 1, now))
                     # as the line has it: to the microsecond
-                    first_enter = round(now, 6) if first_enter is None else first_enter
+                    first_enter = float(_seconds(now)) if first_enter is None else first_enter
             f.write(text)
             if len(hung) == ranks and not told:  # the last rank's hang is written
                 told = True
