@@ -329,8 +329,9 @@ def test_a_rank_keeps_the_latest_facts_its_probe_can_name(monkeypatch):
     assert ops == [None, "op5", "again", "op7"]
 
 
-def test_an_older_probe_s_run_reads_as_before():
-    """tests/data holds runs an older probe wrote (the facts in every enter line)."""
+def test_an_older_probe_s_runs_read_as_the_same_calls_in_the_probe_s_lines():
+    """tests/data holds runs an older probe wrote (the facts in every enter line): each rank's
+    record is the one its calls make written as the probe writes them now."""
     data = Path(__file__).parent / "data"
     for run in (RunDir(p) for p in sorted(data.glob("*/run")) if RunDir(p).is_run()):
         records = rank_records(run)

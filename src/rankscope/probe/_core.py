@@ -25,8 +25,10 @@ exactly when they stop): a busy rank's thread wakes twice a second, one that wai
 ten times. Completed calls are formatted in batches into a buffer the State keeps (a fresh one
 would fault its pages in at every flush): times are written to the microsecond with integer
 arithmetic, not ``repr``, and the ``write`` runs with the GIL released. A flush costs about half
-a microsecond of the thread's time per call. Every flush writes the ``enter`` line of the call
-in flight, and between heartbeats a call in flight at two looks in a row gets its line at once,
+a microsecond of the thread's time per call. A call names its facts by id (their ``facts``
+line, below), and one that returned before the flush is one ``call`` line (its enter time and
+duration); every flush writes the ``enter`` line of the call in flight, whose ``exit`` line a
+later flush writes (``rankscope.rundir.EVENT_KINDS``), and between heartbeats a call in flight at two looks in a row gets its line at once,
 so a blocked rank is visible within ``HEARTBEAT_S``. Capture, exception and exit flush the
 queue first.
 
