@@ -260,9 +260,9 @@ def _fold(events: list[dict]) -> RankRecord:
 
 
 def _state(r: RankRecord) -> dict:
-    """What a record says, but for the facts it keeps to say it."""
+    """What a record says, but for what it keeps of the facts lines to say it."""
     fields = dataclasses.asdict(r)
-    del fields["_facts"]
+    del fields["_facts"], fields["_members_of"]
     return fields
 
 
@@ -340,3 +340,21 @@ def test_an_older_probe_s_runs_read_as_the_same_calls_in_the_probe_s_lines():
             assert not record._facts
             events = list(run.iter_events(rank))
             assert _state(_fold(as_probe_lines(events))) == _state(record) | {"rank": 0}
+
+
+def test_a_group_s_members_are_one_list_for_all_its_facts():
+    """The calls of a step come from several sites (several facts) on one group: their facts
+    share the members' list, so a call tells them unchanged by identity, not by comparing a
+    thousand ranks; members that change are taken."""
+    r = RankRecord(rank=0)
+    world = {"ev": "facts", "op": "all_reduce", "pg": "0", "pg_ranks": list(range(1024))}
+    for fid, shapes in ((1, [[4]]), (2, [[8]])):
+        r.apply({**world, "facts": fid, "shapes": shapes, "pg_ranks": list(range(1024))})
+    assert r._facts[1][2] is r._facts[2][2]
+    call = {"ev": "call", "t": 1.0, "dur_s": 0.5, "ok": True}
+    for seq in range(1, 5):
+        r.apply({**call, "id": seq, "seq": seq, "facts": seq % 2 + 1})
+    assert r.members["0"] is r._facts[1][2] and r.recent[("0", 4)][1] == [[4]]
+    r.apply({**world, "facts": 3, "pg_ranks": [0, 1]})  # the group made anew, smaller
+    r.apply({**call, "id": 5, "seq": 5, "facts": 3})
+    assert r.members == {"0": [0, 1]}

@@ -578,6 +578,9 @@ class RankRecord:
     _facts: dict[int, tuple[Any, ...]] = dataclasses.field(default_factory=dict, repr=False)
     """Its facts lines by id, as :func:`_call_facts` reads them (the latest, see
     :func:`keep_facts`)."""
+    _members_of: dict[Any, Any] = dataclasses.field(default_factory=dict, repr=False)
+    """Per group, the members its last facts line gave: the facts of its calls on a group
+    share one list while the members are the same, which a call compares by identity."""
     at: str | None = None
     """Where its main thread was at its last heartbeat, in the user's code: ``train.py:14``."""
     fr: dict[str, list[int]] | None = None
@@ -637,7 +640,14 @@ class RankRecord:
         if kind == "facts":
             fid = ev.get("facts")
             if type(fid) is int:
-                keep_facts(self._facts, fid, _call_facts(ev))
+                facts = _call_facts(ev)
+                pg, ranks = facts[1], facts[2]
+                same = self._members_of.get(pg)
+                if same is not None and ranks == same:
+                    facts = (*facts[:2], same, *facts[3:])
+                elif isinstance(ranks, list):
+                    self._members_of[pg] = ranks
+                keep_facts(self._facts, fid, facts)
             return False
         if kind == "heartbeat":
             where = ev.get("at")
