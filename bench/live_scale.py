@@ -1,12 +1,14 @@
-"""The live layer at cluster scale: following a simulated job of many ranks, without torch.
+"""The live layer at cluster scale: following a simulated job of many ranks.
 
-A writer process plays the job in a run directory: every rank appends to its ``events.jsonl`` as
-the probe does (one write per flush, every ``HEARTBEAT_S``: a heartbeat, the enter and exit
-events of the collectives completed since, ``--calls-per-s`` of them, and the enter event of
-the one in flight, whose exit the next flush writes; a step every flush). After
-``--steady`` seconds every rank but one enters one more collective and never leaves it; the
-culprit keeps beating outside any collective. The ranks answer a capture request as the probe
-does (stacks, then a ``capture`` event, at their next poll).
+A writer process plays the job in a run directory: every rank appends to its ``events.jsonl``
+the lines the probe writes, formatted by the probe's own formatters (``rankscope.probe._twins``):
+the ``facts`` line of its collective (every member of the world group in it) before its first
+call; then one write per flush, every ``HEARTBEAT_S``: a heartbeat, the exit line of the call in
+flight at the last flush, a ``call`` line for each collective completed since (``--calls-per-s``
+of them), and the enter line of the one in flight now; a step every flush. After ``--steady``
+seconds every rank but one enters one more collective and never leaves it; the culprit keeps
+beating outside any collective. The ranks answer a capture request as the probe does (stacks,
+then a ``capture`` event, at their next poll).
 
 This process follows the job with the real parts, :class:`rankscope.launch.tracker.RankTracker`
 and :class:`rankscope.launch.watchdog.Watchdog`, as from a cluster's login node: every rank is
@@ -21,10 +23,9 @@ through the run directory (their pid, for it, is one sleeping process here). It 
 - a capture (:func:`rankscope.launch.capture.capture_evidence`, without py-spy): request to
   every rank answered and copied.
 
-    python bench/live_scale.py [--ranks 1024] [--steady 10] [--stall-timeout 3] [--probe-lines]
+    python bench/live_scale.py [--ranks 1024] [--steady 10] [--stall-timeout 3]
 
-By default an enter line holds what the tracker reads of it (op, group, number, site): the
-probe's own lines also carry every member of the group, which ``--probe-lines`` writes.
+This process imports no torch; the writer does (the probe's formatters live with the probe).
 """
 
 from __future__ import annotations
@@ -58,31 +59,27 @@ def _line(ev: dict) -> str:
     return json.dumps(ev, separators=(",", ":")) + "\n"
 
 
-def play(
-    folder: Path,
-    *,
-    ranks: int,
-    calls_per_s: float,
-    steady_s: float,
-    culprit: int,
-    probe_lines: bool = False,
-) -> None:
+def play(folder: Path, *, ranks: int, calls_per_s: float, steady_s: float, culprit: int) -> None:
     """Write every rank's events until killed; print (wall clock) when every rank had hung and
-    when the rule's clock began (the later of the last progress and the first wait).
-    ``probe_lines``: each enter line whole, as the probe writes it (its id, thread, the group's
-    description and every member of the world group, the tensors, the function)."""
+    when the rule's clock began (the later of the last progress and the first wait)."""
+    # the probe's formatters (importing the probe imports torch: in this process only)
+    from rankscope.probe._twins import (
+        _Call,
+        _call_line,
+        _enter_line,
+        _exit_line,
+        _facts_line,
+        _seconds,
+    )
+
     run = RunDir(folder)
-    world = {"pg_desc": "default_pg", "pg_ranks": list(range(ranks)), "peer": None}
-    whole = {**world, "shapes": [[4096]], "dtypes": ["float32"], "async_op": False}
+    # one call site's facts, as a rank's probe records them: the world group, every member
+    facts = ("all_reduce", "0", "default_pg", list(range(ranks)), None)
+    facts += (((4096,),), ("float32",), False, ("t.py", 9, "step"))
+    statics: dict = {}  # the exit lines' fragments, as the probe keeps them
 
-    def enter(n: int, t: float) -> str:
-        call = {"op": "all_reduce", "pg": "0", "seq": n, "file": "t.py", "line": 9}
-        if probe_lines:
-            call = {"id": n, "tid": 1, **call, **whole, "func": "step"}
-        return _line({"ev": "enter", "t": t, **call})
-
-    def exit_line(t: float) -> str:
-        return _line({"ev": "exit", "t": t, "ok": True})
+    def call_at(n: int, t: float) -> _Call:
+        return _Call(n, n, t, 1, *facts, 1)  # id, seq, t, tid, facts, facts id
 
     sleeper = int(os.environ["LIVE_SCALE_PID"])
     files = {}
@@ -94,10 +91,11 @@ def play(
         # as on a cluster followed from its login node: every rank on a SLURM node, 8 a node
         env = {"SLURMD_NODENAME": f"sim{r // 8}", "SLURM_JOB_ID": "1"}
         start = {"ev": "start", "t": t0, "pid": sleeper, "host": f"sim{r // 8}", "env": env}
-        f.write(_line({**start, "main_tid": 1}))
+        f.write(_line({**start, "main_tid": 1}) + _facts_line(r, 1, facts, t0))
     ticks = max(1, round(HEARTBEAT_S / POLL_S))  # ranks flush in turn, one share per poll
     per_flush = max(1, round(calls_per_s * HEARTBEAT_S))
     seq = dict.fromkeys(range(ranks), 0)
+    flying: dict[int, _Call] = {}  # the call in flight at a rank's last flush
     hang_at = t0 + steady_s
     hung: set[int] = set()
     first_enter = None
@@ -118,21 +116,25 @@ def play(
             if r % ticks != tick % ticks:
                 continue
             text = _line({"ev": "heartbeat", "t": now, "cpu": 0.0})
-            if seq[r] and r not in hung:  # the call in flight at the last flush completed
-                text += exit_line(now)
+            if r in flying and r not in hung:  # the call in flight at the last flush completed
+                text += _exit_line(statics, r, flying.pop(r), now, True, None)
                 last_progress = now
             if now < hang_at:
-                # the calls completed since, and the one in flight now (its enter only)
-                for i in range(per_flush):
+                # the calls completed since (a line each), and the one in flight now (its enter)
+                for _ in range(per_flush - 1):
                     seq[r] += 1
-                    text += enter(seq[r], now) + (exit_line(now) if i < per_flush - 1 else "")
+                    text += _call_line(r, call_at(seq[r], now), now)
+                seq[r] += 1
+                flying[r] = call_at(seq[r], now)
+                text += _enter_line(r, flying[r])
                 text += _line({"ev": "step", "t": now, "step": seq[r]})
                 last_progress = now
             elif r not in hung:
                 hung.add(r)
                 if r != culprit:
-                    text += enter(seq[r] + 1, now)
-                    first_enter = now if first_enter is None else first_enter
+                    text += _enter_line(r, call_at(seq[r] + 1, now))
+                    # as the line has it: to the microsecond
+                    first_enter = float(_seconds(now)) if first_enter is None else first_enter
             f.write(text)
             if len(hung) == ranks and not told:  # the last rank's hang is written
                 told = True
@@ -162,7 +164,6 @@ def follow(args: argparse.Namespace, folder: Path) -> dict[str, float]:
     env = dict(os.environ, LIVE_SCALE_PID=str(sleeper.pid))
     play_args = ["--ranks", str(args.ranks), "--calls-per-s", str(args.calls_per_s)]
     play_args += ["--steady", str(args.steady), "--culprit", str(args.culprit)]
-    play_args += ["--probe-lines"] if args.probe_lines else []
     writer = subprocess.Popen(
         [sys.executable, __file__, "--play", str(folder), *play_args],
         stdout=subprocess.PIPE,
@@ -241,11 +242,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stall-timeout", type=float, default=3.0)
     parser.add_argument("--culprit", type=int, default=None, help="default: ranks // 2 + 5")
     parser.add_argument("--dir", type=Path, default=None, help="where (default: a temp dir)")
-    parser.add_argument(
-        "--probe-lines",
-        action="store_true",
-        help="enter lines whole, as the probe writes them (every member of the group in each)",
-    )
     parser.add_argument("--play", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     args.culprit = args.ranks // 2 + 5 if args.culprit is None else args.culprit
@@ -256,7 +252,6 @@ def main(argv: list[str] | None = None) -> int:
             calls_per_s=args.calls_per_s,
             steady_s=args.steady,
             culprit=args.culprit,
-            probe_lines=args.probe_lines,
         )
         return 0
     base = Path(tempfile.mkdtemp(prefix="rankscope-live-", dir=args.dir))

@@ -150,3 +150,60 @@ def close_probes(*probes: _core.Probe) -> None:
     for p in probes:
         os.close(p._fd)
         p._stacks.close()
+
+
+#: The fields of an older probe's enter line that are the call's facts.
+FACT_FIELDS = ("op", "pg", "pg_desc", "pg_ranks", "peer", "shapes", "dtypes", "async_op")
+FACT_FIELDS += ("file", "line", "func")
+
+
+def as_probe_lines(events: list[dict]) -> list[dict]:
+    """An older probe's events (the facts in every enter line) as the probe writes them now:
+    each distinct facts' ``facts`` line before the first call with them, a ``call`` line for a
+    call whose exit line came right after its enter line (and returned), else its enter line
+    (naming its facts) and its exit line as they were. Written apart from the readers, to
+    check them: ``rankscope.rundir.EVENT_KINDS`` says the format."""
+    out: list[dict] = []
+    fids: dict[str, int] = {}
+    for ev in events:
+        if ev.get("ev") != "enter":
+            if ev.get("ev") != "exit" or not out or out[-1].get("id") != ev.get("id"):
+                out.append(ev)
+            elif out[-1]["ev"] == "enter" and ev.get("ok") is True and ev.get("error") is None:
+                out[-1] = {**out[-1], "ev": "call", "dur_s": ev.get("dur_s"), "ok": True}
+            else:
+                out.append(ev)
+            continue
+        facts = {k: ev[k] for k in FACT_FIELDS if k in ev}
+        where = {k: ev[k] for k in ("t", "rank") if k in ev}
+        key = repr(sorted(facts.items()))
+        if key not in fids:
+            fids[key] = len(fids) + 1
+            out.append({"ev": "facts", "facts": fids[key], **facts, **where})
+        head = {k: ev[k] for k in ("id", "seq", "tid") if k in ev}
+        out.append({**head, "facts": fids[key], "ev": "enter", **where})
+    return out
+
+
+def older_lines() -> list[dict]:
+    """An older probe's lines for calls of every kind: returned, raised, an async one
+    completed later, one in flight at a flush (a heartbeat between its enter and exit), and
+    the last one still in flight; every member of the group in each enter line."""
+    where = {"file": "/x/train.py", "line": 41, "func": "step", "tid": 5, "rank": 0}
+    group = {"pg": "0", "pg_desc": "default_pg", "pg_ranks": [0, 1, 2], "peer": None}
+    call = {"op": "all_reduce", **group, "shapes": [[4]], "dtypes": ["float32"], **where}
+    out: list[dict] = [{"ev": "start", "t": 10.0, "pid": os.getpid(), "rank": 0, "works": True}]
+    for cid in range(1, 9):
+        t = 20.0 + cid
+        facts = {"async_op": cid == 3, "shapes": [[cid % 2 + 1]]}
+        exit_ = {"ev": "exit", "id": cid, "op": "all_reduce", "pg": "0", "seq": cid}
+        exit_ |= {"dur_s": 0.25, "ok": cid != 2, "t": t + 0.25, "rank": 0}
+        exit_["error"] = "RuntimeError: no" if cid == 2 else None
+        out.append({"ev": "enter", "id": cid, "seq": cid, **call, **facts, "t": t})
+        if cid == 5:
+            out.append({"ev": "heartbeat", "t": t + 0.1, "done": 4})
+        if cid < 8:
+            out.append(exit_)
+        if cid == 4:
+            out.append({"ev": "done", "t": t + 0.5, "ids": [3], "failed": []})
+    return out

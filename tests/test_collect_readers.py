@@ -28,8 +28,11 @@ from rankscope.collect import (
     read_stacks,
     summarize_stacks,
 )
+from rankscope.collect.events import parse_events
 from rankscope.collect.flight_recorder import parse_ranks
 from rankscope.collect.stacks import is_user_file
+
+from .conftest import as_probe_lines, older_lines
 
 DATA = Path(__file__).parent / "data"
 HANG = DATA / "gloo_barrier_hang" / "run"
@@ -158,6 +161,39 @@ def test_a_torn_events_line_is_skipped_and_reported(tmp_path):
     assert problems.rows[0][0] == "events.jsonl" and "line 6" in problems.rows[0][2]
     with pytest.raises(ValueError, match=r"events\.jsonl: 1 line"):
         read_events([Source(path, "events.jsonl", rank=0)])
+
+
+def _as_files(tmp_path: Path, by_rank: dict[int, list[dict]]) -> list[Source]:
+    out = []
+    for rank, events in by_rank.items():
+        path = tmp_path / str(rank) / "events.jsonl"
+        path.parent.mkdir(parents=True)
+        path.write_text("".join(json.dumps(e, separators=(",", ":")) + "\n" for e in events))
+        out.append(Source(path, f"ranks/{rank}/events.jsonl", rank=rank))
+    return out
+
+
+@pytest.mark.parametrize("run", ["older_lines", *sorted(p.parent.name for p in DATA.glob("*/run"))])
+def test_the_probe_s_call_lines_make_the_tables_an_older_probe_s_lines_made(tmp_path, run):
+    """The probe names a call's facts by id and writes a call that returned before a flush
+    in one line: the tables are those of an older probe's lines for the same calls (an exit
+    row's time is the call line's t + dur_s, to the microsecond)."""
+    if run == "older_lines":
+        old = {0: older_lines()}
+    else:
+        old = {
+            int(p.parent.name): [json.loads(line) for line in p.read_text().splitlines()]
+            for p in sorted((DATA / run / "run").glob("ranks/*/events.jsonl"))
+        }
+    new = {rank: as_probe_lines(events) for rank, events in old.items()}
+    assert sum(e["ev"] == "call" for events in new.values() for e in events) > 0
+    was = parse_events(_as_files(tmp_path / "old", old))
+    now = parse_events(_as_files(tmp_path / "new", new))
+    for before, after in zip(was, now, strict=True):
+        assert before.columns.tolist() == after.columns.tolist() and len(before) == len(after)
+        floats = [c for c in before.columns if c.endswith("_s")]
+        pd.testing.assert_frame_equal(before.drop(columns=floats), after.drop(columns=floats))
+        pd.testing.assert_frame_equal(before[floats], after[floats], rtol=0, atol=1.5e-6)
 
 
 # --- logs --------------------------------------------------------------------------------------

@@ -57,8 +57,7 @@ def test_the_thread_wakes_at_heartbeats_while_calls_complete_and_looks_between_o
         seen_at = None
         events = probe.run.events(0)
         while seen_at is None and time.monotonic() < deadline:
-            for line in events.read_text().splitlines():
-                e = json.loads(line)
+            for e in probe.run.iter_events(0):
                 if e["ev"] == "enter" and e["shapes"] == [[2]]:
                     seen_at = time.monotonic()
             time.sleep(0.02)

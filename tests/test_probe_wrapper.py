@@ -60,9 +60,17 @@ def probe(request, tmp_path, monkeypatch):
     close_probes(p)
 
 
-def records(p: _core.Probe) -> list[dict]:
+def lines(p: _core.Probe) -> list[dict]:
+    """The probe's lines, as written."""
     p.flush()
     return [json.loads(line) for line in p.run.events(p.rank).read_text().splitlines()]
+
+
+def records(p: _core.Probe) -> list[dict]:
+    """The probe's events with each call's enter and exit, its enter with its facts' fields
+    (``RunDir.iter_events``)."""
+    p.flush()
+    return list(p.run.iter_events(p.rank))
 
 
 def line_of(marker: str) -> int:
@@ -98,6 +106,74 @@ def test_records_the_call_its_site_and_its_outcome(probe):
     assert [e["ok"] for e in exits] == [True] * 5 + [False]
     assert exits[5]["error"] == 'RuntimeError: empty "tensor"'
     assert all(x["dur_s"] >= 0 and x["t"] >= e["t"] for e, x in zip(enters, exits, strict=True))
+
+
+def test_a_call_is_one_line_naming_its_facts_and_one_in_flight_at_a_flush_two(probe):
+    """A call that returned before the flush: one ``call`` line, its facts by id (their line
+    written before it); one in flight at a flush: its enter line then, its exit line at the
+    next; one that raised: enter and exit lines, the exit with its error."""
+    lines_before = []
+
+    def all_reduce_flushed(tensor, op=None, group=None, async_op=False):
+        lines_before.extend(lines(probe))  # a flush while the call is in flight
+
+    reduce = probe._wrap("all_reduce", all_reduce, None)
+    held = probe._wrap("all_reduce", all_reduce_flushed, None)
+    x = torch.ones(4)
+    reduce(x)  # site: first
+    held(x)  # site: held
+    with pytest.raises(RuntimeError):
+        reduce(torch.ones(0))
+    evs = lines(probe)
+    head = ("id", "seq", "tid", "facts")
+    facts = {e["facts"]: e for e in evs if e["ev"] == "facts"}
+    assert [(e["ev"], e.get("id")) for e in evs] == [
+        ("facts", None),
+        ("facts", None),
+        ("call", 1),
+        ("enter", 2),
+        ("facts", None),
+        ("exit", 2),
+        ("enter", 3),
+        ("exit", 3),
+    ]
+    assert lines_before == evs[:4]  # the facts lines, the call line, the one in flight
+    call, flying, _, returned, raised, failed = evs[2:]
+    assert list(call) == [*head, "dur_s", "ok", "ev", "t", "rank"] and call["ok"] is True
+    assert list(flying) == [*head, "ev", "t", "rank"]
+    assert facts[call["facts"]]["line"] == line_of("# site: first")
+    assert facts[flying["facts"]]["line"] == line_of("# site: held")
+    assert facts[call["facts"]]["pg_ranks"] is None and facts[call["facts"]]["shapes"] == [[4]]
+    assert returned["ok"] is True and returned["op"] == "all_reduce" and returned["error"] is None
+    assert returned["t"] >= flying["t"] and returned["dur_s"] >= 0 and call["dur_s"] >= 0
+    assert facts[raised["facts"]]["shapes"] == [[0]] and list(raised) == list(flying)
+    assert failed["ok"] is False and failed["error"] == 'RuntimeError: empty "tensor"'
+
+
+def test_past_facts_kept_the_probe_names_calls_by_new_ids_only(probe, monkeypatch):
+    """Once FACTS_KEPT ids are issued since it last forgot them, the probe forgets them, and a
+    call site whose facts repeat (kept by the C wrapper from call to call) gets a new id: a
+    line never names facts older than the latest 2 * FACTS_KEPT issued."""
+    monkeypatch.setattr(_core, "FACTS_KEPT", 3)
+    reduce = probe._wrap("all_reduce", all_reduce, None)
+    x = torch.ones(1)
+
+    def at_one_site(t):
+        reduce(t)  # site: repeats
+
+    at_one_site(x)
+    for n in (2, 3, 4, 5):  # new facts elsewhere: ids 2, 3, then forgotten: 4, 5
+        reduce(torch.ones(n))
+    at_one_site(x)  # the same facts as the first call's, after they were forgotten
+    at_one_site(x)
+    evs = lines(probe)
+    facts = {e["facts"]: e for e in evs if e["ev"] == "facts"}
+    calls = [e for e in evs if e["ev"] == "call"]
+    assert [e["facts"] for e in calls] == [1, 2, 3, 4, 5, 6, 6]
+    assert {k: v for k, v in facts[6].items() if k not in ("facts", "t")} == {
+        k: v for k, v in facts[1].items() if k not in ("facts", "t")
+    }
+    assert facts[6]["line"] == line_of("# site: repeats")
 
 
 class Work(torch.distributed.Work):
@@ -136,9 +212,15 @@ def test_an_async_call_stays_in_flight_until_the_backend_completes_its_work(prob
     evs = records(probe)
     done = [e for e in evs if e["ev"] == "done"]
     assert [(e["ids"], e["failed"]) for e in done] == [([3], []), ([1], [])]
-    # the tracker's record: issued at its line until done, then the last completed
+    # as written: the async call returned before the flush, one line; its facts say async
+    raw = lines(probe)
+    facts = {e["facts"]: e for e in raw if e["ev"] == "facts"}
+    call = next(e for e in raw if e.get("id") == 1)
+    assert call["ev"] == "call" and call["ok"] is True and facts[call["facts"]]["async_op"]
+    # the tracker's record (from the lines as written): issued at its line until done, then
+    # the last completed
     record = RankRecord(rank=0)
-    for e in evs[: evs.index(done[1])]:
+    for e in raw[: raw.index(done[1])]:
         record.apply(e)
     assert list(record.issued) == [1]
     assert record.issued[1][3] == f"test_probe_wrapper.py:{line_of('# site: issued')}"
@@ -341,6 +423,7 @@ def lines_of(p=None, **given):
         entered=set(),
         statics={},
         enter_line=None,
+        call_line=None,
         exit_line=None,
         event_line=_core._line,
         rank=0,
@@ -348,7 +431,11 @@ def lines_of(p=None, **given):
     )
     if p is not None:
         fields.update(
-            statics=p._static, enter_line=p._enter_line, exit_line=p._exit_line, rank=p.rank
+            statics=p._static,
+            enter_line=p._enter_line,
+            call_line=functools.partial(_twins._call_line, p.rank),
+            exit_line=p._exit_line,
+            rank=p.rank,
         )
     return _core._Lines(**{**fields, **given})
 
@@ -360,8 +447,11 @@ def test_c_lines_match_python_lines(tmp_path, monkeypatch):
         some_calls(p)
         queued = p._state.queue
         call, _, ok, error = queued[0]
-        for t, t_end in TIMES:  # the times' formatting, at its edges
+        assert ok and error is None
+        for t, t_end in TIMES:  # the times' formatting, at its edges: call, enter, exit lines
             queued.append((call._replace(t=t), t_end, ok, error))
+            queued.append((call._replace(t=t), t_end, False, "RuntimeError: no"))
+            queued.append((call._replace(t=t), t_end, False, None))
         # as if the thread had written this call's enter line early
         entered = {next(item for item in queued[5:] if len(item) == 4)[0].cid}
         c_lines = lines_of(p)
@@ -387,7 +477,10 @@ def test_c_lines_match_python_lines(tmp_path, monkeypatch):
             written[name] = (tmp_path / name).read_bytes()
         c = written["c"]
         assert c == written["python"]
-        assert len(c.splitlines()) == 20 * 9 - 1 + 2 * len(TIMES) + 2
+        # a step, three calls that returned (a line each), one that raised (enter and exit)
+        assert len(c.splitlines()) == 20 * 6 + 5 * len(TIMES) + 2
+        kinds = [json.loads(line)["ev"] for line in c.splitlines()]
+        assert kinds.count("call") == 20 * 3 - 1 + len(TIMES) and kinds.count("facts") == 0
         assert c.splitlines()[-1] == c.splitlines()[-2] == in_flight.rstrip().encode()
         assert all(json.loads(line) for line in c.splitlines())
     finally:

@@ -3,10 +3,15 @@ progress, malformed events, and how a finished job's ranks read."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
+from pathlib import Path
 
+from rankscope import rundir
 from rankscope.launch.tracker import doing_now, exit_text, in_collective, snapshot
-from rankscope.rundir import RankRecord
+from rankscope.rundir import RankRecord, RunDir, rank_records
+
+from .conftest import as_probe_lines, older_lines
 
 START = {
     "ev": "start",
@@ -245,3 +250,111 @@ def test_a_waiting_rank_names_the_members_that_have_not_called_its_collective(tm
     assert snaps[0]["waiting"]["waiting_for"] == [2]
     assert "not completed, waiting for rank 2" in doing_now(snaps[0])
     assert snaps[2]["waiting"] is None
+
+
+def _fold(events: list[dict]) -> RankRecord:
+    r = RankRecord(rank=0)
+    for ev in events:
+        r.apply(ev)
+    return r
+
+
+def _state(r: RankRecord) -> dict:
+    """What a record says, but for what it keeps of the facts lines to say it."""
+    fields = dataclasses.asdict(r)
+    del fields["_facts"], fields["_members_of"]
+    return fields
+
+
+def test_call_lines_and_facts_ids_fold_as_an_older_probe_s_enter_and_exit_lines():
+    """The probe writes a call's facts once and names them by id; a call that returned
+    before the flush is one line. The record reads what it read of the older lines."""
+    old = older_lines()
+    new = as_probe_lines(old)
+    kinds = [e["ev"] for e in new]
+    assert kinds.count("facts") == 3 and kinds.count("call") == 5  # 1, 3, 4, 6, 7 returned
+    assert kinds.count("enter") == 3 and kinds.count("exit") == 2  # 2 raised, 5 at a flush
+    assert all("pg_ranks" not in e for e in new if e["ev"] != "facts")
+    for upto in range(1, len(old) + 1):  # at every point, as the tracker reads them
+        part = as_probe_lines(old[:upto])
+        assert _state(_fold(part)) == _state(_fold(old[:upto])), upto
+    r = _fold(new)
+    assert r.done == 7 and r.op == "all_reduce" and r.seq == 8 and r.site == "train.py:41"
+    assert r.members == {"0": [0, 1, 2]} and r.in_collective_since == 28.0
+    assert r.last_done == "all_reduce (group 0 #7)" and not r.issued
+    assert r.recent[("0", 8)] == ("all_reduce", [[1]], ["float32"], None)
+
+
+def test_an_async_call_line_is_in_flight_until_its_done_event():
+    lines = as_probe_lines(older_lines()[:7])  # up to call 3, async: its done comes later
+    assert lines[-1]["ev"] == "call" and lines[-1]["id"] == 3
+    r = _fold(lines)
+    assert list(r.issued) == [3] and r.last_done == "all_reduce (group 0 #2)"
+    assert r.apply({"ev": "done", "t": 30.0, "ids": [3], "failed": []})
+    assert not r.issued and r.last_done == "all_reduce (group 0 #3)"
+
+
+def test_unknown_or_malformed_facts_leave_the_fields_unknown():
+    r = RankRecord(rank=0)
+    facts = {"ev": "facts", "facts": 1, "op": ["x"], "pg": 0, "pg_ranks": "0,1", "line": "9"}
+    assert not r.apply({**facts, "peer": "three", "file": "/x/t.py", "shapes": 5})
+    call = {"ev": "call", "t": 1.0, "id": 1, "seq": 1, "dur_s": 0.5, "ok": True}
+    for fid in (1, 2, "1", [1], {"a": 1}, None, 1.5):
+        assert r.apply({**call, "facts": fid})
+        assert not r.apply({**call, "ev": "enter", "facts": fid})
+        known = fid == 1
+        assert (r.op, r.pg, r.peer) == (None, "0" if known else None, None)
+        assert r.site == ("t.py:9" if known else None) and r.seq == 1
+    assert r.members == {} and r.done == 7 and r.last_event_at == 1.0
+    r.apply({**call, "facts": 1, "dur_s": "long", "seq": "x", "t": None})
+    assert r.seq is None and r.done == 8
+
+
+def test_a_rank_keeps_the_latest_facts_its_probe_can_name(monkeypatch):
+    """The probe forgets its facts ids every FACTS_KEPT new ones; a reader keeps twice as
+    many, the latest (a process started anew issues ids anew: its facts are the latest)."""
+    monkeypatch.setattr(rundir, "FACTS_KEPT", 2)
+    r = RankRecord(rank=0)
+    for fid in range(1, 7):
+        r.apply({"ev": "facts", "facts": fid, "op": f"op{fid}", "pg": "0"})
+    assert list(r._facts) == [3, 4, 5, 6]
+    r.apply({"ev": "facts", "facts": 3, "op": "again", "pg": "0"})
+    r.apply({"ev": "facts", "facts": 7, "op": "op7", "pg": "0"})
+    assert list(r._facts) == [5, 6, 3, 7]
+    call = {"ev": "call", "t": 1.0, "id": 1, "seq": 1, "dur_s": 0.5, "ok": True}
+    ops = []
+    for fid in (4, 5, 3, 7):
+        r.apply({**call, "facts": fid})
+        ops.append(r.op)
+    assert ops == [None, "op5", "again", "op7"]
+
+
+def test_an_older_probe_s_runs_read_as_the_same_calls_in_the_probe_s_lines():
+    """tests/data holds runs an older probe wrote (the facts in every enter line): each rank's
+    record is the one its calls make written as the probe writes them now."""
+    data = Path(__file__).parent / "data"
+    for run in (RunDir(p) for p in sorted(data.glob("*/run")) if RunDir(p).is_run()):
+        records = rank_records(run)
+        assert records
+        for rank, record in records.items():
+            assert not record._facts
+            events = list(run.iter_events(rank))
+            assert _state(_fold(as_probe_lines(events))) == _state(record) | {"rank": 0}
+
+
+def test_a_group_s_members_are_one_list_for_all_its_facts():
+    """The calls of a step come from several sites (several facts) on one group: their facts
+    share the members' list, so a call tells them unchanged by identity, not by comparing a
+    thousand ranks; members that change are taken."""
+    r = RankRecord(rank=0)
+    world = {"ev": "facts", "op": "all_reduce", "pg": "0", "pg_ranks": list(range(1024))}
+    for fid, shapes in ((1, [[4]]), (2, [[8]])):
+        r.apply({**world, "facts": fid, "shapes": shapes, "pg_ranks": list(range(1024))})
+    assert r._facts[1][2] is r._facts[2][2]
+    call = {"ev": "call", "t": 1.0, "dur_s": 0.5, "ok": True}
+    for seq in range(1, 5):
+        r.apply({**call, "id": seq, "seq": seq, "facts": seq % 2 + 1})
+    assert r.members["0"] is r._facts[1][2] and r.recent[("0", 4)][1] == [[4]]
+    r.apply({**world, "facts": 3, "pg_ranks": [0, 1]})  # the group made anew, smaller
+    r.apply({**call, "id": 5, "seq": 5, "facts": 3})
+    assert r.members == {"0": [0, 1]}

@@ -55,20 +55,28 @@ import orjson
 from rankscope._values import as_float, as_int, as_str
 
 #: Event kinds the probe writes to ``events.jsonl``. Every event has ``ev`` (the kind), ``t``
-#: (wall-clock seconds since the epoch; to the microsecond in enter and exit events, as is
-#: their ``dur_s``) and ``rank``.
+#: (wall-clock seconds since the epoch; to the microsecond in call, enter and exit events, as is
+#: their ``dur_s``) and ``rank``. A call's facts (what repeats from call to call at a call site:
+#: op, group, peer, shapes, dtypes, site) are written once, in a ``facts`` line, and its
+#: ``call`` or ``enter`` line names them by id (``facts``); a probe older than that wrote them
+#: in every ``enter`` line, which readers still take. :func:`as_enter_exit` gives a call's
+#: events in that older form, enter and exit, whatever wrote them.
 EVENT_KINDS = {
     "start": "pid, host, argv, python, torch, main_tid and the torchrun env contract (env: dict)",
     "heartbeat": "done (collectives completed), step, coll (id of the collective in flight or "
     "null), op, fr (flight recorder per group: [last enqueued, last completed]), cpu (the main "
     "thread's CPU seconds), at ([file, line, function] of the main thread's innermost user "
     "frame)",
-    "facts": "facts (their id in the ring), then enter's fields from op to func; written at once, "
-    "before the first call that has them proceeds",
-    "enter": "id, seq (the n-th collective of the rank on the group, from 1; point-to-point calls "
-    "are numbered apart), tid, op, pg, pg_desc, pg_ranks, peer, shapes, dtypes, async_op, file, "
-    "line, func",
-    "exit": "id, op, pg, seq, dur_s, ok, error",
+    "facts": "facts (their id, in the ring and in call and enter lines), op, pg, pg_desc, pg_ranks "
+    "(every member of the group), peer, shapes, dtypes, async_op, file, line, func; written at "
+    "once, before the first call that has them proceeds",
+    "call": "id, seq (the n-th collective of the rank on the group, from 1; point-to-point calls "
+    "are numbered apart), tid, facts, dur_s, ok (true): a call that returned before the flush that "
+    "writes it, in one line; t is its enter time, t + dur_s its end. A call that raised is "
+    "written as an enter and an exit line",
+    "enter": "id, seq, tid, facts: a call in flight at a flush (older probes: no facts, but op, "
+    "pg, pg_desc, pg_ranks, peer, shapes, dtypes, async_op, file, line, func)",
+    "exit": "id, op, pg, seq, dur_s, ok, error: the end of a call whose enter line was written",
     "step": "step (the user's step marker)",
     "exception": "type, message, traceback",
     "capture": "id, reason, files (what the probe wrote for an evidence request)",
@@ -101,6 +109,13 @@ MANAGEMENT_OPS = frozenset(
 #: blocking call of it, and the few kept stay cheap at a thousand ranks (fewer objects for the
 #: garbage collector to walk).
 RECENT_CALLS = 8
+
+#: How many facts ids a probe process keeps: once it has issued this many since it last forgot
+#: them, it forgets them all and names calls by ids it issues anew (keeping a rank's memory
+#: bounded when its shapes never repeat). A line written by then names facts among the latest
+#: ``2 * FACTS_KEPT`` its process issued, unless the call stayed in flight while the process
+#: issued ``FACTS_KEPT`` new facts more: a reader keeps that many (:func:`keep_facts`).
+FACTS_KEPT = 50_000
 
 #: The ring file (``calls-<pid>.ring``): a header, then ``nslots`` slots; the call with id
 #: ``cid`` is in slot ``cid % nslots``. The probe maps the file shared and writes a call's slot
@@ -288,9 +303,14 @@ class RunDir:
 
     # --- events -----------------------------------------------------------------------------
     def iter_events(self, rank: int) -> Iterator[dict[str, Any]]:
-        """Yield the rank's events; a torn or garbled line is skipped (the collectors report it)."""
-        tail = EventTail(self.events(rank))
-        yield from tail.read()
+        """Yield the rank's events, each call's as :func:`as_enter_exit` gives them (an enter
+        event with its facts' fields, and its exit event); a torn or garbled line is skipped
+        (the collectors report it)."""
+        facts: dict[int, dict[str, Any]] = {}
+        for ev in EventTail(self.events(rank)).read():
+            if ev.get("ev") == "facts" and type(ev.get("facts")) is int:
+                keep_facts(facts, ev["facts"], ev)
+            yield from as_enter_exit(ev, facts)
 
 
 class EventTail:
@@ -367,6 +387,52 @@ def event_lines(lines: list[bytes]) -> list[dict[str, Any]]:
         if isinstance(ev, dict):
             out.append(ev)
     return out
+
+
+def keep_facts(kept: dict[int, Any], fid: int, value: Any) -> None:
+    """``kept[fid] = value`` as the latest facts of a rank's process (a process started anew
+    issues its ids anew), the oldest dropped past ``2 * FACTS_KEPT``."""
+    kept.pop(fid, None)
+    kept[fid] = value
+    if len(kept) > 2 * FACTS_KEPT:
+        del kept[next(iter(kept))]
+
+
+#: A call line's fields that its enter event has.
+_CALL_ENTER = ("id", "seq", "tid", "facts", "t", "rank")
+
+
+def as_enter_exit(
+    ev: dict[str, Any], facts: dict[int, dict[str, Any]]
+) -> tuple[dict[str, Any], ...]:
+    """A call's events as a probe that wrote the facts in every ``enter`` line wrote them: an
+    ``enter`` line that names its facts, with their fields (``facts``: the ``facts`` lines by
+    id); a ``call`` line, as its enter event and its exit event (at ``t + dur_s``, to the
+    microsecond). Any other event, or an enter line of that older probe, as it is; facts it
+    names that are not in ``facts`` add no field."""
+    kind = ev.get("ev")
+    if kind != "call" and (kind != "enter" or "facts" not in ev):
+        return (ev,)
+    fid = ev.get("facts")
+    known = facts.get(fid, {}) if type(fid) is int else {}
+    # (t and rank are the line's, never its facts line's)
+    if kind == "enter":
+        return ({**known, **ev, "t": ev.get("t"), "rank": ev.get("rank")},)
+    enter = {**known, **{k: ev.get(k) for k in _CALL_ENTER}, "ev": "enter"}
+    t, dur = as_float(ev.get("t")), as_float(ev.get("dur_s"))
+    exit_ = {
+        "id": ev.get("id"),
+        "op": known.get("op"),
+        "pg": known.get("pg"),
+        "seq": ev.get("seq"),
+        "dur_s": ev.get("dur_s"),
+        "ok": ev.get("ok"),
+        "error": ev.get("error"),
+        "ev": "exit",
+        "t": None if t is None or dur is None else round(t + dur, 6),
+        "rank": ev.get("rank"),
+    }
+    return enter, exit_
 
 
 def atomic_write_json(path: Path, data: Any) -> None:
@@ -510,6 +576,12 @@ class RankRecord:
     """Async calls entered, not yet returned from (their facts, for ``issued``)."""
     _completed: dict[int, bool] = dataclasses.field(default_factory=dict, repr=False)
     """Async calls whose done event came before their exit line."""
+    _facts: dict[int, tuple[Any, ...]] = dataclasses.field(default_factory=dict, repr=False)
+    """Its facts lines by id, as :func:`_call_facts` reads them (the latest, see
+    :func:`keep_facts`)."""
+    _members_of: dict[Any, Any] = dataclasses.field(default_factory=dict, repr=False)
+    """Per group, the members its last facts line gave: the facts of its calls on a group
+    share one list while the members are the same, which a call compares by identity."""
     at: str | None = None
     """Where its main thread was at its last heartbeat, in the user's code: ``train.py:14``."""
     fr: dict[str, list[int]] | None = None
@@ -539,31 +611,45 @@ class RankRecord:
     def apply(self, ev: dict[str, Any]) -> bool:
         """Fold one event in; True when it is progress (a start, a collective returned from, a
         step, a flight-recorder completion, the end)."""
-        # The live tracker folds 40 000 events a second at 1024 ranks: the two of every call
-        # come first, and a value of the right type skips its coercion.
+        # The live tracker folds 20 000 calls a second at 1024 ranks: they come first, and a
+        # value of the right type skips its coercion.
         kind = ev.get("ev")
         t = ev.get("t")
         if type(t) is not float:
             t = as_float(t)
         if t is not None:
             self.last_event_at = t
+        if kind == "call":  # entered at t and returned dur_s later, in one line (EVENT_KINDS)
+            fid = ev.get("facts")
+            self._enter(ev, t, self._facts.get(fid, _NO_FACTS) if type(fid) is int else _NO_FACTS)
+            self._exit(ev)
+            dur = ev.get("dur_s")
+            if t is not None and type(dur) is float:
+                self.last_event_at = t + dur
+            return True
         if kind == "enter":
-            self._enter(ev, t)
+            fid = ev.get("facts")
+            if fid is None:  # an older probe's line, with the facts in it
+                facts = _call_facts(ev)
+            else:
+                facts = self._facts.get(fid, _NO_FACTS) if type(fid) is int else _NO_FACTS
+            self._enter(ev, t, facts)
             return False
         if kind == "exit":
-            self.done += 1
-            self.in_collective_since = None
-            call = cid = None
-            if self._async:  # an async call entered, not returned from yet
-                cid = as_int(ev.get("id"))
-                call = self._async.pop(cid, None) if cid is not None else None
-            if call is not None and ev.get("ok") is not False:
-                # It returned its Work: in flight until its done event (which may come first).
-                if not self._completed.pop(cid, False):
-                    self.issued[cid] = call
-            elif self.op is not None:
-                self.last_done = f"{self.op} (group {self.pg} #{self.seq})"
+            self._exit(ev)
             return True
+        if kind == "facts":
+            fid = ev.get("facts")
+            if type(fid) is int:
+                facts = _call_facts(ev)
+                pg, ranks = facts[1], facts[2]
+                same = self._members_of.get(pg)
+                if same is not None and ranks == same:
+                    facts = (*facts[:2], same, *facts[3:])
+                elif isinstance(ranks, list):
+                    self._members_of[pg] = ranks
+                keep_facts(self._facts, fid, facts)
+            return False
         if kind == "heartbeat":
             where = ev.get("at")
             if isinstance(where, list) and len(where) >= 2:
@@ -628,25 +714,24 @@ class RankRecord:
             return True
         return False
 
-    def _enter(self, ev: dict[str, Any], t: float | None) -> None:
-        op, pg, seq = ev.get("op"), ev.get("pg"), ev.get("seq")
-        self.op = op = op if type(op) is str else as_str(op)
-        self.pg = pg = pg if type(pg) is str else as_str(pg)
+    def _enter(self, ev: dict[str, Any], t: float | None, facts: tuple[Any, ...]) -> None:
+        """A call entered: ``ev`` its line (id, seq, tid), ``facts`` as :func:`_call_facts`."""
+        op, pg, ranks, peer, shapes, dtypes, async_op, site = facts
+        seq = ev.get("seq")
+        self.op, self.pg, self.peer, self.site = op, pg, peer, site
         self.seq = seq = seq if type(seq) is int else as_int(seq)
-        self.site = _site(ev.get("file"), as_int(ev.get("line")))
-        async_op = ev.get("async_op")
         self.in_collective_since = None if async_op else t
-        peer = ev.get("peer")
-        self.peer = peer = None if peer is None else as_int(peer)
         if op in P2P_OPS:
             self._count_p2p()
         elif pg is not None and seq is not None:
             self.issued_seqs[pg] = seq
-            ranks = ev.get("pg_ranks")
-            # the members come with every call: checked only when they change
+            # the members come with every call (the same list while its facts are): checked
+            # only when they change
+            known = self.members.get(pg)
             if (
-                isinstance(ranks, list)
-                and ranks != self.members.get(pg)
+                ranks is not known
+                and isinstance(ranks, list)
+                and ranks != known
                 and all(type(r) is int for r in ranks)
             ):
                 self.members[pg] = ranks
@@ -654,7 +739,7 @@ class RankRecord:
             if op not in MANAGEMENT_OPS:
                 n = self.collectives[pg] = self.collectives.get(pg, 0) + 1
                 self.numbered[(pg, seq)] = n
-                self.recent[(pg, n)] = (op, ev.get("shapes"), ev.get("dtypes"), peer)
+                self.recent[(pg, n)] = (op, shapes, dtypes, peer)
                 self.recent.pop((pg, n - RECENT_CALLS), None)
         tid = ev.get("tid")
         if self.call_thread is None:
@@ -664,7 +749,22 @@ class RankRecord:
         if async_op is True:
             cid = as_int(ev.get("id"))
             if cid is not None:
-                self._async[cid] = [op, pg, seq, self.site, t]
+                self._async[cid] = [op, pg, seq, site, t]
+
+    def _exit(self, ev: dict[str, Any]) -> None:
+        """A call returned (its exit line, or its call line after :meth:`_enter`)."""
+        self.done += 1
+        self.in_collective_since = None
+        call = cid = None
+        if self._async:  # an async call entered, not returned from yet
+            cid = as_int(ev.get("id"))
+            call = self._async.pop(cid, None) if cid is not None else None
+        if call is not None and ev.get("ok") is not False:
+            # It returned its Work: in flight until its done event (which may come first).
+            if not self._completed.pop(cid, False):
+                self.issued[cid] = call
+        elif self.op is not None:
+            self.last_done = f"{self.op} (group {self.pg} #{self.seq})"
 
     def uncompleted(self) -> list[str]:
         """``all_reduce (group 0 #5)`` for each call returned from that the backend has not
@@ -688,6 +788,27 @@ class RankRecord:
         """What ``run.json`` keeps of it: who it was and how it ended."""
         keys = ("pid", "host", "local_rank", "group_rank", "started_at", "exit_code", "ended_at")
         return {k: getattr(self, k) for k in keys if getattr(self, k) is not None}
+
+
+#: The facts of a call whose facts line is unknown (or names none that can be read).
+_NO_FACTS: tuple[Any, ...] = (None,) * 8
+
+
+def _call_facts(ev: dict[str, Any]) -> tuple[Any, ...]:
+    """What :meth:`RankRecord._enter` takes of a call's facts, from its facts line (or an older
+    probe's enter line): op, pg, pg_ranks (a list, unchecked), peer (an int), shapes, dtypes,
+    async_op, site (``train.py:14``)."""
+    op, pg, peer = ev.get("op"), ev.get("pg"), ev.get("peer")
+    return (
+        op if type(op) is str else as_str(op),
+        pg if type(pg) is str else as_str(pg),
+        ev.get("pg_ranks"),
+        None if peer is None else as_int(peer),
+        ev.get("shapes"),
+        ev.get("dtypes"),
+        ev.get("async_op"),
+        _site(ev.get("file"), as_int(ev.get("line"))),
+    )
 
 
 def _site(file: Any, line: int | None) -> str | None:
@@ -718,7 +839,7 @@ def rank_records(run: RunDir) -> dict[int, RankRecord]:
     for rank in run.rank_ids():
         record = RankRecord(rank=rank)
         seen = False
-        for ev in run.iter_events(rank):
+        for ev in EventTail(run.events(rank)).read():
             record.apply(ev)
             seen = True
         if seen:

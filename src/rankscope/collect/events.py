@@ -3,7 +3,9 @@
 A rank's last calls are also in its ring files (``calls-<pid>.ring``, written as each call is
 entered and returns, so they survive a process that dies before its events are flushed): a call
 the ring holds and the events do not is added from the ring, with its facts from the ``facts``
-lines, which the probe writes before the first call that has them goes on.
+lines, which the probe writes before the first call that has them goes on. Its ``call`` and
+``enter`` lines name their facts by id (``rankscope.rundir.EVENT_KINDS``): a call line gives
+the events table an enter row and an exit row, as an older probe's enter and exit lines did.
 """
 
 from __future__ import annotations
@@ -31,7 +33,14 @@ from rankscope.collect._common import (
     read_bytes,
     split_lines,
 )
-from rankscope.rundir import RING_HEADER, RING_MAGIC, RING_SLOT, RING_SLOT_FIELDS, RING_VERSION
+from rankscope.rundir import (
+    RING_HEADER,
+    RING_MAGIC,
+    RING_SLOT,
+    RING_SLOT_FIELDS,
+    RING_VERSION,
+    as_enter_exit,
+)
 
 READER = "events"
 RING_READER = "ring"
@@ -125,15 +134,18 @@ def parse_events(
                 if fid is not None:
                     life.facts[fid] = ev
                 continue
-            events.append(_event(ev, kind, rank))
-            if kind == "enter":
-                enters.append(_enter(ev, rank, life.number))
-                life.entered.add(as_int(ev.get("id")))
-            elif kind == "exit":
-                exits.append(_exit(ev, rank, life.number))
-                life.exited.add(as_int(ev.get("id")))
-            elif kind == "done":
+            if kind == "done":
                 dones.extend(_dones(ev, rank, life.number))
+            # a call line is the call's enter and exit rows; an enter line has its facts'
+            for one in as_enter_exit(ev, life.facts):
+                kind = one["ev"] if one is not ev else kind
+                events.append(_event(one, kind, rank))
+                if kind == "enter":
+                    enters.append(_enter(one, rank, life.number))
+                    life.entered.add(as_int(one.get("id")))
+                elif kind == "exit":
+                    exits.append(_exit(one, rank, life.number))
+                    life.exited.add(as_int(one.get("id")))
         if bad:
             problems.add(
                 source,

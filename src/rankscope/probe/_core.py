@@ -25,8 +25,10 @@ exactly when they stop): a busy rank's thread wakes twice a second, one that wai
 ten times. Completed calls are formatted in batches into a buffer the State keeps (a fresh one
 would fault its pages in at every flush): times are written to the microsecond with integer
 arithmetic, not ``repr``, and the ``write`` runs with the GIL released. A flush costs about half
-a microsecond of the thread's time per call. Every flush writes the ``enter`` line of the call
-in flight, and between heartbeats a call in flight at two looks in a row gets its line at once,
+a microsecond of the thread's time per call. A call names its facts by id (their ``facts``
+line, below), and one that returned before the flush is one ``call`` line (its enter time and
+duration); every flush writes the ``enter`` line of the call in flight, whose ``exit`` line a
+later flush writes (``rankscope.rundir.EVENT_KINDS``), and between heartbeats a call in flight at two looks in a row gets its line at once,
 so a blocked rank is visible within ``HEARTBEAT_S``. Capture, exception and exit flush the
 queue first.
 
@@ -83,22 +85,23 @@ from rankscope.probe import _values
 from rankscope.probe._twins import (
     C_OFF,
     _Call,
+    _call_line,
     _Counter,
     _enter_line,
     _exit_line,
+    _facts_line,
     _fast,
-    _fragment,
     _line,
     _Lines,
     _python_wrapper,
     _Ring,
-    _seconds,
     _Spec,
     _State,
 )
 from rankscope.rundir import (
     DIST_ENV,
     ENV_RUN_DIR,
+    FACTS_KEPT,
     P2P_OPS,
     RunDir,
     atomic_write_bytes,
@@ -217,14 +220,15 @@ class Probe:
         self._returned: list[tuple[int, Any, bool]] = []  # see _take_returned
         self._no_work: list[int] = []  # async calls that returned no Work: done at once
         self._fr_seen: tuple[Any, Any] = (None, None)  # (what was uncompleted, its entries)
-        # JSON fragments of lines: a facts id's enter fragment, (op, pg)'s exit fragment.
+        # JSON fragments of exit lines, by (op, pg).
         self._static: dict[Any, str] = {}
-        self._enter_line = functools.partial(_enter_line, self._static, rank)
+        self._enter_line = functools.partial(_enter_line, rank)
         self._exit_line = functools.partial(_exit_line, self._static, rank)
         lines = _Lines(
             entered=self._entered,
             statics=self._static,
             enter_line=self._enter_line,
+            call_line=functools.partial(_call_line, rank),
             exit_line=self._exit_line,
             event_line=_line,
             rank=rank,
@@ -237,6 +241,7 @@ class Probe:
         )
         self._facts: dict[Any, int] = {}  # facts id by the facts' value, see _facts_id
         self._fids = _Counter(1)
+        self._fids_kept = 0  # ids issued since the probe last forgot them
         self._stop = threading.Event()
         self._ids = _Counter(1)  # call ids; per-group sequence numbers in _seqs
         self._step: int | None = None
@@ -278,9 +283,14 @@ class Probe:
     def _facts_id(self, *facts: Any) -> int:
         """The id of these facts (what repeats from call to call at a call site). New facts get
         the next id and their ``facts`` line is written at once, before the call that has them
-        goes on: the ring's slots name their facts by this id. ``_fast.c`` calls this when a
-        call site's facts change; the Python wrapper at every call. ``facts`` are
-        :func:`_fragment`'s arguments."""
+        goes on: the ring's slots and the call and enter lines name their facts by this id.
+        ``_fast.c`` calls this when a call site's facts change; the Python wrapper at every
+        call. ``facts`` are :func:`~rankscope.probe._twins._fragment`'s arguments.
+
+        Shapes that never repeat would grow the cache without end: once ``FACTS_KEPT`` ids are
+        issued since it last did, the probe forgets them all, and the C wrappers' call sites
+        ask anew (``facts_epoch``), so a call names an id among the latest its process issued
+        (a reader keeps as many: ``rankscope.rundir.FACTS_KEPT``)."""
         op, pg, pg_desc, pg_ranks, peer, shapes, dtypes, async_op, site = facts
         peer_key = peer if isinstance(peer, (int, str, type(None))) else repr(peer)
         ranks_key = tuple(pg_ranks) if isinstance(pg_ranks, list) else pg_ranks
@@ -291,16 +301,16 @@ class Probe:
             fid, key = None, None
         if fid is not None:
             return fid
-        fid = next(self._fids) & 0xFFFFFFFF  # a u32 in the ring
-        fragment = _fragment(*facts)
-        if len(self._facts) > 50_000:  # shapes that never repeat: keep the caches bounded
+        if self._fids_kept >= FACTS_KEPT:
             self._facts.clear()
             self._static.clear()
+            self._state.facts_epoch += 1
+            self._fids_kept = 0
+        fid = next(self._fids) & 0xFFFFFFFF  # a u32 in the ring
+        self._fids_kept += 1
         if key is not None:
             self._facts[key] = fid
-        self._static[fid] = fragment
-        line = f'{{"ev":"facts","facts":{fid},{fragment},"t":{_seconds(time.time())},'
-        line += f'"rank":{self.rank}}}\n'
+        line = _facts_line(self.rank, fid, facts, time.time())
         with contextlib.suppress(OSError):
             os.write(self._fd, line.encode())
         return fid

@@ -134,6 +134,7 @@ typedef struct {
     Py_ssize_t done;    /* calls completed */
     double t_done;      /* when the last of them completed (time.time()) */
     long long epoch;    /* bumped when process groups are created or destroyed */
+    long long facts_epoch; /* bumped when the probe forgets its facts ids (Probe._facts_id) */
     PyObject *call_type; /* _Call: how `current` and the formatters' slow path see a call */
     PyObject *lines;    /* the probe's line writer (_core._Lines): what write() formats with */
     Buffer out;         /* State.write's lines; in use while writing is set */
@@ -245,6 +246,7 @@ typedef struct {
     PyObject *code, *info, *counter, *facts;
     PyObject *group;
     long long epoch; /* -1: the group is not to be compared */
+    long long facts_epoch; /* the State's when the facts were made: their id is current */
     long lasti;
     int has_meta;    /* meta holds the sizes and scalar type of the facts' one tensor */
     TensorMeta meta;
@@ -420,13 +422,14 @@ group_info(Wrapper *w, SiteSlot *slot, PyObject *group, int *cached)
     return info;
 }
 
-/* Does the slot's last call have these facts? (The op is the wrapper's own.) */
+/* Does the slot's last call have these facts, under an id the probe still has? (The op is the
+ * wrapper's own.) */
 static int
-slot_matches(SiteSlot *slot, PyObject *code, long at, PyObject *info, PyObject *peer,
+slot_matches(State *st, SiteSlot *slot, PyObject *code, long at, PyObject *info, PyObject *peer,
              int sized, PyObject *shape, PyObject *dtype, int async_op)
 {
     if (slot == NULL || slot->facts == NULL || slot->code != code || slot->lasti != at ||
-        slot->info != info)
+        slot->info != info || slot->facts_epoch != st->facts_epoch)
         return 0;
     PyObject *facts = slot->facts;
     if ((FACT(facts, F_ASYNC) == Py_True) != async_op ||
@@ -535,6 +538,7 @@ new_facts(Wrapper *w, SiteSlot *slot, PyFrameObject *frame, PyObject *code, long
         goto fail;
     PyObject_GC_UnTrack(facts);
     if (slot != NULL) {
+        slot->facts_epoch = w->state->facts_epoch; /* read after _facts_id, which may bump it */
         Py_XSETREF(slot->code, Py_NewRef(code));
         Py_XSETREF(slot->info, Py_NewRef(info));
         Py_XSETREF(slot->counter, Py_NewRef(*counter));
@@ -616,7 +620,7 @@ fast_enter(Wrapper *w, Args *args, PyFrameObject *frame, Record *r)
         }
     }
 
-    if (slot_matches(slot, code, at, info, peer, sized, shape, dtype, async_op)) {
+    if (slot_matches(w->state, slot, code, at, info, peer, sized, shape, dtype, async_op)) {
         r->what = Py_NewRef(slot->facts);
         counter = Py_NewRef(slot->counter);
     }
@@ -920,9 +924,9 @@ put_call(Buffer *b, PyObject *line)
     return r;
 }
 
-/* The fragments of the last facts formatted: consecutive calls from one site share them. */
+/* The exit fragment of the last facts formatted: consecutive calls from one site share it. */
 typedef struct {
-    PyObject *facts, *enter, *exit;
+    PyObject *facts, *exit;
 } Memo;
 
 static void
@@ -930,7 +934,6 @@ memo_for(Memo *m, PyObject *facts)
 {
     if (m->facts != facts) {
         Py_XSETREF(m->facts, Py_NewRef(facts));
-        Py_CLEAR(m->enter);
         Py_CLEAR(m->exit);
     }
 }
@@ -949,45 +952,53 @@ fragment(PyObject *statics, PyObject *key)
     return f != NULL && PyUnicode_Check(f) ? Py_NewRef(f) : NULL;
 }
 
-/* Python's formatter of a call (_enter_line, _exit_line), for a miss of the cached fragments. */
+/* Python's formatter of an exit line (_exit_line), for a miss of the cached fragment or an
+ * error text. */
 static int
-put_slow(Buffer *b, State *st, Record *r, PyObject *slow, int exit)
+put_slow_exit(Buffer *b, State *st, Record *r, PyObject *slow)
 {
     PyObject *call = call_of_record(st, r), *line = NULL;
     if (call == NULL)
         return -1;
-    if (!exit)
-        line = PyObject_CallOneArg(slow, call);
-    else {
-        PyObject *t_end = PyFloat_FromDouble(r->t_end);
-        if (t_end != NULL)
-            line = PyObject_CallFunctionObjArgs(slow, call, t_end, r->ok ? Py_True : Py_False,
-                                                r->error ? r->error : Py_None, NULL);
-        Py_XDECREF(t_end);
-    }
+    PyObject *t_end = PyFloat_FromDouble(r->t_end);
+    if (t_end != NULL)
+        line = PyObject_CallFunctionObjArgs(slow, call, t_end, r->ok ? Py_True : Py_False,
+                                            r->error ? r->error : Py_None, NULL);
+    Py_XDECREF(t_end);
     Py_DECREF(call);
     return put_call(b, line);
 }
 
-/* The enter line of a call, as Probe._enter_line writes it, from the fragment _facts_id made
- * for the call's facts (statics[fid]); a miss goes to _enter_line. */
+/* The fields a call's enter and call lines begin with: {"id":I,"seq":S,"tid":T,"facts":F */
 static int
-enter_line(Buffer *b, State *st, Record *r, Memo *m, PyObject *statics, PyObject *slow,
-           long long rank)
+put_call_head(Buffer *b, Record *r)
 {
-    PyObject *facts = r->what;
-    memo_for(m, facts);
-    if (m->enter == NULL) {
-        m->enter = fragment(statics, Py_NewRef(FACT(facts, F_FID)));
-        if (m->enter == NULL && PyErr_Occurred())
-            return -1;
-    }
-    if (m->enter == NULL)
-        return put_slow(b, st, r, slow, 0);
-    if (PUT(b, "{\"id\":") || put_int(b, r->cid) || PUT(b, ",\"seq\":") || put_int(b, r->seq) ||
-        PUT(b, ",\"tid\":") || put_uint(b, r->tid) || PUT(b, ",") || put_str(b, m->enter) ||
-        PUT(b, ",\"ev\":\"enter\",\"t\":") || put_seconds(b, r->t) || PUT(b, ",\"rank\":") ||
-        put_int(b, rank) || PUT(b, "}\n"))
+    long long fid = PyLong_AsLongLong(FACT(r->what, F_FID));
+    if (fid == -1 && PyErr_Occurred())
+        return -1;
+    return PUT(b, "{\"id\":") || put_int(b, r->cid) || PUT(b, ",\"seq\":") ||
+           put_int(b, r->seq) || PUT(b, ",\"tid\":") || put_uint(b, r->tid) ||
+           PUT(b, ",\"facts\":") || put_int(b, fid);
+}
+
+/* The enter line of a call, as _twins._enter_line writes it: its facts by id. */
+static int
+enter_line(Buffer *b, Record *r, long long rank)
+{
+    if (put_call_head(b, r) || PUT(b, ",\"ev\":\"enter\",\"t\":") || put_seconds(b, r->t) ||
+        PUT(b, ",\"rank\":") || put_int(b, rank) || PUT(b, "}\n"))
+        return -1;
+    return 0;
+}
+
+/* The one line of a call that returned before its enter line was written, as
+ * _twins._call_line writes it. */
+static int
+call_line(Buffer *b, Record *r, long long rank)
+{
+    if (put_call_head(b, r) || PUT(b, ",\"dur_s\":") || put_seconds(b, r->t_end - r->t) ||
+        PUT(b, ",\"ok\":true,\"ev\":\"call\",\"t\":") || put_seconds(b, r->t) ||
+        PUT(b, ",\"rank\":") || put_int(b, rank) || PUT(b, "}\n"))
         return -1;
     return 0;
 }
@@ -1005,7 +1016,7 @@ exit_line(Buffer *b, State *st, Record *r, Memo *m, PyObject *statics, PyObject 
             return -1;
     }
     if (m->exit == NULL || r->error != NULL)
-        return put_slow(b, st, r, slow, 1);
+        return put_slow_exit(b, st, r, slow);
     if (PUT(b, "{\"id\":") || put_int(b, r->cid) || PUT(b, ",") || put_str(b, m->exit) ||
         PUT(b, ",\"seq\":") || put_int(b, r->seq) || PUT(b, ",\"dur_s\":") ||
         put_seconds(b, r->t_end - r->t) ||
@@ -1032,10 +1043,12 @@ entered_before(PyObject *entered, long long cid)
 }
 
 /* Take every record queued and append their JSON lines to b; 0, or -1 with a MemoryError set
- * (what was formatted stays in b). A record that cannot be formatted otherwise is dropped. */
+ * (what was formatted stays in b). A record that cannot be formatted otherwise is dropped.
+ * A call whose enter line a flush wrote gets its exit line; one that returned since, its call
+ * line; one that raised, an enter line and an exit line (with its error). */
 static int
-format_records(State *st, Buffer *b, PyObject *entered, PyObject *statics, PyObject *slow_enter,
-               PyObject *slow_exit, PyObject *event_line, long long rank)
+format_records(State *st, Buffer *b, PyObject *entered, PyObject *statics, PyObject *slow_exit,
+               PyObject *event_line, long long rank)
 {
     /* Taken first: the Python formatters may let another thread run, and its calls' records
      * go to the spare array, for the next flush. The taken one is the next spare: an array
@@ -1048,16 +1061,19 @@ format_records(State *st, Buffer *b, PyObject *entered, PyObject *statics, PyObj
     st->spare = NULL;
     st->spare_cap = 0;
 
-    Memo m = {NULL, NULL, NULL};
+    Memo m = {NULL, NULL};
     for (i = 0; i < n; i++) {
         Record *r = &records[i];
         Py_ssize_t mark = b->len;
         int bad, seen;
         if (r->cid == 0)
             bad = put_call(b, PyObject_CallOneArg(event_line, r->what));
+        else if ((seen = entered_before(entered, r->cid)) < 0)
+            bad = 1;
+        else if (seen == 0 && r->ok && r->error == NULL)
+            bad = call_line(b, r, rank);
         else
-            bad = (seen = entered_before(entered, r->cid)) < 0 ||
-                  (seen == 0 && enter_line(b, st, r, &m, statics, slow_enter, rank)) ||
+            bad = (seen == 0 && enter_line(b, r, rank)) ||
                   exit_line(b, st, r, &m, statics, slow_exit, rank);
         if (bad) {
             b->len = mark;
@@ -1074,7 +1090,6 @@ format_records(State *st, Buffer *b, PyObject *entered, PyObject *statics, PyObj
     else
         PyMem_Free(records);
     Py_XDECREF(m.facts);
-    Py_XDECREF(m.enter);
     Py_XDECREF(m.exit);
     return i == n ? 0 : -1;
 }
@@ -1098,13 +1113,13 @@ write_all(int fd, const char *data, Py_ssize_t n)
 }
 
 static PyObject *state_write_lines(State *st, int fd, PyObject *entered, PyObject *statics,
-                                   PyObject *enter_line, PyObject *exit_line,
-                                   PyObject *event_line, long long rank, PyObject *in_flight);
+                                   PyObject *exit_line, PyObject *event_line, long long rank,
+                                   PyObject *in_flight);
 
 /* The line writer's attributes that write() formats with, in the order of LINES. */
-static const char *const LINES[] = {"entered", "statics", "enter_line", "exit_line",
-                                    "event_line", "rank", "in_flight"};
-enum { L_ENTERED, L_STATICS, L_ENTER, L_EXIT, L_EVENT, L_RANK, L_IN_FLIGHT, N_LINES };
+static const char *const LINES[] = {"entered",    "statics", "exit_line",
+                                    "event_line", "rank",    "in_flight"};
+enum { L_ENTERED, L_STATICS, L_EXIT, L_EVENT, L_RANK, L_IN_FLIGHT, N_LINES };
 
 static PyObject *
 state_write(State *st, PyObject *const *args, Py_ssize_t nargs)
@@ -1131,8 +1146,8 @@ state_write(State *st, PyObject *const *args, Py_ssize_t nargs)
                                          "writer's entered a set and its statics a dict");
         goto done;
     }
-    result = state_write_lines(st, (int)fd, entered, statics, lw[L_ENTER], lw[L_EXIT],
-                               lw[L_EVENT], rank, in_flight);
+    result = state_write_lines(st, (int)fd, entered, statics, lw[L_EXIT], lw[L_EVENT], rank,
+                               in_flight);
 done:
     for (int i = 0; i < N_LINES; i++)
         Py_XDECREF(lw[i]);
@@ -1140,8 +1155,8 @@ done:
 }
 
 static PyObject *
-state_write_lines(State *st, int fd, PyObject *entered, PyObject *statics, PyObject *enter_line,
-                  PyObject *exit_line, PyObject *event_line, long long rank, PyObject *in_flight)
+state_write_lines(State *st, int fd, PyObject *entered, PyObject *statics, PyObject *exit_line,
+                  PyObject *event_line, long long rank, PyObject *in_flight)
 {
     if (st->writing) { /* Probe.flush holds its lock: only a caller of its own gets here */
         PyErr_SetString(PyExc_RuntimeError, "State.write is already running on another thread");
@@ -1151,7 +1166,7 @@ state_write_lines(State *st, int fd, PyObject *entered, PyObject *statics, PyObj
     Buffer *b = &st->out; /* empty: every write leaves it so */
     /* The in-flight call's enter line goes last: a call that ends meanwhile has its record in
      * the array the next write takes. */
-    int bad = format_records(st, b, entered, statics, enter_line, exit_line, event_line, rank);
+    int bad = format_records(st, b, entered, statics, exit_line, event_line, rank);
     if (!bad) {
         PyObject *line = PyObject_CallNoArgs(in_flight);
         bad = line == NULL || (line != Py_None && put_str(b, line));
@@ -1310,6 +1325,8 @@ static PyMemberDef state_members[] = {
     {"t_done", T_DOUBLE, offsetof(State, t_done), 0, "when the last of them completed"},
     {"epoch", T_LONGLONG, offsetof(State, epoch), 0,
      "bumped when process groups are created or destroyed (Probe._groups_changed)"},
+    {"facts_epoch", T_LONGLONG, offsetof(State, facts_epoch), 0,
+     "bumped when the probe forgets its facts ids (Probe._facts_id): call sites ask anew"},
     {NULL},
 };
 

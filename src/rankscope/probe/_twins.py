@@ -10,9 +10,10 @@ C (``_fast.c``)                        Python (here)
 ``Wrapper`` (``wrapper_call``,         :func:`_python_wrapper` (``Probe._enter`` reads the
 ``fast_enter``, ``finish``)            arguments of calls the C reads itself)
 ``State`` (``state_append``,           :class:`_State` (``append``, ``write``, ``current``,
-``state_write``, ``current``)          ``done``, ``epoch``)
+``state_write``, ``current``)          ``done``, ``epoch``, ``facts_epoch``)
 ``format_records``                     :meth:`_State.write`'s loop, with :class:`_Lines`
-``enter_line``, ``exit_line``          :func:`_enter_line`, :func:`_exit_line`
+``enter_line``, ``call_line``,         :func:`_enter_line`, :func:`_call_line`,
+``exit_line``                          :func:`_exit_line`
 ``put_seconds``                        :func:`_seconds`
 ``ring_enter``, ``ring_exit``          :meth:`_Ring.enter`, :meth:`_Ring.exit`
 ``RingSlot``                           :data:`rankscope.rundir.RING_SLOT_FIELDS`
@@ -205,9 +206,11 @@ class _Lines:
     entered: set[int]
     """Calls whose enter line is written (at a flush while they were in flight)."""
     statics: dict[Any, str]
-    """The JSON fragments of the calls' facts by facts id (see ``Probe._facts_id``)."""
+    """The JSON fragments of exit lines by (op, pg)."""
     enter_line: Callable[[_Call], str]
+    call_line: Callable[[_Call, float], str]
     exit_line: Callable[[_Call, float, bool, str | None], str]
+    """(The C writes enter and call lines itself, and an exit line but for its slow cases.)"""
     event_line: Callable[[dict[str, Any]], str]
     rank: int
     in_flight: Callable[[], str | None]
@@ -218,7 +221,7 @@ class _State:
     """What the wrappers and the probe thread share: the records queued for the next write,
     the call in flight and the ring file."""
 
-    __slots__ = ("current", "done", "epoch", "lines", "queue", "ring", "t_done")
+    __slots__ = ("current", "done", "epoch", "facts_epoch", "lines", "queue", "ring", "t_done")
 
     def __init__(self, ring: _Ring | None, lines: _Lines) -> None:
         self.queue: list[tuple[Any, ...]] = []  # records: (fields,) or (call, t_end, ok, error)
@@ -226,6 +229,7 @@ class _State:
         self.done = 0  # calls completed
         self.t_done = 0.0  # when the last of them completed (time.time())
         self.epoch = 0  # process groups created or destroyed (see Probe._groups_changed)
+        self.facts_epoch = 0  # times the probe forgot its facts ids (see Probe._facts_id)
         self.ring = ring  # the wrapper writes a call's slot at entry and exit
         self.lines = lines
 
@@ -245,7 +249,10 @@ class _State:
             call, t_end, ok, error = item
             if call.cid in lines.entered:  # written at a flush while the call was in flight
                 lines.entered.discard(call.cid)
-            else:
+            elif ok and error is None:  # entered and returned since the last flush: one line
+                out.append(lines.call_line(call, t_end))
+                continue
+            else:  # a call that raised: its error in an exit line, as a call in flight's
                 out.append(lines.enter_line(call))
             out.append(lines.exit_line(call, t_end, ok, error))
         try:
@@ -256,26 +263,22 @@ class _State:
                 data = data[os.write(fd, data) :]
 
 
-def _enter_line(statics: dict[Any, str], rank: int, call: _Call) -> str:
-    """A call's ``enter`` line (``enter_line`` in C)."""
-    # Everything but the id, sequence number, thread and time is the call's facts, encoded
-    # once when they were new (_facts_id). _fast.c writes the same line.
-    static = statics.get(call.fid)
-    if static is None:  # dropped from the bounded cache while the call was queued
-        static = _fragment(
-            call.op,
-            call.pg,
-            call.pg_desc,
-            call.pg_ranks,
-            call.peer,
-            call.shapes,
-            call.dtypes,
-            call.async_op,
-            call.site,
-        )
+def _enter_line(rank: int, call: _Call) -> str:
+    """A call's ``enter`` line (``enter_line`` in C): its facts by id, their ``facts`` line
+    written when they were new (``Probe._facts_id``)."""
     return (
-        f'{{"id":{call.cid},"seq":{call.seq},"tid":{call.tid},{static},"ev":"enter",'
+        f'{{"id":{call.cid},"seq":{call.seq},"tid":{call.tid},"facts":{call.fid},"ev":"enter",'
         f'"t":{_seconds(call.t)},"rank":{rank}}}\n'
+    )
+
+
+def _call_line(rank: int, call: _Call, t_end: float) -> str:
+    """The one line of a call that returned before a flush wrote its enter line (``call_line``
+    in C): its enter line's fields, its duration and ``"ok":true``; ``t`` is its enter time."""
+    return (
+        f'{{"id":{call.cid},"seq":{call.seq},"tid":{call.tid},"facts":{call.fid},'
+        f'"dur_s":{_seconds(t_end - call.t)},"ok":true,"ev":"call","t":{_seconds(call.t)},'
+        f'"rank":{rank}}}\n'
     )
 
 
@@ -295,6 +298,12 @@ def _exit_line(
     )
 
 
+def _facts_line(rank: int, fid: int, facts: tuple[Any, ...], t: float) -> str:
+    """The ``facts`` line of facts new to the probe (``Probe._facts_id``): ``facts`` are
+    :func:`_fragment`'s arguments."""
+    return f'{{"ev":"facts","facts":{fid},{_fragment(*facts)},"t":{_seconds(t)},"rank":{rank}}}\n'
+
+
 def _fragment(
     op: str,
     pg: str | None,
@@ -306,7 +315,7 @@ def _fragment(
     async_op: bool,
     site: tuple[str | None, int | None, str | None],
 ) -> str:
-    """The JSON fields of a call's facts, without braces: its ``facts`` and ``enter`` lines'."""
+    """The JSON fields of a call's facts, without braces: its ``facts`` line's."""
     return json.dumps(
         {
             "op": op,
