@@ -24,12 +24,13 @@ while the rank completes calls (its calls are progress the watchdog sees, and a 
 exactly when they stop): a busy rank's thread wakes twice a second, one that waits or idles
 ten times. Completed calls are formatted in batches into a buffer the State keeps (a fresh one
 would fault its pages in at every flush): times are written to the microsecond with integer
-arithmetic, not ``repr``, and the ``write`` runs with the GIL released. A flush costs about half
+arithmetic, not ``repr``, and the ``write`` runs with the GIL released. A flush costs about a tenth
 a microsecond of the thread's time per call. A call names its facts by id (their ``facts``
 line, below), and one that returned before the flush is one ``call`` line (its enter time and
 duration); every flush writes the ``enter`` line of the call in flight, whose ``exit`` line a
-later flush writes (``rankscope.rundir.EVENT_KINDS``), and between heartbeats a call in flight at two looks in a row gets its line at once,
-so a blocked rank is visible within ``HEARTBEAT_S``. Capture, exception and exit flush the
+later flush writes (``rankscope.rundir.EVENT_KINDS``). Between heartbeats a call in flight for
+half a look gets its line at once (a call entered after a quiet while is looked at again at that
+age), so a blocked rank is visible within about ``POLL_S``. Capture, exception and exit flush the
 queue first.
 
 A collective is in flight until the backend completes it, not until the call returns. An
