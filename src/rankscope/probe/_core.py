@@ -24,8 +24,8 @@ while the rank completes calls (its calls are progress the watchdog sees, and a 
 exactly when they stop): a busy rank's thread wakes twice a second, one that waits or idles
 ten times. Completed calls are formatted in batches into a buffer the State keeps (a fresh one
 would fault its pages in at every flush): times are written to the microsecond with integer
-arithmetic, not ``repr``, and the ``write`` runs with the GIL released. A flush costs about a tenth
-a microsecond of the thread's time per call. A call names its facts by id (their ``facts``
+arithmetic, not ``repr``, and the ``write`` runs with the GIL released. A flush costs about a
+tenth of a microsecond of the thread's time per call. A call names its facts by id (their ``facts``
 line, below), and one that returned before the flush is one ``call`` line (its enter time and
 duration); every flush writes the ``enter`` line of the call in flight, whose ``exit`` line a
 later flush writes (``rankscope.rundir.EVENT_KINDS``). Between heartbeats a call in flight for
