@@ -621,33 +621,23 @@ static int same_write(Val a, Val b) {
     return 1;
 }
 
+/* The same value: the same write, or the same content (text; a tuple of flat items). */
 static int same(const Scan *S, Val a, Val b) {
-    const unsigned char *data = S->data;
+    if (same_write(a, b))
+        return 1;
     if (a.type != b.type)
         return 0;
-    switch (a.type) {
-    case T_INT:
-        return a.u.i == b.u.i;
-    case T_FLOAT:
-        return memcmp(&a.u.f, &b.u.f, 8) == 0;
-    case T_STR:
+    if (a.type == T_STR)
         return a.u.s.len == b.u.s.len &&
-               memcmp(data + a.u.s.off, data + b.u.s.off, a.u.s.len) == 0;
-    case T_TUPLE:
-        if (a.u.c != b.u.c && flat(S, a) && flat(S, b)) {
-            const Box *x = &S->boxes[a.u.c], *y = &S->boxes[b.u.c];
-            if (x->len != y->len)
-                return 0;
-            for (Py_ssize_t i = 0; i < x->len; i++)
-                if (!same(S, x->items[i], y->items[i]))
-                    return 0;
-            return 1;
-        }
-        return a.u.c == b.u.c;
-    case T_LIST:
-    case T_DICT:
-        return a.u.c == b.u.c;
-    }
+               memcmp(S->data + a.u.s.off, S->data + b.u.s.off, a.u.s.len) == 0;
+    if (a.type != T_TUPLE || !flat(S, a) || !flat(S, b))
+        return 0;
+    const Box *x = &S->boxes[a.u.c], *y = &S->boxes[b.u.c];
+    if (x->len != y->len)
+        return 0;
+    for (Py_ssize_t i = 0; i < x->len; i++)
+        if (!same(S, x->items[i], y->items[i]))
+            return 0;
     return 1;
 }
 
