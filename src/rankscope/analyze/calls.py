@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from rankscope.collect import first_rows, is_user_file
+from rankscope.collect import code_type, first_rows, is_user_file
 from rankscope.rundir import (  # P2P: only two ranks take part, not aligned by position
     MANAGEMENT_OPS,
     P2P_OPS,
@@ -229,15 +229,10 @@ def _ranks_per_group(pg: pd.Series, pg_ranks: pd.Series) -> pd.Categorical:
     text = dict(zip(groups.tolist(), pg_ranks.iloc[first[groups]].astype(str), strict=True))
     present = sorted(set(text.values()))
     place = {c: i for i, c in enumerate(present)}
-    lookup = np.full(count, -1, dtype=_code_type(len(present)))
+    lookup = np.full(count, -1, dtype=code_type(len(present)))
     for group, ranks in text.items():
         lookup[group] = place[ranks]
     return pd.Categorical.from_codes(lookup[codes], categories=present)
-
-
-def _code_type(n: int) -> type[np.signedinteger]:
-    """The narrowest integer type for codes into ``n`` categories (and -1)."""
-    return np.int8 if n < 1 << 7 else np.int16 if n < 1 << 15 else np.int32
 
 
 def _thread_text(thread_id: pd.Series) -> pd.Categorical:

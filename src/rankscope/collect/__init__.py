@@ -20,7 +20,7 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from rankscope.collect._common import Problems, Source, first_rows
+    from rankscope.collect._common import Problems, Source, code_type, first_rows
     from rankscope.collect.errors import find_errors, read_errors
     from rankscope.collect.events import read_collectives, read_events
     from rankscope.collect.flight_recorder import (
@@ -44,6 +44,7 @@ if TYPE_CHECKING:
 _LAZY = {
     "Problems": "rankscope.collect._common",
     "Source": "rankscope.collect._common",
+    "code_type": "rankscope.collect._common",
     "first_rows": "rankscope.collect._common",
     "find_errors": "rankscope.collect.errors",
     "read_errors": "rankscope.collect.errors",
@@ -76,6 +77,7 @@ __all__ = [
     "Run",
     "Signature",
     "Source",
+    "code_type",
     "find_errors",
     "first_rows",
     "is_user_file",

@@ -152,6 +152,11 @@ def categorical(codes: np.ndarray, values: Sequence[Any]) -> pd.Categorical:
     return pd.Categorical.from_codes(codes, categories=pd.Index(list(table), dtype=object))
 
 
+def code_type(n: int) -> type[np.signedinteger]:
+    """The narrowest integer type for codes into ``n`` categories (and -1)."""
+    return np.int8 if n < 1 << 7 else np.int16 if n < 1 << 15 else np.int32
+
+
 def first_rows(codes: np.ndarray, count: int, *, where: np.ndarray | None = None) -> np.ndarray:
     """For each of ``count`` codes (-1 being the last), the first row that has it (of the rows
     ``where`` is true), or ``len(codes)`` where none has. A million rows at a time: no array of

@@ -40,6 +40,7 @@ from rankscope.collect._common import (
     SourceLike,
     as_sources,
     categorical,
+    code_type,
     finish,
     pooled_empty,
     problem_list,
@@ -208,8 +209,7 @@ def _categories(values: Sequence[Any]) -> tuple[list[Any], np.ndarray]:
     (what pandas keeps for a categorical's codes)."""
     table: dict[Any, int] = {}
     codes = [-1 if v is None else table.setdefault(v, len(table)) for v in values]
-    dtype = np.int8 if len(table) < 127 else np.int16 if len(table) < 32767 else np.int32
-    return list(table), np.array(codes, dtype=dtype)
+    return list(table), np.array(codes, dtype=code_type(len(table)))
 
 
 def _chunks(sources: list[Source], problems: Problems) -> Iterator[tuple[int, memoryview]]:
