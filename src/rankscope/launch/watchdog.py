@@ -97,7 +97,8 @@ def stall_decision(look: Look, *, stall_timeout_s: float, startup_timeout_s: flo
 class Watchdog:
     """Follows a job's ranks until the job ends and calls ``on_stall(kind, idle_s, proven)``
     once per stall (``proven``: the fact that proves a ``proven`` stall, else None);
-    ``set_state`` marks the job running again when progress resumes after one."""
+    ``set_state`` marks the job running again when progress resumes after one (not after a
+    proven one: what proved it cannot change)."""
 
     def __init__(
         self,
@@ -130,6 +131,7 @@ class Watchdog:
         launched = busy_at = waiting_since = time.monotonic()
         next_cpu_look = 0.0
         stalled_at: float | None = None
+        for_good = False  # the stall was proven: it stays one
         known: set[int] = set()
         proved_upto = -1  # the tracker's changes at the prover's last look
         next_proof = next_quiet = 0.0  # the prover's next look while the ranks progress, or not
@@ -175,7 +177,9 @@ class Watchdog:
                 # A rank coming up is progress (its start event may not be written yet): on a
                 # loaded machine the last rank may start after the stall timeout.
                 tracker.progressed_at = busy_at = now
-            if stalled_at is not None and tracker.progressed_at > stalled_at:
+            # A proven stall stays one: what proved it cannot change, whatever the ranks still
+            # do (async calls issued after the proof return at once, a step is marked).
+            if stalled_at is not None and not for_good and tracker.progressed_at > stalled_at:
                 log.info("%s: progress again after the stall", run.path.name)
                 stalled_at = None
                 self.set_state("running", only_from="stalled")
@@ -211,7 +215,7 @@ class Watchdog:
                     idle,
                     f"; proven: {proven}" if proven else "",
                 )
-                stalled_at = now
+                stalled_at, for_good = now, kind == "proven"
                 self.on_stall(kind, idle, proven)
             time.sleep(min(LOOK_MAX_S, max(POLL_S, read_cpu / LOOK_SHARE)))
 
