@@ -81,6 +81,18 @@ COLLECTIVES: Columns = {
     "error": "string",
 }
 
+#: The call paths the probe interned, one row per frame: a call of the ``collectives`` table
+#: names its path by ``path`` (the rank's id), whose frames run from the outermost (depth 0) to
+#: the one that called torch.distributed, without rankscope's and torch.distributed's own.
+PATHS: Columns = {
+    "rank": "Int64",
+    "path": "Int64",
+    "depth": "Int64",
+    "file": "string",
+    "func": "string",
+    "line": "Int64",
+}
+
 #: Every line of every rank's stdout/stderr (torchrun --log-dir) and of the launcher logs.
 LOGS: Columns = {
     "rank": "Int64",  # null for launcher lines that carry no rank prefix
@@ -279,6 +291,9 @@ CALLS: Columns = {
     "t_start_s": "Float64",
     "t_end_s": "Float64",
     "site": "category",  # "train.py:12" of the user's call (probe; fr_sites for the recorder)
+    # the call's path (its frames, outermost first): equal codes, the same path on any rank;
+    # -1 where no source recorded it (analyze.paths.CallPaths holds the frames of each code)
+    "path": "int64",
     "thread": "category",  # the calling thread's ident, "0x00007f..." (probe; recorder 2.10+)
     "order": "int64",  # position of the call in its rank's merged sequence, from 0
     "row": "int64",  # row of the source table: the evidence reference

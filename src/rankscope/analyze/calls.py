@@ -160,12 +160,17 @@ def _positions(rank: np.ndarray, pg: pd.Series, mask: np.ndarray) -> pd.Series:
     return out
 
 
-def calls_from_probe(collectives: pd.DataFrame) -> pd.DataFrame:
-    """The calls table from the probe's ``collectives`` table (schema ``COLLECTIVES``).
+def calls_from_probe(collectives: pd.DataFrame, paths: np.ndarray | None = None) -> pd.DataFrame:
+    """The calls table from the probe's ``collectives`` table (schema ``COLLECTIVES``), with
+    ``paths`` the path code of each of its rows (:class:`rankscope.analyze.paths.CallPaths`;
+    none: -1, unknown).
 
     Process-group management (``init_process_group``, ``destroy_process_group``, ...) is left out.
     """
-    df = collectives[collectives["pg"].notna() & ~collectives["op"].isin(MANAGEMENT_OPS)]
+    keep = (collectives["pg"].notna() & ~collectives["op"].isin(MANAGEMENT_OPS)).to_numpy()
+    df = collectives[keep]
+    path = np.full(len(collectives), -1, dtype=np.int64) if paths is None else paths
+    path = pd.Series(path[keep], index=df.index)
     df = df.sort_values(["rank", "coll_id"], kind="stable")
     op = df["op"].astype(str)
     p2p = op.isin(P2P_OPS).to_numpy()
@@ -194,6 +199,7 @@ def calls_from_probe(collectives: pd.DataFrame) -> pd.DataFrame:
             "t_start_s": df["t_start_s"],
             "t_end_s": df["t_end_s"],
             "site": df["site"],
+            "path": path.loc[df.index].to_numpy(dtype=np.int64),
             "thread": df["thread"],
             "order": order,
             "row": df.index.to_numpy(dtype=np.int64),
@@ -316,6 +322,7 @@ def calls_from_flight_recorder(flight_recorder: pd.DataFrame) -> pd.DataFrame:
             "t_start_s": _seconds(df["time_created_ns"]),
             "t_end_s": _seconds(df["time_discovered_completed_ns"]),
             "thread": None if thread.isna().all() else _thread_text(thread),
+            "path": np.full(len(df), -1, dtype=np.int64),
             "order": order,
             "row": df.index.to_numpy(dtype=np.int64),
             "source": "flight_recorder",
@@ -451,8 +458,8 @@ def _owning_probe_call(probe: pd.DataFrame, fr: pd.DataFrame) -> np.ndarray:
 
 
 def _annotate(fr: pd.DataFrame, probe: pd.DataFrame, owner: np.ndarray) -> pd.DataFrame:
-    """Recorder rows with what the probe knows of the calls that made them: the call site,
-    the thread, whether the call raised, and the function the user called."""
+    """Recorder rows with what the probe knows of the calls that made them: the call site and
+    path, the thread, whether the call raised, and the function the user called."""
     out = fr.copy()
     mine = owner >= 0
     if not mine.any():
@@ -465,6 +472,9 @@ def _annotate(fr: pd.DataFrame, probe: pd.DataFrame, owner: np.ndarray) -> pd.Da
     ok = out["ok"].astype(object)
     ok[mine] = calls["ok"].astype(object).to_numpy()
     out["ok"] = ok
+    path = out["path"].to_numpy(dtype=np.int64, copy=True)
+    path[mine] = calls["path"].to_numpy(dtype=np.int64)
+    out["path"] = path
     return out
 
 

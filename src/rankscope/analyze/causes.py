@@ -63,6 +63,8 @@ class Cause(StrEnum):
     oom = "oom"
     ddp_unused_parameters = "ddp_unused_parameters"
     p2p_cycle = "p2p_cycle"
+    p2p_peer_mismatch = "p2p_peer_mismatch"
+    swallowed_errors = "swallowed_errors"
     straggler = "straggler"
     silent_rank = "silent_rank"
     stuck_collective = "stuck_collective"
@@ -283,6 +285,27 @@ ENTRIES: Mapping[Cause, Entry] = {
         "waiting",
         fix="Order the calls so one side sends while the other receives (for example even ranks "
         "send first), or post both with isend/irecv (batch_isend_irecv) and wait on both.",
+    ),
+    Cause.p2p_peer_mismatch: Entry(
+        verdict="hang",
+        recipe="D19",
+        title="point-to-point peer mismatch",
+        reason="{culprits} called {culprit_op} with peer {culprit_peer}{culprit_at}, where that "
+        "call named peer {usual_peer} before, while {others} {other_doing}: {mismatch}",
+        fix="Compute the peer of every send and recv from one rule that all ranks share (the "
+        "pipeline's next and previous stage), and check it where it is computed: a send to "
+        "rank j must meet a recv from this rank on rank j; batch_isend_irecv posts both sides "
+        "at once.",
+    ),
+    Cause.swallowed_errors: Entry(
+        verdict="crash",
+        recipe=None,
+        title="the ranks diverged, and the errors were swallowed",
+        reason="every rank exited 0, yet {swallowed}",
+        fix="Do not catch a collective's error and go on: a rank that skips a collective, or "
+        "whose peer did, is out of step with the others for the rest of the job (its results "
+        "are wrong even where nothing hangs). Let the error end the job, or decide a retry or a "
+        "skip on every rank together (all_reduce a flag first).",
     ),
     Cause.straggler: Entry(
         verdict="ok",

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from rankscope import schema
 from rankscope.analyze import align
 from rankscope.analyze.activity import Activity, rank_activity
 from rankscope.analyze.calls import (
@@ -42,6 +43,13 @@ from rankscope.analyze.parting import (
     loop_parting,
     rank_path,
     without_machinery,
+)
+from rankscope.analyze.paths import (
+    CallPaths,
+    FirstDivergence,
+    earliest,
+    first_divergences,
+    step_at,
 )
 from rankscope.analyze.waits import WaitGraph, wait_graph
 from rankscope.analyze.wording import Phrasing, short
@@ -84,9 +92,14 @@ class Context(Phrasing):
         return self.ev.table("flight_recorder")
 
     @cached_property
+    def call_paths(self) -> CallPaths:
+        """The path of each of the probe's calls, coded alike across ranks."""
+        paths = self.ev.table("paths") if "paths" in schema.TABLES else None
+        return CallPaths(self.ev.table("collectives"), paths)
+
+    @cached_property
     def probe_calls(self) -> pd.DataFrame:
-        probe = self.ev.table("collectives")
-        return calls_from_probe(probe) if not probe.empty else calls_from_probe(probe.head(0))
+        return calls_from_probe(self.ev.table("collectives"), self.call_paths.codes)
 
     @cached_property
     def calls(self) -> pd.DataFrame:
@@ -182,6 +195,27 @@ class Context(Phrasing):
         )
 
     @cached_property
+    def first_divergence(self) -> FirstDivergence | None:
+        """Where the ranks' paths first part (:mod:`rankscope.analyze.paths`), of every group
+        the earliest in time, with the step the culprits had marked there."""
+        divs = first_divergences(
+            self.calls,
+            self.call_paths,
+            members=self.members,
+            ranks=self.evidence_ranks,
+            complete=self.complete_ranks,
+        )
+        d = earliest(divs, self.calls)
+        if d is None:
+            return None
+        own = d.culprit_class() or d.classes[0]
+        if own.row is not None:
+            t = self.calls.at[own.row, "t_start_s"]
+            step = step_at(self.ev.table("events"), own.ranks[0], None if pd.isna(t) else t)
+            d = replace(d, step=step)
+        return d
+
+    @cached_property
     def raised_in_call(self) -> set[int]:
         """Ranks whose own recorded call raised (the probe's: a collective that failed)."""
         probe = self.ev.table("collectives")
@@ -267,6 +301,11 @@ class Context(Phrasing):
             and wa.seq is not None
             and (wa.pg, wa.seq) == (wb.pg, wb.seq)
         )
+
+    def rank_path(self, rank: int) -> list[Frame] | None:
+        """``rank``'s frames where it is now, or where it left (its last stacks, its
+        traceback), outermost first; None without any."""
+        return self._path(rank)
 
     def _path(self, rank: int) -> list[Frame] | None:
         """``rank``'s frames in its latest stacks (its thread that waits in a call, else its

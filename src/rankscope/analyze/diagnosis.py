@@ -2,8 +2,9 @@
 
 The JSON keys ``verdict``, ``cause``, ``culprit_ranks``, ``waiting_ranks``, ``recipe``,
 ``summary``, ``collective`` (``pg``, ``pg_ranks``, ``seq``, ``op_by_rank``, ``site_by_rank``),
-``chain`` and ``parting`` (``site``, ``source``, ``kind``, ``ranks_in``, ``ranks_out``,
-``values``, ``text``) are read by other tools: keep them stable. JSON objects have string keys,
+``chain``, ``parting`` (``site``, ``source``, ``kind``, ``ranks_in``, ``ranks_out``,
+``values``, ``text``) and ``first_divergence`` (``pg``, ``seq``, ``culprits``, ``classes``,
+``text``) are read by other tools: keep them stable. JSON objects have string keys,
 so the per-rank maps are keyed ``"0"``, ``"1"``, ...
 """
 
@@ -122,6 +123,11 @@ class Diagnosis:
     (:class:`rankscope.analyze.parting.Parting` as a dict: ``site``, ``source``, ``kind``,
     ``ranks_in``, ``ranks_out``, ``into``, ``left_loop``, ``values``, ``env``, ``text``); None
     where the evidence cannot tell (a note says why)."""
+    first_divergence: dict[str, Any] | None = None
+    """Where the ranks' paths first parted (:class:`rankscope.analyze.paths.FirstDivergence`
+    as a dict: ``pg``, ``pg_desc``, ``seq``, ``kind``, ``step``, ``culprits``, ``decided_by``,
+    ``extra``, ``classes`` (each ``ranks``, ``op``, ``site``, ``path``, ``culprit``), ``text``);
+    None where every rank's calls followed one path."""
     evidence: list[EvidenceRef] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)
     """Evidence that was not there (ranks without dumps, unreadable files, ...)."""
@@ -153,6 +159,7 @@ class Diagnosis:
             "collective": self.collective.to_dict() if self.collective else None,
             "chain": [dict(link) for link in self.chain],
             "parting": dict(self.parting) if self.parting else None,
+            "first_divergence": self.first_divergence,
             "evidence": [asdict(ref) for ref in self.evidence],
             "missing": list(self.missing),
             "notes": list(self.notes),
@@ -184,6 +191,12 @@ class Diagnosis:
             parts.append(
                 "<div class='rankscope-parting' style='font-size:1.1em;margin:6px 0'>"
                 f"<b>Where they parted:</b> {_inline(self.parting['text'])}</div>"
+            )
+        if self.first_divergence:
+            parts.append(
+                "<div class='rankscope-first' style='margin:4px 0'>"
+                f"<b>Where their paths first parted:</b> "
+                f"{_inline(self.first_divergence['text'])}</div>"
             )
         parts.append(f"<p>{_inline(self.summary)}</p>")
         if self.collective is not None:
@@ -268,6 +281,8 @@ class Diagnosis:
         lines = [head]
         if self.parting:
             lines.append(f"parted: {self.parting['text']}")
+        if self.first_divergence:
+            lines.append(f"first parted: {self.first_divergence['text']}")
         lines.append(self.summary)
         if self.culprit_ranks or self.waiting_ranks:
             lines.append(

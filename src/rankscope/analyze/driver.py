@@ -19,8 +19,10 @@ from rankscope.analyze.causes import CAUSES, Verdict, explain, fix_for
 from rankscope.analyze.context import Context
 from rankscope.analyze.diagnosis import Diagnosis, who_of
 from rankscope.analyze.evidence import Evidence
-from rankscope.analyze.parting import RANK_ENV, Parting
+from rankscope.analyze.parting import RANK_ENV, Parting, find_parting
+from rankscope.analyze.paths import FirstDivergence, describe
 from rankscope.analyze.rules import RULES, Finding, Rule, rules_for
+from rankscope.analyze.rules.paths import hang_of
 from rankscope.analyze.wording import at
 from rankscope.collect import load_run
 from rankscope.rundir import RunDir
@@ -74,8 +76,12 @@ def _diagnosis(ctx: Context, f: Finding) -> Diagnosis:
     others = f.waiting or (
         sorted(set(f.collective.pg_ranks) - set(f.culprits)) if f.collective else []
     )
-    if cause.verdict == "hang" and f.culprits and others:
-        found, why = ctx.parting(f.culprits, others)
+    fd = ctx.first_divergence
+    earlier = fd is not None and set(fd.culprits) == set(f.culprits) and _before_hang(ctx, fd)
+    if earlier or (cause.verdict == "hang" and f.culprits and others):
+        found, why = _first_parting(ctx, fd) if earlier else (None, "")
+        if found is None:
+            found, why = ctx.parting(f.culprits, others or fd.others if fd else others)
         if found is not None:
             parting = found.to_dict()
             notes += _parting_notes(found)
@@ -93,6 +99,7 @@ def _diagnosis(ctx: Context, f: Finding) -> Diagnosis:
         collective=f.collective,
         chain=ctx.chain(sorted(f.culprits)) if f.culprits else [],
         parting=parting,
+        first_divergence=_first_dict(fd) if fd is not None else None,
         evidence=f.refs,
         missing=ctx.missing(),
         notes=notes + ctx.aftermath(f.culprits) + ctx.launcher_notes(f.culprits),
@@ -100,6 +107,33 @@ def _diagnosis(ctx: Context, f: Finding) -> Diagnosis:
         calls=ctx.calls,
         context=ctx,
     )
+
+
+def _before_hang(ctx: Context, fd: FirstDivergence) -> bool:
+    """Whether the paths parted before the place where the ranks of that group stopped (or on
+    a group where they never stopped)."""
+    hang = hang_of(ctx, fd)
+    return hang is None or hang.seq > fd.seq
+
+
+def _first_parting(ctx: Context, fd: FirstDivergence) -> tuple[Parting | None, str]:
+    """The decision that separates the classes of the first divergence, read from the paths
+    of their calls there (a class that made no call: its rank's last stacks). Values are given
+    only where the divergence is where the ranks stopped: what the stacks captured later says
+    nothing of the values then."""
+    own, other = fd.culprit_class(), fd.other_class()
+    if own is None:
+        return None, "nothing tells which side left the common path"
+    paths = {}
+    for c in (own, other):
+        path = list(c.path) if c.op is not None else ctx.rank_path(c.ranks[0])
+        if path:
+            paths[c.ranks[0]] = path
+    return find_parting(list(own.ranks), list(other.ranks), paths, None, same_pass=True)
+
+
+def _first_dict(fd: FirstDivergence) -> dict[str, Any]:
+    return {**fd.to_dict(), "text": describe(fd)}
 
 
 def _parting_notes(p: Parting) -> list[str]:

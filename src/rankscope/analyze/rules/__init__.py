@@ -6,8 +6,9 @@ The order (:func:`rules_for`; the first that answers decides). Each rule says it
 10, ``straggler`` 100), so a new rule takes a place between two.
 
 0. Every rank exited 0: whatever the flight recorder still lists as in flight (DDP's last bucket
-   is often never retired), the job did not hang; only ``straggler`` is asked
-   (:data:`ON_CLEAN_EXIT`). Otherwise :data:`RULES`, in this order:
+   is often never retired), the job did not hang; only ``swallowed`` (:mod:`.paths`: yet the
+   ranks' calls parted, or collectives raised errors the code caught) and ``straggler`` are
+   asked (:data:`ON_CLEAN_EXIT`). Otherwise :data:`RULES`, in this order:
 1. ``launch_error`` (:mod:`.launch`): the ranks never formed a group (environment, port,
    rendezvous, hostfile).
 2. ``model_mismatch`` (:mod:`.failures`): DDP's constructor found models that differ across
@@ -15,6 +16,9 @@ The order (:func:`rules_for`; the first that answers decides). Each rule says it
    rank raised).
 3. ``reported_failure`` (:mod:`.failures`): a rank reported a failure of its own (an exception
    outside any collective, an OOM, a NaN, DDP's reduction error) and left the others waiting.
+3.5 ``earlier_divergence`` (:mod:`.paths`): the ranks' paths parted before the place where
+   they stopped (a retry branch that added a call, one more micro-batch on one rank): the class
+   that left the shared path there is the culprit, whatever the final snapshot shows.
 4. ``mismatch`` (:mod:`.mismatch`): ranks called different collectives (op, shapes, dtype) where
    their sequences first part. This comes before any death: a mismatch can kill a rank (gloo
    aborts one that receives more bytes than it expects), which is then its victim.
@@ -50,6 +54,7 @@ oom, nan, rank_crashed, rank_killed,                :func:`.failures.failure_cau
 ddp_unused_parameters
 op/shape/dtype/root_mismatch                        :data:`.mismatch.DIFFERENT_CALL`
 rank_conditional_collective                         :func:`.mismatch.took_a_branch`
+swallowed_errors                                    :func:`.paths.swallowed`
 uneven_inputs                                       :func:`.mismatch.ran_out`
 stream_stuck                                        :func:`.stream.stream_stuck`
 early_exit, busy_outside                            :func:`.waits._decide_root_cause`
@@ -123,6 +128,7 @@ from rankscope.analyze.rules.failures import (
 from rankscope.analyze.rules.finding import REGISTERED, Decided, Failure, Finding, Rule, rule
 from rankscope.analyze.rules.launch import launch_error
 from rankscope.analyze.rules.mismatch import mismatch
+from rankscope.analyze.rules.paths import earlier_divergence, swallowed
 from rankscope.analyze.rules.straggler import straggler
 from rankscope.analyze.rules.stream import stream_stuck
 from rankscope.analyze.rules.waits import waits
@@ -137,7 +143,7 @@ for _family in pkgutil.iter_modules(__path__):
 RULES: tuple[Rule, ...] = tuple(REGISTERED[place] for place in sorted(REGISTERED))
 
 #: The rules asked of a job whose every rank exited 0 (step 0 of the order).
-ON_CLEAN_EXIT: tuple[Rule, ...] = (straggler,)
+ON_CLEAN_EXIT: tuple[Rule, ...] = (swallowed, straggler)
 
 
 def rules_for(ctx: Context, rules: Sequence[Rule] = RULES) -> Sequence[Rule]:
@@ -155,6 +161,7 @@ __all__ = [
     "Finding",
     "Rule",
     "bare_exit",
+    "earlier_divergence",
     "errors_only",
     "launch_error",
     "mismatch",
@@ -165,5 +172,6 @@ __all__ = [
     "signal_death",
     "straggler",
     "stream_stuck",
+    "swallowed",
     "waits",
 ]

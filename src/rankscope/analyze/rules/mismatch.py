@@ -89,7 +89,7 @@ def _mismatch(ctx: Context, d: align.Divergence) -> Finding:
         "collective": ctx.label(d),
     }
     notes = _tie_note(ctx, d, groups, tied, norm_key)
-    differ = differs(_call_of(o), _call_of(n))
+    differ = differs(call_of(o), call_of(n))
     branch = took_a_branch(
         culprits,
         doing=f"called {o['op']}{at(facts['culprit_site'])}",
@@ -128,7 +128,8 @@ def _mismatch(ctx: Context, d: align.Divergence) -> Finding:
     )
 
 
-def _call_of(row: pd.Series) -> Call:
+def call_of(row: pd.Series) -> Call:
+    """The call of a row of the calls table, as the same-call rule compares it."""
     root = row["root"]
     root = None if pd.isna(root) else int(root)
     return Call(op=str(row["op"]), shapes=row["shapes"], dtypes=row["dtypes"], root=root)

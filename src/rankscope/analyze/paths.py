@@ -1,0 +1,392 @@
+"""Where the ranks' paths first parted: every call's call path, and the ranks grouped by it.
+
+The final snapshot says where the ranks stopped; the cause often lies earlier (a retry branch
+that adds one all_reduce, one more micro-batch on one rank, a rank that left by ``sys.exit``).
+As LLNL's STAT does with its call-path prefix trees, the ranks are grouped into classes by the
+path of their calls, and the class that left the path the others share is named:
+
+1. Each call carries its path (the probe's ``paths`` table: the frames from the outermost to
+   the one that called torch.distributed), coded so that equal paths get equal codes on every
+   rank (:class:`CallPaths`; where a call has no recorded path, its call site stands for it).
+2. On each process group, each rank's sequence of (call, path) from its first call; ranks whose
+   whole sequences are the same form one class and are compared once.
+3. Two sequences part where one makes a call the other does not make there, or a different
+   call (op, shapes, dtypes, root): an edit of the sequence, not a swap of one call for the
+   same call from another line (``if rank == 0: broadcast(x) else: broadcast(y)`` is one
+   collective and parts nothing).
+4. At the earliest such position of any group, the ranks are grouped by what they did there
+   (the call and its path, or no call: they had ended or stopped before it). The culprits are
+   the class that left the path the others share: the smaller one; between equal classes, the
+   one whose call is new on this group where the other's was made before; else the one that
+   made no call. Where nothing tells them apart, the divergence names no culprit and says so.
+
+Point-to-point calls are compared apart (their own numbering; a send and its recv differ by
+design): see :func:`p2p_mismatch`.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from rankscope.analyze.calls import opt
+from rankscope.analyze.diagnosis import who_of
+from rankscope.collect import short_site
+
+#: A frame: (file, function, line).
+Frame = tuple[str, str, int]
+#: Calls compared after a first difference, to tell a swap of lines from an edit.
+_WINDOW = 4096
+
+
+class CallPaths:
+    """The path of every call of the probe's ``collectives`` table, as codes that are equal for
+    equal paths on any rank (``codes``, one per row), and the frames of each code (``frames``,
+    outermost first). A call without a recorded path stands for itself by its call site."""
+
+    def __init__(self, collectives: pd.DataFrame, paths: pd.DataFrame | None):
+        self.frames: list[tuple[Frame, ...]] = []
+        index: dict[tuple[Frame, ...], int] = {}
+
+        def code(frames: tuple[Frame, ...]) -> int:
+            if frames not in index:
+                index[frames] = len(self.frames)
+                self.frames.append(frames)
+            return index[frames]
+
+        by_id: dict[tuple[int, int], int] = {}
+        if paths is not None and not paths.empty:
+            ok = paths[["rank", "path", "depth", "line"]].notna().all(axis=1)
+            rows = paths[ok].sort_values(["rank", "path", "depth"], kind="stable")
+            for (rank, pid), g in rows.groupby(["rank", "path"], sort=False):
+                frames = tuple(
+                    (str(f), str(fn), int(ln))
+                    for f, fn, ln in zip(g["file"], g["func"], g["line"], strict=True)
+                )
+                by_id[(int(rank), int(pid))] = code(frames)
+        n = len(collectives)
+        self.codes = np.full(n, -1, dtype=np.int64)
+        if not n:
+            return
+        rank = collectives["rank"].to_numpy(dtype=np.int64, na_value=-1)
+        pid = (
+            collectives["path"].to_numpy(dtype=np.int64, na_value=-1)
+            if "path" in collectives
+            else np.full(n, -1, dtype=np.int64)
+        )
+        file = collectives["file"].astype(object).to_numpy()
+        func = collectives["func"].astype(object).to_numpy()
+        line = collectives["line"].to_numpy(dtype=np.int64, na_value=-1)
+        # one look-up per distinct (rank, path id, site), not per call
+        keys = pd.MultiIndex.from_arrays([rank, pid, file, func, line])
+        inverse, uniques = pd.factorize(keys)
+        found = np.full(len(uniques), -1, dtype=np.int64)
+        for i, (r, p, f, fn, ln) in enumerate(uniques):
+            c = by_id.get((r, p), -1) if p >= 0 else -1
+            if c < 0 and isinstance(f, str) and ln >= 0:
+                c = code(((f, str(fn) if isinstance(fn, str) else "", int(ln)),))
+            found[i] = c
+        self.codes = found[inverse]
+
+    def of(self, code: int) -> tuple[Frame, ...]:
+        """The frames of a path code, outermost first; none for -1."""
+        return self.frames[code] if 0 <= code < len(self.frames) else ()
+
+
+@dataclass(frozen=True, kw_only=True)
+class PathClass:
+    """Ranks that did the same at the first divergence: the same call from the same path, or
+    no call (``op`` None: they had ended, or stopped elsewhere, before it)."""
+
+    ranks: tuple[int, ...]
+    op: str | None
+    site: str | None
+    path: tuple[Frame, ...]
+    row: int | None
+    """A row of the calls table of this call (its lowest rank's), None for no call."""
+    culprit: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "ranks": list(self.ranks),
+            "op": self.op,
+            "site": self.site,
+            "path": [list(f) for f in self.path],
+            "culprit": self.culprit,
+        }
+
+
+@dataclass(frozen=True, kw_only=True)
+class FirstDivergence:
+    """The first position where the ranks' paths part on one group, with the ranks grouped by
+    what they did there (:class:`PathClass`), the culprits among them and how they were told."""
+
+    pg: str
+    pg_desc: str | None
+    seq: int
+    """The collective's number on the group (from 1), or the point-to-point call's."""
+    kind: str
+    """``collective`` or ``p2p``."""
+    classes: tuple[PathClass, ...]
+    decided_by: str
+    """How the culprit class was told: ``fewer`` (the smaller class), ``new`` (its call had not
+    been made on the group before, the others' had), ``no_call`` (it made no call there), ``peer`` (a
+    point-to-point call whose peer is not calling it), or ``tie`` (nothing tells: no culprit)."""
+    extra: int
+    """Calls the culprits made more (positive) or fewer (negative) than the others on the group
+    from here on, as far as their records go; 0 where the calls differ one for one."""
+    step: int | None = None
+
+    @property
+    def culprits(self) -> list[int]:
+        return sorted(r for c in self.classes if c.culprit for r in c.ranks)
+
+    @property
+    def others(self) -> list[int]:
+        return sorted(r for c in self.classes if not c.culprit for r in c.ranks)
+
+    def culprit_class(self) -> PathClass | None:
+        return next((c for c in self.classes if c.culprit), None)
+
+    def other_class(self) -> PathClass:
+        """The largest class that is not the culprits'."""
+        rest = [c for c in self.classes if not c.culprit]
+        return max(rest, key=lambda c: (len(c.ranks), c.op is not None))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "pg": self.pg,
+            "pg_desc": self.pg_desc,
+            "seq": self.seq,
+            "kind": self.kind,
+            "step": self.step,
+            "culprits": self.culprits,
+            "decided_by": self.decided_by,
+            "extra": self.extra,
+            "classes": [c.to_dict() for c in self.classes],
+        }
+
+
+def first_divergences(
+    calls: pd.DataFrame,
+    paths: CallPaths,
+    *,
+    members: Mapping[str, Sequence[int]],
+    ranks: Collection[int],
+    complete: Collection[int] = (),
+) -> list[FirstDivergence]:
+    """The first divergence of the paths on every group that has one (collectives only), each
+    group's at its earliest position. ``ranks``: those with evidence; a rank with no call on a
+    group is counted only if its record is ``complete`` (from its first call)."""
+    numbered = calls[calls["seq"].notna()]
+    if numbered.empty:
+        return []
+    token = _tokens(numbered)
+    out = []
+    for pg, rows in numbered.groupby("pg", observed=True, sort=False):
+        found = _group_divergence(str(pg), rows, token[rows.index], paths, members, ranks, complete)
+        if found is not None:
+            out.append(found)
+    return out
+
+
+def _tokens(calls: pd.DataFrame) -> pd.Series:
+    """One integer per call: equal for the same call (its key) from the same path."""
+    codes, _ = pd.factorize(
+        pd.MultiIndex.from_arrays([calls["key"].to_numpy(), calls["path"].to_numpy()])
+    )
+    return pd.Series(codes.astype(np.int64), index=calls.index)
+
+
+def _group_divergence(
+    pg: str,
+    rows: pd.DataFrame,
+    token: pd.Series,
+    paths: CallPaths,
+    members: Mapping[str, Sequence[int]],
+    ranks: Collection[int],
+    complete: Collection[int],
+) -> FirstDivergence | None:
+    rows = rows.sort_values(["rank", "seq"], kind="stable")
+    seq = rows["seq"].to_numpy(dtype=np.int64)
+    rank = rows["rank"].to_numpy(dtype=np.int64)
+    start = max(int(s.min()) for _, s in pd.Series(seq).groupby(rank))
+    keep = seq >= start
+    rows, rank, tok = rows[keep], rank[keep], token.loc[rows.index].to_numpy()[keep]
+    keys = rows["key"].to_numpy(dtype=np.int64)
+    seqs: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+    for r in np.unique(rank):
+        mine = rank == r
+        seqs[int(r)] = (tok[mine], keys[mine])
+    expected = set(members.get(pg, ())) & set(ranks)
+    for r in expected - set(seqs):
+        if r in complete and start <= 1:
+            seqs[r] = (np.empty(0, np.int64), np.empty(0, np.int64))
+    if len(seqs) < 2:
+        return None
+    # ranks with the same whole sequence: one class, compared once
+    classes: dict[bytes, list[int]] = {}
+    for r, (t, _k) in seqs.items():
+        classes.setdefault(t.tobytes(), []).append(r)
+    if len(classes) < 2:
+        return None
+    reps = sorted(classes.values(), key=lambda rs: (-len(rs), rs[0]))
+    ref = seqs[reps[0][0]]
+    pos, extra = None, 0
+    for rs in reps[1:]:
+        p, e = _parts_at(ref, seqs[rs[0]])
+        if p is not None and (pos is None or p < pos):
+            pos, extra = p, e
+    if pos is None:
+        return None
+    # what each rank did at that position: (token) or no call
+    at: dict[Any, list[int]] = {}
+    for r, (t, _k) in seqs.items():
+        at.setdefault(int(t[pos]) if pos < len(t) else None, []).append(r)
+    if len(at) < 2:
+        return None
+    here = rows[rows["seq"].to_numpy(dtype=np.int64) == start + pos]
+    row_of = {int(r): i for i, r in zip(here.index, here["rank"], strict=True)}
+    made = [
+        PathClass(
+            ranks=tuple(sorted(rs)),
+            op=None if t is None else str(here.at[row_of[min(rs)], "op"]),
+            site=None if t is None else opt(here.at[row_of[min(rs)], "site"]),
+            path=() if t is None else paths.of(int(here.at[row_of[min(rs)], "path"])),
+            row=None if t is None else int(row_of[min(rs)]),
+        )
+        for t, rs in at.items()
+    ]
+    prefix = ref[0][:pos]
+    culprit, decided_by = _culprit(made, at, prefix)
+    made = [
+        PathClass(**{**c.__dict__, "culprit": culprit is not None and c.ranks in culprit})
+        for c in made
+    ]
+    made.sort(key=lambda c: (not c.culprit, -len(c.ranks), c.ranks))
+    return FirstDivergence(
+        pg=pg,
+        pg_desc=opt(rows["pg_desc"].iloc[0]),
+        seq=start + pos,
+        kind="collective",
+        classes=tuple(made),
+        decided_by=decided_by,
+        extra=extra if culprit is not None and _ref_is_other(made, reps[0]) else -extra,
+    )
+
+
+def _ref_is_other(made: list[PathClass], ref_ranks: list[int]) -> bool:
+    """Whether the reference sequence (the largest class's) is among the others."""
+    return any(not c.culprit and ref_ranks[0] in c.ranks for c in made)
+
+
+def _parts_at(
+    a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray]
+) -> tuple[int | None, int]:
+    """Where sequence ``b`` first parts from ``a`` (an edit: a call made or skipped, or a
+    different call), and how many calls more ``b`` makes there than ``a``; (None, 0) where they
+    differ only by swaps of the same call from other lines."""
+    ta, ka = a
+    tb, kb = b
+    n = min(len(ta), len(tb))
+    diff = np.flatnonzero(ta[:n] != tb[:n])
+    if not len(diff):
+        return (n, len(tb) - len(ta)) if len(ta) != len(tb) else (None, 0)
+    first = int(diff[0])
+    wa, wb = ta[first : first + _WINDOW], tb[first : first + _WINDOW]
+    matcher = difflib.SequenceMatcher(None, wa.tolist(), wb.tolist(), autojunk=False)
+    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
+        if tag == "equal":
+            continue
+        if tag == "replace" and i2 - i1 == j2 - j1:
+            # one call for one: the same calls from other lines part nothing; the first that
+            # is another call is where they part
+            other = np.flatnonzero(ka[first + i1 : first + i2] != kb[first + j1 : first + j2])
+            if not len(other):
+                continue
+            return first + i1 + int(other[0]), 0
+        # a call made or skipped (swaps of one for one before it keep both sides in step); how
+        # many: as far as the records go, what one side made more than the other
+        return first + min(i1, j1), (len(tb) - len(ta)) or (j2 - j1) - (i2 - i1)
+    # the window ended on swaps: what lies past it
+    if len(ta) != len(tb) and n <= first + _WINDOW:
+        return n, len(tb) - len(ta)
+    return None, 0
+
+
+def _culprit(
+    made: list[PathClass], at: Mapping[Any, list[int]], prefix: np.ndarray
+) -> tuple[set[tuple[int, ...]] | None, str]:
+    """The classes that left the shared path, and how they were told (see the module)."""
+    sizes = sorted((len(c.ranks) for c in made), reverse=True)
+    if sizes[0] > sizes[1]:  # one class is the largest: the others left it
+        big = max(made, key=lambda c: len(c.ranks))
+        return {c.ranks for c in made if c is not big}, "fewer"
+    tokens = {tuple(sorted(rs)): t for t, rs in at.items()}
+    largest = [c for c in made if len(c.ranks) == sizes[0]]
+    seen = {
+        c.ranks: t is not None and bool((prefix == t).any())
+        for c in largest
+        for t in [tokens[c.ranks]]
+    }
+    new = [c for c in largest if not seen[c.ranks]]
+    if 0 < len(new) < len(largest) and all(c.op is not None for c in new):
+        return {c.ranks for c in new} | {c.ranks for c in made if c not in largest}, "new"
+    ended = [c for c in largest if c.op is None]
+    if len(ended) == 1:
+        return {ended[0].ranks} | {c.ranks for c in made if c not in largest}, "no_call"
+    return None, "tie"
+
+
+def earliest(divs: Iterable[FirstDivergence], calls: pd.DataFrame) -> FirstDivergence | None:
+    """Of the groups' first divergences, the one that came first in time (the start of its
+    earliest call; one without a call at all, last)."""
+
+    def when(d: FirstDivergence) -> float:
+        rows = [c.row for c in d.classes if c.row is not None]
+        t = calls.loc[rows, "t_start_s"].min() if rows else np.nan
+        return np.inf if pd.isna(t) else float(t)
+
+    divs = list(divs)
+    return min(divs, key=when) if divs else None
+
+
+def step_at(events: pd.DataFrame, rank: int, t_s: float | None) -> int | None:
+    """The step ``rank`` had marked (``rankscope.step``) when its call started, if it marks
+    steps."""
+    if t_s is None or events.empty:
+        return None
+    mine = events[(events["ev"] == "step") & (events["rank"] == rank) & (events["t_s"] <= t_s)]
+    steps = mine["step"].dropna()
+    return int(steps.iloc[-1]) if len(steps) else None
+
+
+def describe(d: FirstDivergence) -> str:
+    """The divergence in one sentence: who did what where, and who did what instead."""
+    own = d.culprit_class()
+    other = d.other_class()
+    where = f"collective #{d.seq}" if d.kind == "collective" else f"point-to-point call #{d.seq}"
+    step = f" (step {d.step})" if d.step is not None else ""
+
+    def doing(c: PathClass) -> str:
+        if c.op is None:
+            return "made no call (it had left)"
+        return f"called {c.op}" + (f" from {c.site}" if c.site else "")
+
+    if own is None:
+        classes = "; ".join(f"{who_of(c.ranks)} {doing(c)}" for c in d.classes)
+        return f"the paths part at {where}{step} on group {d.pg}: {classes}"
+    return (
+        f"{who_of(own.ranks)} {doing(own)} at {where}{step} on group {d.pg}, where "
+        f"{who_of(other.ranks)} {doing(other)}"
+    )
+
+
+def path_site(path: Sequence[Frame]) -> str | None:
+    """``file.py:N`` of a path's innermost frame."""
+    return short_site(path[-1][0], path[-1][2]) if path else None

@@ -1,0 +1,248 @@
+"""3.5 ``earlier_divergence``: the ranks' paths parted before the place where they stopped (a
+retry branch that added a call, one more micro-batch on one rank): the class that left the
+shared path there is the culprit, whatever the final snapshot shows; and ``swallowed`` (asked
+of a job whose every rank exited 0): the ranks' calls parted, or collectives raised errors the
+code swallowed, so the job is not healthy although it ended well.
+
+Both read :attr:`~rankscope.analyze.context.Context.first_divergence`
+(:mod:`rankscope.analyze.paths`). A divergence where the ranks stopped, or one whose culprits
+made no call there (they had left, or were held elsewhere), is left to the rules that read the
+final snapshot (mismatch, deaths, waits): they know what the culprits were doing instead."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+
+from rankscope.analyze import align
+from rankscope.analyze.calls import failed, opt
+from rankscope.analyze.causes import Cause
+from rankscope.analyze.context import Context
+from rankscope.analyze.diagnosis import who_of
+from rankscope.analyze.paths import FirstDivergence, PathClass
+from rankscope.analyze.rules.finding import Decided, Finding, rule
+from rankscope.analyze.rules.mismatch import call_of, different_call, ran_out, took_a_branch
+from rankscope.analyze.wording import at
+from rankscope.waitfor import differs
+
+
+def hang_of(ctx: Context, fd: FirstDivergence) -> align.Divergence | None:
+    """Where the calls of the first divergence's group part by what they are (op, shapes,
+    dtypes) or by their counts: where the ranks of that group stopped."""
+    return next((d for d in ctx.divergences if d.pg == fd.pg), None)
+
+
+def where(fd: FirstDivergence) -> str:
+    step = f", step {fd.step}" if fd.step is not None else ""
+    desc = f" ({fd.pg_desc})" if fd.pg_desc and fd.pg_desc != "undefined" else ""
+    return f"group {fd.pg}{desc}, collective #{fd.seq}{step}"
+
+
+def _doing(c: PathClass, *, extra: int) -> str:
+    if c.op is None:
+        return "made no call there"
+    what = f"an extra {c.op}" if extra > 0 else c.op
+    return f"called {what}{at(c.site)}"
+
+
+def decide(ctx: Context, fd: FirstDivergence) -> Decided | None:
+    """The cause at a first divergence whose culprits made a call there: a call the others do
+    not make (an extra call, D21), a call they make fewer times in a loop the others are still
+    in (uneven inputs, D9), a skipped call (D21), or a different call (D19)."""
+    own, other = fd.culprit_class(), fd.other_class()
+    if own is None or own.op is None:
+        return None
+    doing, others_doing = _doing(own, extra=fd.extra), _doing(other, extra=0)
+    if other.op is not None and fd.extra == 0:
+        odd, norm = ctx.calls.loc[own.row], ctx.calls.loc[other.row]
+        differ = differs(call_of(odd), call_of(norm))
+        if differ is not None:
+            return different_call(fd.culprits, differ, odd, norm)
+    if fd.extra < 0:
+        p, _ = ctx.parting(fd.culprits, fd.others)
+        if p is not None and p.left_loop and set(fd.culprits) <= set(p.ranks_out):
+            return ran_out(
+                fd.culprits,
+                done=f"{-fd.extra} call(s) fewer than {who_of(fd.others)} at {where(fd)}",
+                went=f"went on to {own.op}{at(own.site)}",
+            )
+        doing = f"skipped a call at {where(fd)} and {doing}"
+    return took_a_branch(fd.culprits, doing=doing, others_doing=others_doing)
+
+
+@rule(35)
+def earlier_divergence(ctx: Context) -> Finding | None:
+    fd = ctx.first_divergence
+    if fd is None or not fd.culprits:
+        return None
+    hang = hang_of(ctx, fd)
+    if hang is not None and hang.seq <= fd.seq:
+        return None  # they part where they stopped: the snapshot's rules read it
+    decided = decide(ctx, fd)
+    if decided is None:
+        return None
+    own, other = fd.culprit_class(), fd.other_class()
+    waiting = ctx.blocked(exclude=set(fd.culprits))
+    later = (
+        f"; the job hung {hang.seq - fd.seq} collectives later on that group, in "
+        f"{hang.rows['op'].iloc[0]} ({ctx.label(hang)})"
+        if hang is not None
+        else ""
+    )
+    return Finding(
+        cause=decided.cause,
+        culprits=decided.culprits,
+        waiting=waiting,
+        facts={
+            "culprit_op": own.op,
+            "other_op": other.op or "no call",
+            "culprit_site": own.site,
+            "other_site": other.site,
+            "culprit_shapes": ctx.calls.at[own.row, "shapes"],
+            "other_shapes": ctx.calls.at[other.row, "shapes"] if other.row is not None else "",
+            "culprit_dtypes": ctx.calls.at[own.row, "dtypes"],
+            "other_dtypes": ctx.calls.at[other.row, "dtypes"] if other.row is not None else "",
+            "collective": where(fd),
+            **decided.facts,
+        },
+        collective=ctx.collective(hang) if hang is not None else None,
+        notes=[f"the paths first parted at {where(fd)}{later}", *decided.notes],
+    )
+
+
+def swallowed(ctx: Context) -> Finding | None:
+    """Asked only where every rank exited 0 (:data:`~rankscope.analyze.rules.ON_CLEAN_EXIT`):
+    collectives that raised, or calls that parted, make the job not healthy."""
+    probe = ctx.ev.table("collectives")
+    raised = probe[failed(probe)]
+    fd = ctx.first_divergence
+    if raised.empty and (fd is None or not fd.culprits):
+        return None
+    culprits = fd.culprits if fd is not None and fd.culprits else []
+    errors = sorted(set(raised["rank"].dropna().astype(int).tolist()))
+    said = []
+    if fd is not None:
+        own = fd.culprit_class()
+        said.append(
+            f"the ranks' calls parted at {where(fd)}: "
+            + (
+                f"{who_of(own.ranks)} {_doing(own, extra=fd.extra)} where "
+                f"{who_of(fd.other_class().ranks)} {_doing(fd.other_class(), extra=0)}"
+                if own is not None
+                else "nothing tells which side left the common path"
+            )
+        )
+    if errors:
+        first = raised.sort_values("t_start_s").iloc[0]
+        said.append(
+            f"{who_of(errors)} had collectives raise errors that the code caught "
+            f"(first: {first['op']} on rank {int(first['rank'])}: {first['error']})"
+        )
+    return Finding(
+        cause=Cause.swallowed_errors,
+        culprits=culprits or errors,
+        waiting=[],
+        facts={"swallowed": "; ".join(said)},
+    )
+
+
+#: Point-to-point calls by direction: what a rank sends, and what it receives.
+_SENDS = frozenset({"send", "isend", "send_object_list"})
+_RECVS = frozenset({"recv", "irecv", "recv_object_list"})
+
+
+@rule(45)
+def peer_mismatch(ctx: Context) -> Finding | None:
+    """Point-to-point calls that do not meet: a rank sent to a peer more (or fewer) times than
+    that peer received from it. The culprit is the rank common to the unmatched pairs (it sent
+    or received on the wrong side), else the one whose call named a peer that its line had not
+    named before."""
+    calls = ctx.calls
+    p2p = calls[calls["p2p_seq"].notna() & calls["peer"].notna()]
+    if p2p.empty:
+        return None
+    op = p2p["op"].astype(str)
+    me = p2p["rank"].to_numpy(dtype=int)
+    peer = p2p["peer"].to_numpy(dtype=int)
+    sent: dict[tuple[int, int], int] = {}
+    got: dict[tuple[int, int], int] = {}
+    for o, a, b in zip(op, me, peer, strict=True):
+        if o in _SENDS:
+            sent[(a, b)] = sent.get((a, b), 0) + 1
+        elif o in _RECVS:
+            got[(b, a)] = got.get((b, a), 0) + 1  # keyed (sender, receiver)
+    unmatched = {k: sent.get(k, 0) - got.get(k, 0) for k in set(sent) | set(got)}
+    unmatched = {k: v for k, v in unmatched.items() if v}
+    if not unmatched or not ctx.graph.waits:
+        return None
+    ranks = [r for pair in unmatched for r in pair]
+    common = [r for r in set(ranks) if ranks.count(r) > 1]
+    novel = _novel_peers(p2p)
+    culprits = sorted(r for r in common if r in novel) or sorted(common) or sorted(set(novel))
+    if len(culprits) != 1:
+        return None
+    culprit = culprits[0]
+    own = novel.get(culprit) or _last_p2p(p2p, culprit)
+    if own is None:
+        return None
+    said = []
+    for (a, b), v in sorted(unmatched.items()):
+        more = "more" if v > 0 else "fewer"
+        said.append(
+            f"rank {a} sent to rank {b} {abs(v)} time(s) {more} than rank {b} received from it"
+        )
+    waiting = ctx.blocked(exclude={culprit})
+    others = [r for r in waiting if r in {x for pair in unmatched for x in pair}] or waiting
+    other_doing = "; ".join(ctx.graph.waits[r].where() for r in others if r in ctx.graph.waits)
+    return Finding(
+        cause=Cause.p2p_peer_mismatch,
+        culprits=[culprit],
+        waiting=waiting,
+        facts={
+            "culprit_op": own["op"],
+            "culprit_peer": int(own["peer"]),
+            "usual_peer": own["usual"],
+            "culprit_site": own["site"],
+            "other_doing": f"wait ({other_doing})" if other_doing else "wait",
+            "mismatch": "; ".join(said),
+            "others": who_of(others),
+        },
+        notes=[f"the call's peer: {own['peer_note']}"] if own.get("peer_note") else [],
+    )
+
+
+def _novel_peers(p2p: pd.DataFrame) -> dict[int, dict[str, Any]]:
+    """Per rank, its latest point-to-point call whose peer differs from the one its call site
+    (same op, same line) named every time before (at least twice)."""
+    out: dict[int, dict[str, Any]] = {}
+    for (rank, op, site), g in p2p.groupby(["rank", "op", "site"], observed=True, sort=False):
+        peers = g.sort_values("order")["peer"].astype(int).tolist()
+        if len(peers) < 3:
+            continue
+        usual = peers[0]
+        for i, p in enumerate(peers):
+            if p != usual and i >= 2 and all(q == usual for q in peers[:i]):
+                row = g.sort_values("order").iloc[i]
+                out[int(rank)] = {
+                    "op": str(op),
+                    "peer": p,
+                    "usual": str(usual),
+                    "site": opt(site),
+                    "order": int(row["order"]),
+                }
+                break
+    return out
+
+
+def _last_p2p(p2p: pd.DataFrame, rank: int) -> dict[str, Any] | None:
+    mine = p2p[p2p["rank"] == rank].sort_values("order")
+    if mine.empty:
+        return None
+    row = mine.iloc[-1]
+    return {
+        "op": str(row["op"]),
+        "peer": int(row["peer"]),
+        "usual": "unknown",
+        "site": opt(row["site"]),
+    }

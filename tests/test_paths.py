@@ -1,0 +1,129 @@
+"""Where the ranks' paths first part (rankscope.analyze.paths), on tables built here: an extra
+call from another branch long before the hang, swaps of one call for the same call from another
+line (which part nothing), the class told by its size, by a call new on the group or by having
+made none, a job that ended well although its calls parted, and point-to-point calls that do not
+meet."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rankscope.analyze import diagnose
+
+from .test_analyze_rules import context
+from .test_analyze_tables import T0, call, run_of
+
+
+def at(rank: int, seq: int, line: int, **kw: Any) -> dict[str, Any]:
+    """A call of ``rank`` as its ``seq``-th collective, made from ``train.py:line``."""
+    return call(rank, seq, line=line, site=f"train.py:{line}", **kw)
+
+
+def retry_run(*, world: int = 3, culprit: int = 1, steps: int = 10, retry_at: int = 4):
+    """Every step all-reduces from line 20; at step ``retry_at`` the culprit retries its batch
+    in two halves, each all-reducing from line 30; after the loop, a barrier at line 40. The
+    culprit reaches the barrier one call early and waits there; the others wait in their last
+    all_reduce."""
+    rows = []
+    for r in range(world):
+        seq = 0
+        for step in range(1, steps + 1):
+            lines = [30, 30] if (r == culprit and step == retry_at) else [20]
+            for line in lines:
+                seq += 1
+                done = r == culprit or seq < steps
+                rows.append(at(r, seq, line, done=done, t=T0 + seq + r / 100))
+            if r == culprit and seq >= steps:
+                break
+        if r == culprit:
+            rows.append(at(r, seq + 1, 40, op="barrier", done=False, t=T0 + seq + 1))
+    return run_of(rows, exits=dict.fromkeys(range(world)), world=world)
+
+
+def test_an_extra_call_from_another_branch_long_before_the_hang_names_its_rank():
+    ctx = context(retry_run())
+    fd = ctx.first_divergence
+    assert (fd.pg, fd.seq, fd.culprits, fd.decided_by, fd.extra) == ("0", 4, [1], "fewer", 1)
+    own, other = fd.culprit_class(), fd.other_class()
+    assert (own.ranks, own.site, other.ranks, other.site) == (
+        (1,),
+        "train.py:30",
+        (0, 2),
+        "train.py:20",
+    )
+    d = diagnose(retry_run())
+    assert (d.verdict, d.cause, d.culprit_ranks) == ("hang", "rank_conditional_collective", [1])
+    assert d.first_divergence["seq"] == 4 and d.first_divergence["culprits"] == [1]
+    said = "\n".join(d.notes)
+    assert "first parted at group 0 (default_pg), collective #4" in said
+    assert "hung 7 collectives later" in said, said
+    assert "first parted: rank 1 called all_reduce from train.py:30 at collective #4" in d.render()
+
+
+def test_the_same_call_from_another_line_parts_nothing():
+    """``if rank == 0: broadcast(x) else: broadcast(y)`` at every step: one collective."""
+    rows = [at(r, s, 11 if r == 0 else 12, op="broadcast") for r in range(3) for s in range(1, 6)]
+    assert context(run_of(rows)).first_divergence is None
+    d = diagnose(run_of(rows))
+    assert d.verdict == "ok" and d.first_divergence is None
+
+
+def test_between_two_ranks_the_call_new_on_the_group_is_the_one_that_left():
+    rows = [at(r, s, 20) for r in range(2) for s in range(1, 4)]
+    rows += [at(0, 4, 50, op="barrier", done=False), at(1, 4, 20, done=False)]
+    fd = context(run_of(rows, exits={0: None, 1: None}, world=2)).first_divergence
+    assert (fd.seq, fd.culprits, fd.decided_by) == (4, [0], "new")
+
+
+def test_a_rank_that_made_no_call_is_told_as_such():
+    rows = [at(r, s, 20) for r in range(2) for s in range(1, 4)]
+    rows += [at(1, 4, 20, done=False)]
+    fd = context(run_of(rows, exits={0: 0, 1: None}, world=2)).first_divergence
+    assert (fd.seq, fd.culprits, fd.decided_by) == (4, [0], "no_call")
+    assert fd.culprit_class().op is None
+
+
+def test_equal_classes_that_nothing_tells_apart_name_no_culprit():
+    rows = [at(r, s, 20) for r in range(2) for s in range(1, 3)]
+    rows += [at(0, 3, 31, op="barrier", done=False), at(1, 3, 32, op="barrier", done=False)]
+    rows += [at(0, 4, 33, done=False)]
+    fd = context(run_of(rows, exits={0: None, 1: None}, world=2)).first_divergence
+    assert fd is None or (fd.culprits == [] and fd.decided_by == "tie")
+
+
+def test_a_job_that_ended_well_after_its_calls_parted_is_not_ok():
+    """A broad try/except: rank 1's step 3 failed before its all_reduce and was skipped; the
+    others' step-3 all_reduce raised once rank 1 had gone on (gloo: connection closed), and they
+    caught it too. Every rank exited 0."""
+    rows = [at(r, s, 20) for r in range(3) for s in range(1, 3)]
+    rows += [at(r, 3, 20, ok=False, error="Connection closed by peer") for r in (0, 2)]
+    rows += [at(1, 3, 25, op="barrier")]
+    d = diagnose(run_of(rows))
+    assert (d.verdict, d.cause) == ("crash", "swallowed_errors"), d.render()
+    assert "every rank exited 0" in d.summary and "Connection closed by peer" in d.summary
+
+
+def test_a_send_to_a_rank_that_is_not_receiving_from_it_is_a_peer_mismatch():
+    """A pipeline of 3 stages: rank 0 sends to 1, rank 1 receives from 0 and sends to 2, rank 2
+    receives from 1. At the fourth step rank 1's destination flips: it sends to 0, which is
+    sending to it; rank 2 waits for rank 1."""
+    rows, n = [], {0: 0, 1: 0, 2: 0}
+
+    def p2p(rank: int, op: str, peer: int, line: int, done: bool = True) -> None:
+        n[rank] += 1
+        rows.append(
+            dict(
+                at(rank, n[rank], line, op=op, peer=str(peer), done=done),
+                t_start_s=T0 + len(rows) / 10,
+            )
+        )
+
+    for step in range(1, 5):
+        last = step == 4
+        p2p(0, "send", 1, 10, done=not last)
+        p2p(1, "recv", 0, 11, done=True)
+        p2p(1, "send", 0 if last else 2, 12, done=not last)
+        p2p(2, "recv", 1, 13, done=not last)
+    d = diagnose(run_of(rows, exits=dict.fromkeys(range(3))))
+    assert (d.cause, d.culprit_ranks) == ("p2p_peer_mismatch", [1]), d.render()
+    assert "peer 0" in d.reason and "named peer 2 before" in d.reason, d.reason
