@@ -137,8 +137,16 @@ def _first_dict(fd: FirstDivergence) -> dict[str, Any]:
 
 
 def _parting_notes(p: Parting) -> list[str]:
-    """What a decision on a per-node or per-rank environment variable means."""
+    """What a decision on a per-node or per-rank environment variable means, and what a
+    handler that only some ranks entered does."""
     notes = []
+    if p.kind == "except":
+        notes.append(
+            f"{who_of(p.ranks_in)} entered the handler at {p.site} alone: a retry or fallback "
+            "that one rank takes issues collectives the others never make. Decide it on every "
+            "rank together (all_reduce a failure flag, then all retry or all skip), or keep "
+            "collectives out of the handler"
+        )
     for name, var in p.env.items():
         if RANK_ENV.get(var) == "D3":
             notes.append(

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -110,12 +110,16 @@ class PathClass:
     row: int | None
     """A row of the calls table of this call (its lowest rank's), None for no call."""
     culprit: bool = False
+    via: str | None = None
+    """``file.py:N``: this class's frame where the classes' paths first differ (the line that
+    led into the call), where that is not the call's own site."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "ranks": list(self.ranks),
             "op": self.op,
             "site": self.site,
+            "via": self.via,
             "path": [list(f) for f in self.path],
             "culprit": self.culprit,
         }
@@ -265,7 +269,7 @@ def _group_divergence(
     prefix = ref[0][:pos]
     culprit, decided_by = _culprit(made, at, prefix)
     made = [
-        PathClass(**{**c.__dict__, "culprit": culprit is not None and c.ranks in culprit})
+        replace(c, culprit=culprit is not None and c.ranks in culprit, via=_via(c, made))
         for c in made
     ]
     made.sort(key=lambda c: (not c.culprit, -len(c.ranks), c.ranks))
@@ -278,6 +282,21 @@ def _group_divergence(
         decided_by=decided_by,
         extra=extra if culprit is not None and _ref_is_other(made, reps[0]) else -extra,
     )
+
+
+def _via(c: PathClass, made: Sequence[PathClass]) -> str | None:
+    """``c``'s frame at the first depth where the paths of the classes that made a call differ,
+    where it is not the call's own site."""
+    paths = [m.path for m in made if m.path]
+    if not c.path or len(paths) < 2:
+        return None
+    depth = 0
+    while all(len(p) > depth for p in paths) and len({p[depth] for p in paths}) == 1:
+        depth += 1
+    if depth >= len(c.path) - 1:
+        return None
+    file, _func, line = c.path[depth]
+    return short_site(file, line)
 
 
 def _ref_is_other(made: list[PathClass], ref_ranks: list[int]) -> bool:
@@ -376,7 +395,7 @@ def describe(d: FirstDivergence) -> str:
     def doing(c: PathClass) -> str:
         if c.op is None:
             return "made no call (it had left)"
-        return f"called {c.op}" + (f" from {c.site}" if c.site else "")
+        return f"called {c.op} from " + " → ".join(x for x in (c.via, c.site) if x)
 
     if own is None:
         classes = "; ".join(f"{who_of(c.ranks)} {doing(c)}" for c in d.classes)

@@ -43,7 +43,7 @@ def _doing(c: PathClass, *, extra: int) -> str:
     if c.op is None:
         return "made no call there"
     what = f"an extra {c.op}" if extra > 0 else c.op
-    return f"called {what}{at(c.site)}"
+    return f"called {what} from " + " → ".join(x for x in (c.via, c.site) if x)
 
 
 def decide(ctx: Context, fd: FirstDivergence) -> Decided | None:
