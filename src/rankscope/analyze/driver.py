@@ -129,7 +129,7 @@ def _first_parting(ctx: Context, fd: FirstDivergence) -> tuple[Parting | None, s
         path = list(c.path) if c.op is not None else ctx.rank_path(c.ranks[0])
         if path:
             paths[c.ranks[0]] = path
-    return find_parting(list(own.ranks), list(other.ranks), paths, None, same_pass=True)
+    return find_parting(list(own.ranks), list(other.ranks), paths, None, diverged=True)
 
 
 def _first_dict(fd: FirstDivergence) -> dict[str, Any]:
