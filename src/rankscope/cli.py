@@ -787,7 +787,8 @@ def lab_command(
     if platform.startswith("linux") and not (env.get("DISPLAY") or env.get("WAYLAND_DISPLAY")):
         argv.append("--no-browser")
         notes.append("no display here, so no browser: open the URL below, token included")
-    if not any("port" in a for a in jupyter_args):  # a port of the user's is theirs to check
+    named = {a.split("=")[0] for a in jupyter_args}
+    if not named & {"--port", "--ServerApp.port"}:  # a port the user names is theirs to check
         given = env.get("JUPYTER_PORT") or str(JUPYTER_PORT)
         if not given.isdigit():
             raise ValueError(f"JUPYTER_PORT must be a port number, not {given!r}")
