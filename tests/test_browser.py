@@ -87,6 +87,7 @@ def stop_server(server: subprocess.Popen[bytes], tmp_path: Path) -> None:
         # SIGTERM: the server shuts its kernels down, and a kernel stops the jobs it owns.
         os.killpg(server.pid, signal.SIGTERM)
         left = settle(psutil.Process(server.pid), family)
+        server.wait(timeout=5)  # reaped: gone, not a zombie in the checks below
     # and whatever left the group: a kernel (its own session), a job's ranks
     runtime = str(tmp_path / "runtime")
     stray = leftover_processes(tmp_path) + processes_with("JUPYTER_RUNTIME_DIR", runtime.__eq__)

@@ -720,7 +720,9 @@ JUPYTER_PORT = 8888
 
 
 def _lab_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("notebooks", nargs="?", default="notebooks", metavar="DIR")
+    p.add_argument(
+        "notebooks", nargs="?", default="notebooks", metavar="DIR", help="its root (notebooks)"
+    )
     p.add_argument(
         "jupyter_args",
         nargs=argparse.REMAINDER,
