@@ -481,14 +481,21 @@ def test_make_lab_serves_the_quickstart_at_the_url_it_prints(
         assert path == f"/lab/tree/{QUICKSTART.name}", url
         with _page(chromium, tmp_path, f"make-lab-{port}") as page:
             _open(page, url)
-            tab = page.locator(".jp-MainAreaWidget .jp-Notebook").first
+            notebook = page.locator(".jp-MainAreaWidget .jp-Notebook").first
             current = page.locator(".lm-DockPanel-tabBar .lm-TabBar-tab.lm-mod-current")
             expect(current).to_have_text(QUICKSTART.name)
             heading = json.loads(QUICKSTART.read_text())["cells"][0]["source"][0].strip("# \n")
-            expect(tab.locator(".jp-MarkdownCell").first).to_contain_text(heading)
+            expect(notebook.locator(".jp-MarkdownCell").first).to_contain_text(heading)
             page.screenshot(path=str(ARTIFACTS / f"make-lab-{port}.png"))
-        # the kernel the page started is the quickstart's, in the notebooks' folder
-        api = f"http://127.0.0.1:{used}/api/sessions?token={token}"
-        with urllib.request.urlopen(api, timeout=10) as response:
-            sessions = json.load(response)
-        assert [s["path"] for s in sessions] == [QUICKSTART.name], sessions
+            # The kernel the page started is the quickstart's, in the notebooks' folder
+            # (JupyterLab names a new session by a temporary path first, then the notebook's).
+            api = f"http://127.0.0.1:{used}/api/sessions?token={token}"
+            deadline = time.monotonic() + 30
+            while (paths := _session_paths(api)) != [QUICKSTART.name]:
+                assert time.monotonic() < deadline, f"sessions: {paths}"
+                page.wait_for_timeout(250)
+
+
+def _session_paths(api: str) -> list[str]:
+    with urllib.request.urlopen(api, timeout=10) as response:
+        return [s["path"] for s in json.load(response)]
