@@ -173,7 +173,7 @@ NOTEBOOKS = Path(__file__).parent.parent / "notebooks"
 
 def lab(*, euid: int = 1000, platform: str = "linux", args: tuple[str, ...] = (), **env: str):
     """``rankscope lab``'s command and notes for the repository's notebooks."""
-    return lab_command(NOTEBOOKS, args, euid=euid, env=env, platform=platform)
+    return lab_command(NOTEBOOKS, jupyter_args=args, euid=euid, env=env, platform=platform)
 
 
 def test_lab_opens_on_the_quickstart_as_a_normal_user_with_a_display(tmp_path):

@@ -746,7 +746,7 @@ def cmd_lab(args: argparse.Namespace) -> int:
         raise FileNotFoundError(f"{folder} is not a folder of notebooks")
     argv, notes = lab_command(
         folder,
-        args.jupyter_args,
+        jupyter_args=args.jupyter_args,
         euid=os.geteuid(),
         env=os.environ,
         platform=sys.platform,
@@ -761,8 +761,8 @@ def cmd_lab(args: argparse.Namespace) -> int:
 
 def lab_command(
     folder: Path,
-    jupyter_args: Sequence[str] = (),
     *,
+    jupyter_args: Sequence[str] = (),
     euid: int,
     env: Mapping[str, str],
     platform: str,
