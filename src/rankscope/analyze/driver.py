@@ -22,6 +22,7 @@ from rankscope.analyze.evidence import Evidence
 from rankscope.analyze.parting import RANK_ENV, Parting, find_parting
 from rankscope.analyze.paths import FirstDivergence, describe
 from rankscope.analyze.rules import RULES, Finding, Rule, rules_for
+from rankscope.analyze.rules.finding import CAUSE_RECIPE
 from rankscope.analyze.rules.paths import hang_of
 from rankscope.analyze.wording import at
 from rankscope.collect import load_run
@@ -92,7 +93,7 @@ def _diagnosis(ctx: Context, f: Finding) -> Diagnosis:
         cause=f.cause,
         culprit_ranks=sorted(f.culprits),
         waiting_ranks=sorted(f.waiting),
-        recipe=cause.recipe,
+        recipe=cause.recipe if f.recipe == CAUSE_RECIPE else f.recipe,
         summary=summary,
         reason=reason,
         fix=fix_for(f.cause, facts),
