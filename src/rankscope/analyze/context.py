@@ -49,7 +49,9 @@ from rankscope.analyze.paths import (
     FirstDivergence,
     earliest,
     first_divergences,
+    p2p_divergence,
     step_at,
+    unmatched_p2p,
 )
 from rankscope.analyze.waits import WaitGraph, wait_graph
 from rankscope.analyze.wording import Phrasing, short
@@ -195,6 +197,16 @@ class Context(Phrasing):
         )
 
     @cached_property
+    def p2p_unmatched(self) -> dict[tuple[int, int], int]:
+        """Point-to-point pairs (sender, receiver) whose calls do not meet, and by how many."""
+        return unmatched_p2p(self.calls)
+
+    @cached_property
+    def p2p_divergence(self) -> FirstDivergence | None:
+        """Where point-to-point calls that do not meet began (:func:`p2p_divergence`)."""
+        return p2p_divergence(self.calls, self.call_paths, self.p2p_unmatched)
+
+    @cached_property
     def first_divergence(self) -> FirstDivergence | None:
         """Where the ranks' paths first part (:mod:`rankscope.analyze.paths`), of every group
         the earliest in time, with the step the culprits had marked there."""
@@ -205,7 +217,7 @@ class Context(Phrasing):
             ranks=self.evidence_ranks,
             complete=self.complete_ranks,
         )
-        d = earliest(divs, self.calls)
+        d = earliest([*divs, *([self.p2p_divergence] if self.p2p_divergence else [])], self.calls)
         if d is None:
             return None
         own = d.culprit_class() or d.classes[0]

@@ -113,6 +113,8 @@ def _diagnosis(ctx: Context, f: Finding) -> Diagnosis:
 def _before_hang(ctx: Context, fd: FirstDivergence) -> bool:
     """Whether the paths parted before the place where the ranks of that group stopped (or on
     a group where they never stopped)."""
+    if fd.kind != "collective":  # point-to-point calls: the stacks where they wait tell it
+        return False
     hang = hang_of(ctx, fd)
     return hang is None or hang.seq > fd.seq
 

@@ -72,6 +72,10 @@ def _mismatch(ctx: Context, d: align.Divergence) -> Finding:
         norm_key, tied = next(k for k in groups if k != parted), []
     norm = rows[rows["key"] == norm_key]
     odd = rows[rows["key"] != norm_key]
+    told = _told_by_paths(ctx, d)
+    if told is not None:  # the classes of the paths, where they tell the side that left
+        odd, norm = rows[rows["rank"].isin(told)], rows[~rows["rank"].isin(told)]
+        norm_key, tied = int(norm["key"].mode().iloc[0]), []
     culprits = sorted(odd["rank"].tolist())
     waiting = sorted(norm["rank"][~done(norm)].tolist())
     o, n = odd.iloc[0], norm.iloc[0]
@@ -133,6 +137,18 @@ def call_of(row: pd.Series) -> Call:
     root = row["root"]
     root = None if pd.isna(root) else int(root)
     return Call(op=str(row["op"]), shapes=row["shapes"], dtypes=row["dtypes"], root=root)
+
+
+def _told_by_paths(ctx: Context, d: align.Divergence) -> list[int] | None:
+    """The culprits of the first divergence of the paths where it is this one (the same group
+    and call) and its classes tell them by their size or by a call new on the group; None
+    where they do not, or every rank at this call would be a culprit."""
+    fd = ctx.first_divergence
+    if fd is None or (fd.pg, fd.seq) != (d.pg, d.seq) or fd.decided_by not in ("fewer", "new"):
+        return None
+    present = set(d.rows["rank"].tolist())
+    told = sorted(set(fd.culprits) & present)
+    return told if told and set(told) != present else None
 
 
 def _tie_note(
