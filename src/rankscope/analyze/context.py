@@ -267,6 +267,17 @@ class Context(Phrasing):
         stacks: each rank's thread that waits in a call, else its main thread), and why there
         is none when there is none (:func:`~rankscope.analyze.parting.find_parting`)."""
         key = (tuple(sorted(culprits)), tuple(sorted(others)))
+        fd = self.first_divergence
+        if (
+            key not in self._partings
+            and fd is not None
+            and fd.kind == "collective"
+            and set(key[0]) == set(fd.culprits)
+            and set(key[1]) <= set(fd.others)
+        ):
+            found = self.first_parting
+            if found[0] is not None:
+                self._partings[key] = found
         if key not in self._partings:
             paths: dict[int, list[Frame]] = {}
             for ranks in key:
@@ -289,6 +300,26 @@ class Context(Phrasing):
                 found = (loop, "") if loop is not None else found
             self._partings[key] = found
         return self._partings[key]
+
+    @cached_property
+    def first_parting(self) -> tuple[Parting | None, str]:
+        """The decision that separates the classes of the first divergence, read from the
+        paths of their calls there (a class that made no call: its rank's last stacks). Values
+        are given only where the divergence is where the ranks of its group stopped: what the
+        stacks captured later says nothing of the values before."""
+        fd = self.first_divergence
+        own = fd.culprit_class() if fd is not None else None
+        if fd is None or own is None:
+            return None, "nothing tells which side left the common path"
+        other = fd.other_class()
+        paths = {}
+        for c in (own, other):
+            path = list(c.path) if c.op is not None else self.rank_path(c.ranks[0])
+            if path:
+                paths[c.ranks[0]] = path
+        at_stop = next((d.seq == fd.seq for d in self.divergences if d.pg == fd.pg), False)
+        values = self.ev.table("values") if at_stop else None
+        return find_parting(list(own.ranks), list(other.ranks), paths, values, diverged=True)
 
     def loop_left(
         self, culprits: Iterable[int], others: Iterable[int], theirs: pd.Series, own: pd.Series

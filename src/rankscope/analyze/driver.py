@@ -19,7 +19,7 @@ from rankscope.analyze.causes import CAUSES, Verdict, explain, fix_for
 from rankscope.analyze.context import Context
 from rankscope.analyze.diagnosis import Diagnosis, who_of
 from rankscope.analyze.evidence import Evidence
-from rankscope.analyze.parting import RANK_ENV, Parting, find_parting
+from rankscope.analyze.parting import RANK_ENV, Parting
 from rankscope.analyze.paths import FirstDivergence, describe
 from rankscope.analyze.rules import RULES, Finding, Rule, rules_for
 from rankscope.analyze.rules.finding import CAUSE_RECIPE
@@ -80,9 +80,7 @@ def _diagnosis(ctx: Context, f: Finding) -> Diagnosis:
     fd = ctx.first_divergence
     earlier = fd is not None and set(fd.culprits) == set(f.culprits) and _before_hang(ctx, fd)
     if earlier or (cause.verdict == "hang" and f.culprits and others):
-        found, why = _first_parting(ctx, fd) if earlier else (None, "")
-        if found is None:
-            found, why = ctx.parting(f.culprits, others or fd.others if fd else others)
+        found, why = ctx.parting(f.culprits, fd.others if earlier and fd else others)
         if found is not None:
             parting = found.to_dict()
             notes += _parting_notes(found)
@@ -117,22 +115,6 @@ def _before_hang(ctx: Context, fd: FirstDivergence) -> bool:
         return False
     hang = hang_of(ctx, fd)
     return hang is None or hang.seq > fd.seq
-
-
-def _first_parting(ctx: Context, fd: FirstDivergence) -> tuple[Parting | None, str]:
-    """The decision that separates the classes of the first divergence, read from the paths
-    of their calls there (a class that made no call: its rank's last stacks). Values are given
-    only where the divergence is where the ranks stopped: what the stacks captured later says
-    nothing of the values then."""
-    own, other = fd.culprit_class(), fd.other_class()
-    if own is None:
-        return None, "nothing tells which side left the common path"
-    paths = {}
-    for c in (own, other):
-        path = list(c.path) if c.op is not None else ctx.rank_path(c.ranks[0])
-        if path:
-            paths[c.ranks[0]] = path
-    return find_parting(list(own.ranks), list(other.ranks), paths, None, diverged=True)
 
 
 def _first_dict(fd: FirstDivergence) -> dict[str, Any]:

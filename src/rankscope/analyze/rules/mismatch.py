@@ -110,6 +110,13 @@ def _mismatch(ctx: Context, d: align.Divergence) -> Finding:
         or _extra_call(ctx, culprits, norm_ranks)
     ):
         decided = branch
+    if decided is None and _extra_iteration(ctx, culprits, norm_ranks):
+        decided = took_a_branch(
+            culprits,
+            doing=f"made one more pass of the loop at {ctx.parting(culprits, norm_ranks)[0].site}"
+            f" and called {o['op']}{at(facts['culprit_site'])}",
+            others_doing=f"had left it and called {n['op']}{at(facts['other_site'])}",
+        )
     decided = decided or different_call(culprits, differ, o, n)
     notes += decided.notes + (thread_notes(ctx, odd) if differ == "op" else [])
     cause = decided.cause
@@ -298,6 +305,16 @@ def _extra_call(ctx: Context, culprits: list[int], others: list[int]) -> bool:
     line: a branch one side took, not two arms of one ``if``, nor a loop): an extra call."""
     p, _ = ctx.parting(culprits, others)
     return p is not None and not p.arms and not p.left_loop and set(culprits) <= set(p.ranks_in)
+
+
+def _extra_iteration(ctx: Context, culprits: list[int], others: list[int]) -> bool:
+    """Whether the culprits' call is one more pass of a loop the others had left, where their
+    paths first parted (the parting line of their paths there: a loop the culprits are in)."""
+    fd = ctx.first_divergence
+    if fd is None or set(fd.culprits) != set(culprits):
+        return False
+    p, _ = ctx.parting(culprits, others)
+    return p is not None and p.kind in ("for", "while") and set(culprits) <= set(p.ranks_in)
 
 
 def _earliest(rows: pd.DataFrame) -> float:
