@@ -14,7 +14,7 @@ import torch.distributed as dist
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).parent))
-from corpus_lib.budget import SampleBudget  # noqa: E402
+from corpus_lib.budget import SampleBudget
 
 dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
@@ -24,7 +24,7 @@ opt = torch.optim.SGD(model.parameters(), lr=0.01)
 budget = SampleBudget(limit=400)
 per_batch = 34 if rank == 3 else 32
 
-for step in range(20):
+for _step in range(20):
     x = torch.randn(per_batch, 8)
     opt.zero_grad()
     model(x).pow(2).mean().backward()
