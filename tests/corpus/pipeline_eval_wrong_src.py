@@ -3,9 +3,9 @@ steps send activations forward and gradients back; every third step is an evalua
 `eval_forward` computes the previous stage as `stage - 1`, a stage index, where the training
 code uses the global rank. On the first pipeline the two agree; on the second, rank 3 receives
 its evaluation input from rank 0, which never sends to it. Rank 3 blocks at its p2p call #5 (the
-evaluation at step 2); rank 2's send there completes into rank 3's buffer, and rank 2 then waits
-at step 3 for a gradient from rank 3. Ranks 0 and 1 finish and wait in the final barrier."""
-# expect: {"ranks": 4, "verdict": "hang", "cause": "p2p_peer_mismatch", "recipe": "D19", "culprits": [3], "site": "eval recv", "first": {"pg": "default_pg", "seq": 5, "kind": "p2p"}}
+evaluation at step 2) and rank 2 in its send to rank 3 there, which rank 3 never receives;
+ranks 0 and 1 finish and wait in the final barrier."""
+# expect: {"ranks": 4, "verdict": "hang", "cause": "p2p_peer_mismatch", "culprits": [3], "site": "eval recv", "first": {"pg": "default_pg", "seq": 5, "kind": "p2p"}}
 
 import torch
 import torch.distributed as dist

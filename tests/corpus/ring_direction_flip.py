@@ -3,10 +3,11 @@ rank passes its block one hop round the ring of 4, clockwise while the link time
 stays under budget, else counter-clockwise. At step 3 rank 2 measures a slow link and alone sends
 to rank 1 and receives from rank 3. Each step makes two point-to-point calls per rank (isend,
 recv), so p2p call #7 is where the paths part: ranks 0, 1, 3 in the clockwise arm, rank 2 in the
-other. Ranks 0 and 1 complete step 3; rank 3 waits to receive from rank 2 (which sent elsewhere)
-and rank 2 waits to receive from rank 3 (which sent to rank 0); rank 0 then waits for rank 3 at
-step 4 and rank 1 for rank 0 at step 5."""
-# expect: {"ranks": 4, "verdict": "hang", "cause": "p2p_peer_mismatch", "recipe": "D19", "culprits": [2], "site": "recv back", "parting": "direction", "values": ["link_ms"], "first": {"pg": "default_pg", "seq": 7, "kind": "p2p"}}
+other. A gloo send completes only when its peer receives it: rank 0 completes step 3 and waits
+at step 4 to receive from rank 3; rank 1 receives from rank 0 but waits on its send to rank 2;
+rank 3 waits to receive from rank 2, which sent to rank 1, and rank 2 to receive from rank 3,
+which sent to rank 0."""
+# expect: {"ranks": 4, "verdict": "hang", "cause": "p2p_peer_mismatch", "culprits": [2], "site": "recv back", "parting": "direction", "values": ["link_ms"], "first": {"pg": "default_pg", "seq": 7, "kind": "p2p"}}
 
 import torch
 import torch.distributed as dist
