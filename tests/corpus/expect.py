@@ -41,6 +41,14 @@ class Case:
     """Names the parting line must give values of (on some rank)."""
     nodes: int = 1
     """Simulated nodes (``ranks`` per node)."""
+    run: dict[str, Any] = field(default_factory=dict)
+    """JobSpec settings of this case on top of :data:`RUN`: ``{"on_stall": "keep"}`` for a
+    story that needs the job to go on after its stall is proven, as it does by default."""
+
+    def spec_settings(self) -> dict[str, Any]:
+        """How this case's job runs: :data:`RUN` and the case's own settings."""
+        return {**RUN, **self.run}
+
     first: dict[str, Any] | None = None
     """Where the ranks' paths first part: ``{"pg": name or desc, "seq": N}`` (and ``"kind":
     "p2p"`` where the calls are point-to-point ones, numbered apart), as

@@ -4,7 +4,7 @@ and at step 7 rank 1's loss is NaN (a record of its shard holds a NaN), so the g
 all_reduces (two a step: weight and bias); ranks 0 and 2 enter the default group's #15 without
 it, and gloo fails their call when rank 1's connections close. The guard's `if` is where the paths part; its stacks are gone,
 its log line and exit code 0 remain."""
-# expect: {"ranks": 3, "verdict": "hang", "cause": "early_exit", "recipe": "D9", "culprits": [1], "site": "exit", "parting": "guard", "values": ["value"], "first": {"pg": "default_pg", "seq": 15}}
+# expect: {"ranks": 3, "verdict": "hang", "cause": "early_exit", "culprits": [1], "site": "exit", "parting": "guard", "values": ["value"], "first": {"pg": "default_pg", "seq": 15}}
 
 import math
 import sys

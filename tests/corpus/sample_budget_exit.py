@@ -4,7 +4,7 @@ samples where the others' hold 32 (its shard has the remainder), so after step 1
 408, spends its budget and calls os._exit(0) inside the library; the others have seen 384 and
 enter the default group's #13, the next step's all_reduce, without it. The library's `if` is
 where the paths part."""
-# expect: {"ranks": 4, "verdict": "hang", "cause": "early_exit", "recipe": "D9", "culprits": [3], "site": "budget_exit", "parting": "budget_decide", "first": {"pg": "default_pg", "seq": 13}}
+# expect: {"ranks": 4, "verdict": "hang", "cause": "early_exit", "culprits": [3], "site": "budget_exit", "parting": "budget_decide", "first": {"pg": "default_pg", "seq": 13}}
 
 import sys
 from pathlib import Path

@@ -4,7 +4,7 @@ logs a warning and returns the local figures. Ranks 1 and 2 never call it: they 
 last step. Rank 0's all_reduce (#7 of the default group, after six steps' gradients) fails with
 "Connection closed by peer" when they go, the helper swallows it, and every rank exits 0; the
 ranks made different numbers of calls on the default group, and the paths part at `if rank == 0`."""
-# expect: {"ranks": 3, "verdict": "crash", "cause": "swallowed_errors", "culprits": [0], "site": "report", "parting": "main", "values": ["rank"], "first": {"pg": "default_pg", "seq": 7}}
+# expect: {"ranks": 3, "verdict": "crash", "cause": "swallowed_errors", "run": {"on_stall": "keep"}, "culprits": [0], "site": "report", "parting": "main", "values": ["rank"], "first": {"pg": "default_pg", "seq": 7}}
 
 import logging
 

@@ -5,7 +5,7 @@ call and the ranks run on with rank 1 one call behind. After 8 steps rank 1 has 
 leaves; the others' #8 fails with "Connection closed by peer", their handler swallows that too,
 and every rank exits 0. The ranks' paths first part at #8 (rank 1 has none), though the decision
 that caused it, rank 1's handler at step 4, is on no rank's final stack."""
-# expect: {"ranks": 3, "verdict": "crash", "cause": "swallowed_errors", "culprits": [1], "first": {"pg": "default_pg", "seq": 8}}
+# expect: {"ranks": 3, "verdict": "crash", "cause": "swallowed_errors", "run": {"on_stall": "keep"}, "culprits": [1], "first": {"pg": "default_pg", "seq": 8}}
 
 import torch
 import torch.distributed as dist

@@ -3,7 +3,7 @@ step an all_reduce of activations on the rank's tp group, then one of the loss o
 At step 5 rank 3's local activations hold a NaN and its guard prints "activations are nan at step
 5, stopping" and calls sys.exit(0). Its tp partner, rank 2, enters tp1 #6 without it; ranks 0
 and 1 get through tp0 #6 and enter the world's #6 without ranks 2 and 3."""
-# expect: {"ranks": 4, "verdict": "hang", "cause": "early_exit", "recipe": "D9", "culprits": [3], "site": "exit", "parting": "guard", "values": ["bad"], "first": {"pg": "tp1", "seq": 6}}
+# expect: {"ranks": 4, "verdict": "hang", "cause": "early_exit", "culprits": [3], "site": "exit", "parting": "guard", "values": ["bad"], "first": {"pg": "tp1", "seq": 6}}
 
 import sys
 

@@ -304,9 +304,8 @@ class Context(Phrasing):
     @cached_property
     def first_parting(self) -> tuple[Parting | None, str]:
         """The decision that separates the classes of the first divergence, read from the
-        paths of their calls there (a class that made no call: its rank's last stacks). Values
-        are given only where the divergence is where the ranks of its group stopped: what the
-        stacks captured later says nothing of the values before."""
+        paths of their calls there (a class that made no call: its rank's last stacks), with the
+        values the stacks captured (at the stop: where that is later, the diagnosis says so)."""
         fd = self.first_divergence
         own = fd.culprit_class() if fd is not None else None
         if fd is None or own is None:
@@ -315,11 +314,19 @@ class Context(Phrasing):
         paths = {}
         for c in (own, other):
             path = list(c.path) if c.op is not None else self.rank_path(c.ranks[0])
+            if not path and c.op is None:  # it left with no stacks: its last recorded call
+                path = list(self.last_call_path(c.ranks[0]))
             if path:
                 paths[c.ranks[0]] = path
-        at_stop = next((d.seq == fd.seq for d in self.divergences if d.pg == fd.pg), False)
-        values = self.ev.table("values") if at_stop else None
+        values = self.ev.table("values")
         return find_parting(list(own.ranks), list(other.ranks), paths, values, diverged=True)
+
+    def last_call_path(self, rank: int) -> tuple[Frame, ...]:
+        """The path of ``rank``'s last call the probe recorded (process-group management, such
+        as ``destroy_process_group``, included); none without one."""
+        probe = self.ev.table("collectives")
+        mine = np.flatnonzero(probe["rank"].to_numpy(dtype=np.int64, na_value=-1) == rank)
+        return self.call_paths.of(int(self.call_paths.codes[mine[-1]])) if len(mine) else ()
 
     def loop_left(
         self, culprits: Iterable[int], others: Iterable[int], theirs: pd.Series, own: pd.Series

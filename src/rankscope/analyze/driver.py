@@ -74,16 +74,23 @@ def _diagnosis(ctx: Context, f: Finding) -> Diagnosis:
     # The watchdog's proof that the job could not move again (rankscope.waitfor.prove).
     notes = [f"proven: {s['proven']}" for s in ctx.ev.stalls[-1:] if s.get("proven")]
     parting, notes = None, notes + list(f.notes)
-    others = f.waiting or (
-        sorted(set(f.collective.pg_ranks) - set(f.culprits)) if f.collective else []
-    )
     fd = ctx.first_divergence
+    others = f.waiting or (
+        sorted(set(f.collective.pg_ranks) - set(f.culprits))
+        if f.collective
+        else (fd.others if fd is not None and set(fd.culprits) == set(f.culprits) else [])
+    )
     earlier = fd is not None and set(fd.culprits) == set(f.culprits) and _before_hang(ctx, fd)
-    if earlier or (cause.verdict == "hang" and f.culprits and others):
+    if earlier or (cause.verdict in ("hang", "crash") and f.culprits and others):
         found, why = ctx.parting(f.culprits, fd.others if earlier and fd else others)
         if found is not None:
             parting = found.to_dict()
             notes += _parting_notes(found)
+            if earlier and found.values:
+                notes.append(
+                    f"the values at {found.site} were captured when the job stopped, after "
+                    "the paths parted: they may have changed since"
+                )
         else:
             notes.append(f"the line where the ranks parted is not known: {why}")
     return Diagnosis(

@@ -300,17 +300,18 @@ def _first_apart(
     k: int,
     i: int,
 ) -> tuple[_Decision, bool, bool] | None:
-    """At the first divergence, the outermost statement beyond the shared ones that a side's
-    line is in: an arm it took (``if``, ``except``, ``case``; the culprits' side first), else
-    a loop it is still in (one more iteration than the other side)."""
+    """At the first divergence, the statement beyond the shared ones that sent a side's line
+    another way, the culprits' side first: the outermost arm its line is in (``if``,
+    ``except``, ``case``), else a branch it took in the functions it called from there (a
+    guard that exited), else a loop it is still in (one more iteration than the other
+    side)."""
     for chain, path, is_culprit in (culprit, other):
         for node, arm in chain[k:]:
-            if (
-                (isinstance(node, ast.If) and arm in ("body", "else"))
-                or (isinstance(node, ast.Match) and arm.startswith("case"))
-                or (isinstance(node, _BRANCHES) and arm.startswith("except"))
-            ):
+            if _is_arm(node, arm):
                 return _arm_decision(file, node, arm, path, i), is_culprit, False
+        branch = _innermost_branch(file, chain[k:], path, i)
+        if branch is not None:
+            return branch, is_culprit, False
     for chain, path, is_culprit in (culprit, other):
         for n, (node, _arm) in enumerate(chain[k:]):
             if isinstance(node, _LOOPS):
@@ -441,16 +442,22 @@ def _innermost_branch(file: str, chain: Chain, path: list[Frame], i: int) -> _De
     found: dict[int, tuple[int, ast.AST, str]] = {}
     for depth, frame_chain in _frame_chains(file, chain, path, i, user_only=False):
         for node, arm in frame_chain:
-            if (
-                (isinstance(node, ast.If) and arm in ("body", "else"))
-                or (isinstance(node, ast.Match) and arm.startswith("case"))
-                or (isinstance(node, _BRANCHES) and arm.startswith("except"))
-            ):
+            if _is_arm(node, arm):
                 found[_owner(path[depth][0])] = (depth, node, arm)
     if not found:
         return None
     depth, node, arm = found[min(found)]
     return _arm_decision(path[depth][0], node, arm, path, depth)
+
+
+def _is_arm(node: ast.AST, arm: str) -> bool:
+    """Whether ``arm`` of ``node`` is a branch taken: an ``if``'s body or ``else``, a ``case``,
+    an ``except`` handler."""
+    return (
+        (isinstance(node, ast.If) and arm in ("body", "else"))
+        or (isinstance(node, ast.Match) and arm.startswith("case"))
+        or (isinstance(node, _BRANCHES) and arm.startswith("except"))
+    )
 
 
 def _owner(file: str) -> int:

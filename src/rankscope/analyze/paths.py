@@ -492,7 +492,7 @@ def describe(d: FirstDivergence) -> str:
 
     def doing(c: PathClass) -> str:
         if c.op is None:
-            return "made no call (it had left)"
+            return "made no call there (" + ("it" if len(c.ranks) == 1 else "they") + " had left)"
         return f"called {c.op} from " + " → ".join(x for x in (c.via, c.site) if x)
 
     if own is None:

@@ -19,7 +19,7 @@ from rankscope.analyze.diagnosis import who_of
 from rankscope.analyze.paths import FirstDivergence, PathClass
 from rankscope.analyze.rules.finding import Decided, Finding, rule
 from rankscope.analyze.rules.mismatch import call_of, different_call, ran_out, took_a_branch
-from rankscope.analyze.wording import at
+from rankscope.analyze.wording import at, short
 from rankscope.waitfor import differs
 
 
@@ -139,7 +139,7 @@ def swallowed(ctx: Context) -> Finding | None:
         first = raised.sort_values("t_start_s").iloc[0]
         said.append(
             f"{who_of(errors)} had collectives raise errors that the code caught "
-            f"(first: {first['op']} on rank {int(first['rank'])}: {first['error']})"
+            f"(first: {first['op']} on rank {int(first['rank'])}: {short(first['error'], 120)})"
         )
     return Finding(
         cause=Cause.swallowed_errors,

@@ -99,8 +99,10 @@ def _decide_root_cause(
             calls = ctx.calls
             mine = (calls["pg"] == w.pg) & calls["seq"].notna() & calls["rank"].isin(exited)
             count = calls.loc[mine, "rank"].value_counts().reindex(exited, fill_value=0)
+            ending = ctx.facts[exited[0]].ending if len(exited) == 1 else None
             facts = {
-                "culprit_left": "finished its script" if caught else "exited with code 0",
+                "culprit_left": ending
+                or ("finished its script" if caught else "exited with code 0"),
                 "culprit_done": "/".join(map(str, sorted(set(count.tolist())))),
                 "exit_fix": UNEVEN_FIX,
             }
