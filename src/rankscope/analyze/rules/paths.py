@@ -43,6 +43,19 @@ def _doing(c: PathClass, *, extra: int) -> str:
     return f"called {what} from " + " → ".join(x for x in (c.via, c.site) if x)
 
 
+def _again(ctx: Context, c: PathClass) -> bool:
+    """Whether the class's call is one its rank made before on the group, from the same path."""
+    calls, row = ctx.calls, ctx.calls.loc[c.row]
+    before = calls[
+        (calls["rank"] == row["rank"])
+        & (calls["pg"] == row["pg"])
+        & (calls["order"] < row["order"])
+        & (calls["key"] == row["key"])
+        & (calls["path"] == row["path"])
+    ]
+    return not before.empty
+
+
 def decide(ctx: Context, fd: FirstDivergence) -> Decided | None:
     """The cause at a first divergence whose culprits made a call there: a call the others do
     not make (an extra call, D21), a call they make fewer times in a loop the others are still
@@ -75,11 +88,11 @@ def earlier_divergence(ctx: Context) -> Finding | None:
         return None
     hang = hang_of(ctx, fd)
     own = fd.culprit_class()
-    went_further = fd.extra > 0 and own is not None and own.op is not None
+    went_further = fd.extra > 0 and own is not None and own.op is not None and _again(ctx, own)
     if hang is not None and hang.seq <= fd.seq and not went_further:
         # they part where they stopped: the snapshot's rules read it, unless the culprits
-        # made more calls than the others (the snapshot would take the others for the ones
-        # that ran short)
+        # made one more of a call they had made before (a loop's extra pass: the snapshot
+        # would take the others for the ones that ran short)
         return None
     decided = decide(ctx, fd)
     if decided is None:
@@ -106,6 +119,7 @@ def earlier_divergence(ctx: Context) -> Finding | None:
             "culprit_dtypes": ctx.calls.at[own.row, "dtypes"],
             "other_dtypes": ctx.calls.at[other.row, "dtypes"] if other.row is not None else "",
             "collective": where(fd),
+            "others": who_of(fd.others),
             **decided.facts,
         },
         collective=ctx.collective(hang) if hang is not None else None,
