@@ -60,6 +60,8 @@ DIVERGENCES = ("missing", "op", "shape", "dtype", "p2p_cycle", "none", "tp_skip"
 LIB = "/usr/local/lib/python3.11/site-packages"
 TORCH_DIR = f"{LIB}/torch/distributed"
 TORCH_FILE = f"{TORCH_DIR}/distributed_c10d.py"
+#: The frame between torch.distributed's call and the caller (its logging wrapper).
+_C10D = ((f"{TORCH_DIR}/c10d_logger.py", "wrapper", 83),)
 USER_FILE = "/srv/job/train.py"
 #: What issues each op between train.py and torch.distributed (innermost first): FSDP's
 #: all-gather of parameters, the backward that runs DDP's gradient hooks, FSDP's
@@ -189,7 +191,7 @@ class Entries:
         )
         stack = [
             (TORCH_FILE, op, 2800),
-            (f"{TORCH_DIR}/c10d_logger.py", "wrapper", 83),
+            *_C10D,
             *chain,
             *([(USER_FILE, "retry", RETRY_LINE)] if retry else []),
             (USER_FILE, "train_step", line),
