@@ -6,8 +6,10 @@ As LLNL's STAT does with its call-path prefix trees, the ranks are grouped into 
 path of their calls, and the class that left the path the others share is named:
 
 1. Each call carries its path (the probe's ``paths`` table: the frames from the outermost to
-   the one that called torch.distributed), coded so that equal paths get equal codes on every
-   rank (:class:`CallPaths`; where a call has no recorded path, its call site stands for it).
+   the one that called torch.distributed; for the flight recorder's own entries, the path of
+   their ``frames``, the entries table's ``path``), coded so that equal paths get equal codes
+   on every rank and from either source (:class:`CallPaths`; where a probe call has no
+   recorded path, its call site stands for it).
 2. On each process group, each rank's sequence of (call, path) from its first call; ranks whose
    whole sequences are the same form one class and are compared once.
 3. Two sequences part where one makes a call the other does not make there, or a different
@@ -27,6 +29,7 @@ design): see :func:`p2p_mismatch`.
 from __future__ import annotations
 
 import difflib
+import json
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -47,9 +50,19 @@ _WINDOW = 4096
 class CallPaths:
     """The path of every call of the probe's ``collectives`` table, as codes that are equal for
     equal paths on any rank (``codes``, one per row), and the frames of each code (``frames``,
-    outermost first). A call without a recorded path stands for itself by its call site."""
+    outermost first). A call without a recorded path stands for itself by its call site.
 
-    def __init__(self, collectives: pd.DataFrame, paths: pd.DataFrame | None):
+    ``fr_paths``: the flight recorder's ``path`` column (JSON text per distinct path); the code
+    of each of its categories is ``fr_codes`` (one space with the probe's: the same frames, the
+    same code), for :func:`~rankscope.analyze.calls.calls_from_flight_recorder`. A category
+    that is not a list of [file, func, line] has no code (-1)."""
+
+    def __init__(
+        self,
+        collectives: pd.DataFrame,
+        paths: pd.DataFrame | None,
+        fr_paths: pd.Series | None = None,
+    ):
         self.frames: list[tuple[Frame, ...]] = []
         index: dict[tuple[Frame, ...], int] = {}
 
@@ -69,6 +82,11 @@ class CallPaths:
                     for f, fn, ln in zip(g["file"], g["func"], g["line"], strict=True)
                 )
                 by_id[(int(rank), int(pid))] = code(frames)
+        categories = [] if fr_paths is None else list(fr_paths.astype("category").cat.categories)
+        self.fr_codes = np.array(
+            [code(f) if (f := _frames_of_text(t)) else -1 for t in categories],
+            dtype=np.int64,
+        )
         n = len(collectives)
         self.codes = np.full(n, -1, dtype=np.int64)
         if not n:
@@ -96,6 +114,24 @@ class CallPaths:
     def of(self, code: int) -> tuple[Frame, ...]:
         """The frames of a path code, outermost first; none for -1."""
         return self.frames[code] if 0 <= code < len(self.frames) else ()
+
+
+def _frames_of_text(text: Any) -> tuple[Frame, ...] | None:
+    """The frames of a recorder entry's ``path`` (JSON ``[[file, func, line], ...]``)."""
+    try:
+        frames = json.loads(text)
+    except (TypeError, ValueError):
+        return None
+    if not isinstance(frames, list) or not all(
+        isinstance(f, list)
+        and len(f) == 3
+        and isinstance(f[0], str)
+        and isinstance(f[1], str)
+        and type(f[2]) is int
+        for f in frames
+    ):
+        return None
+    return tuple((f[0], f[1], f[2]) for f in frames) or None
 
 
 @dataclass(frozen=True, kw_only=True)
