@@ -18,7 +18,13 @@
  *   bools   one bytes of n int8 per bool field (1 True, 0 False, -1 anything else);
  *   coded   per coded field (distinct, at): the field's distinct values as Python objects, in
  *           order of first appearance (a value the pickle stores once is one object however
- *           many entries refer to it), and n int32 indices into them.
+ *           many entries refer to it), and n int32 indices into them. *
+ * With machinery (a tuple of texts) it also returns (paths, at, bad): each entry's call path from
+ * its ``frames`` (innermost first, dicts of name, filename and line): the frames outermost first,
+ * those whose file contains one of the texts left out, the innermost `depth` kept; `paths` the
+ * distinct ones as tuples of (filename, name, line), `at` n int32 indices into them (-1: no
+ * frames, or only the machinery's), `bad` how many entries' frames are malformed (no path).
+ * _fr_parse.entry_paths is the same in Python.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
