@@ -147,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--entries", type=int, default=2000)
     parser.add_argument("--culprit", type=int, default=None, help="default: ranks // 2 + 5")
     parser.add_argument(
-        "--divergence", default="missing", choices=["missing", "op", "shape", "dtype"]
+        "--divergence", default="missing", choices=["missing", "op", "shape", "dtype", "extra"]
     )
     parser.add_argument("--no-torch", action="store_true", help="skip torch's analyzer")
     parser.add_argument("--link", action="store_true", help="hard-link identical dumps")

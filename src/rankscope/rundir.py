@@ -122,6 +122,35 @@ RECENT_CALLS = 8
 #: issued ``FACTS_KEPT`` new facts more: a reader keeps that many (:func:`keep_facts`).
 FACTS_KEPT = 50_000
 
+#: Frames that belong to no decision of the user's: the interpreter's start-up, rankscope's own
+#: code and the body of torch.distributed's calls (the decision is above them). A call's path
+#: leaves them out (the probe's ``path`` lines, the analyzer's paths of captured stacks); the
+#: libraries the user's code calls (Lightning, transformers, torch.distributed.fsdp) stay.
+MACHINERY = (
+    "<frozen ",
+    "/runpy.py",
+    "/rankscope/probe/",
+    "/rankscope/launch/",
+    "/torch/distributed/distributed_c10d.py",
+    "/torch/distributed/c10d_logger.py",
+    "/torch/utils/_contextlib.py",
+)
+
+#: A call's path keeps its innermost ``PATH_DEPTH`` frames (after MACHINERY is left out); a
+#: ``path`` line's ``cut`` says how many outer ones a deeper path lost.
+PATH_DEPTH = 64
+
+
+def is_machinery(file: str) -> bool:
+    """Whether a frame of ``file`` is one of :data:`MACHINERY`'s."""
+    return any(m in file for m in MACHINERY)
+
+
+def without_machinery(path: list[Any]) -> list[Any]:
+    """A path (frames ``(file, func, line)``) without :data:`MACHINERY`'s frames."""
+    return [f for f in path if not is_machinery(f[0])]
+
+
 #: The ring file (``calls-<pid>.ring``): a header, then ``nslots`` slots; the call with id
 #: ``cid`` is in slot ``cid % nslots``. The probe maps the file shared and writes a call's slot
 #: as the call is entered and again as it returns, so the kernel keeps both in the file however

@@ -178,6 +178,9 @@ FLIGHT_RECORDER: Columns = {
     "timeout_ms": "Int64",
     "thread_id": "category",
     "thread_name": "category",
+    # the entry's call path from its frames: JSON [[file, func, line], ...] outermost first,
+    # rankscope.rundir.MACHINERY left out; null without frames (JSON dumps) or malformed ones
+    "path": "category",
 }
 
 #: Stack frames of flight-recorder entries (depth 0 = innermost).

@@ -258,8 +258,12 @@ def _thread_text(thread_id: pd.Series) -> pd.Categorical:
     ).remove_categories([f"?{i}" for i, n in enumerate(names) if n is None])
 
 
-def calls_from_flight_recorder(flight_recorder: pd.DataFrame) -> pd.DataFrame:
-    """The calls table from torch's flight-recorder entries (schema ``FLIGHT_RECORDER``).
+def calls_from_flight_recorder(
+    flight_recorder: pd.DataFrame, path_codes: np.ndarray | None = None
+) -> pd.DataFrame:
+    """The calls table from torch's flight-recorder entries (schema ``FLIGHT_RECORDER``), with
+    ``path_codes`` the path code of each category of its ``path`` column
+    (:attr:`rankscope.analyze.paths.CallPaths.fr_codes`; none: every path -1, unknown).
 
     ``seq`` is torch's ``collective_seq_id``; point-to-point entries (``is_p2p``) get their peer
     from the profiling name (``nccl:send 0->1`` names group ranks, mapped to global ranks through
@@ -267,7 +271,8 @@ def calls_from_flight_recorder(flight_recorder: pd.DataFrame) -> pd.DataFrame:
     that need one. The entries are those of each rank's latest dumps
     (:func:`rankscope.collect.latest_dumps` chooses them as a run is read).
     """
-    df = flight_recorder[_FR_COLUMNS]
+    has_path = path_codes is not None and "path" in flight_recorder
+    df = flight_recorder[[*_FR_COLUMNS, "path"] if has_path else _FR_COLUMNS]
     # An unnamed group is torch's own helper (TORCH_DISTRIBUTED_DEBUG=DETAIL wraps every group
     # and checks each collective on it): not a group of the job's, and not aligned.
     names = df["pg_name"].astype("category")
@@ -322,7 +327,11 @@ def calls_from_flight_recorder(flight_recorder: pd.DataFrame) -> pd.DataFrame:
             "t_start_s": _seconds(df["time_created_ns"]),
             "t_end_s": _seconds(df["time_discovered_completed_ns"]),
             "thread": None if thread.isna().all() else _thread_text(thread),
-            "path": np.full(len(df), -1, dtype=np.int64),
+            "path": (
+                np.append(path_codes, -1)[df["path"].array.codes]
+                if has_path
+                else np.full(len(df), -1, dtype=np.int64)
+            ),
             "order": order,
             "row": df.index.to_numpy(dtype=np.int64),
             "source": "flight_recorder",

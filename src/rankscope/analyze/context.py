@@ -95,9 +95,11 @@ class Context(Phrasing):
 
     @cached_property
     def call_paths(self) -> CallPaths:
-        """The path of each of the probe's calls, coded alike across ranks."""
+        """The path of each of the probe's calls and of the recorder's entries, coded alike
+        across ranks and sources."""
         paths = self.ev.table("paths") if "paths" in schema.TABLES else None
-        return CallPaths(self.ev.table("collectives"), paths)
+        fr = self.fr.get("path")
+        return CallPaths(self.ev.table("collectives"), paths, fr)
 
     @cached_property
     def probe_calls(self) -> pd.DataFrame:
@@ -112,7 +114,7 @@ class Context(Phrasing):
         timeout) outside its Python calls raised it from a collective torch issued (a
         backward's bucket all_reduce, a Work waited on): its last such entry did not complete,
         and it waited there."""
-        fr = calls_from_flight_recorder(self.fr)
+        fr = calls_from_flight_recorder(self.fr, self.call_paths.fr_codes)
         nccl = self.fr["backend"].eq("nccl").to_numpy(dtype=bool)[fr["row"].to_numpy()]
         calls = merge_calls(self.probe_calls, fr, backend_completes=nccl)
         victims = [

@@ -26,6 +26,7 @@ import numpy as np
 
 from rankscope._values import as_int, as_str
 from rankscope.collect import safe_pickle
+from rankscope.rundir import MACHINERY, PATH_DEPTH, is_machinery
 
 try:
     from rankscope.collect import _fr_scan
@@ -49,8 +50,9 @@ BOOL_FIELDS = ("retired", "is_p2p")
 TEXT_FIELDS = ("profiling_name", "state", "thread_id", "thread_name")
 #: Nested lists kept as JSON text.
 JSON_FIELDS = ("input_sizes", "input_dtypes", "output_sizes", "output_dtypes")
-#: The categories a worker builds: the text fields, JSON fields and the group's name/desc/ranks.
-CODED = (*TEXT_FIELDS, *JSON_FIELDS, "pg_name", "pg_desc", "pg_ranks", "version")
+#: The categories a worker builds: the text fields, JSON fields, the group's name/desc/ranks,
+#: the format version and the entry's call path (:func:`path_text`).
+CODED = (*TEXT_FIELDS, *JSON_FIELDS, "pg_name", "pg_desc", "pg_ranks", "version", "path")
 PG_STATUS_FIELDS = ("last_enqueued_collective", "last_started_collective")
 PG_STATUS_FIELDS += ("last_completed_collective",)
 _RANKS_TEXT = re.compile(r"\s*\[\s*(?:-?\d+\s*(?:,\s*-?\d+\s*)*)?,?\s*\]\s*")
@@ -126,7 +128,7 @@ class _Chunk:
             arrays[f"bool:{k}"] = _cat(v, np.int8)
         categories = {}
         for key, table in self.categories.items():
-            fix = _json_category if key in JSON_FIELDS else as_str
+            fix = _json_category if key in JSON_FIELDS else path_text if key == "path" else as_str
             lookup, uniques = normalise(list(table)[1:], fix)  # [0] is None
             small = np.int8 if len(uniques) < 128 else np.int16 if len(uniques) < 2**15 else None
             lookup = lookup.astype(small or np.int32)  # codes in the least room
@@ -222,6 +224,9 @@ class _Columns:
     duration: np.ndarray
     bools: dict[str, np.ndarray]
     coded: dict[str, tuple[list[Any], np.ndarray]]
+    paths: tuple[list[CallPath], np.ndarray, int]
+    """The distinct call paths of the entries' frames (:func:`entry_paths`), each entry's index
+    among them (-1: none) and how many entries' frames are malformed."""
 
 
 def parse_entries(items: Sequence[tuple[int, str]]) -> dict[str, Any]:
@@ -262,10 +267,12 @@ def _scan(data: bytes) -> tuple[dict[str, Any], _Columns] | None:
     the dump is JSON, or the scanner leaves the pickle to the restricted unpickler."""
     if _fr_scan is None or _is_json(data):
         return None
-    out = _fr_scan.scan(data, INT_FIELDS, "duration_ms", BOOL_FIELDS, COLUMN_CODED, HEAD_KEYS)
+    out = _fr_scan.scan(
+        data, INT_FIELDS, "duration_ms", BOOL_FIELDS, COLUMN_CODED, HEAD_KEYS, MACHINERY, PATH_DEPTH
+    )
     if out is None:
         return None
-    head, n, ints, masks, floats, bools, coded = out
+    head, n, ints, masks, floats, bools, coded, (paths, path_at, bad) = out
     cols = _Columns(
         n=n,
         ints={
@@ -278,6 +285,7 @@ def _scan(data: bytes) -> tuple[dict[str, Any], _Columns] | None:
             k: (objs, np.frombuffer(at, np.int32))
             for k, (objs, at) in zip(COLUMN_CODED, coded, strict=True)
         },
+        paths=(paths, np.frombuffer(path_at, np.int32), bad),
     )
     return head, cols
 
@@ -291,6 +299,7 @@ def _columns(entries: list[dict[str, Any]]) -> _Columns:
         duration=_float_column(list(map(_DURATION, entries))),
         bools={k: _bool_column(cols[k]) for k in BOOL_FIELDS},
         coded={k: _distinct(cols[k]) for k in COLUMN_CODED},
+        paths=entry_paths([e.get("frames") for e in entries]),
     )
 
 
@@ -336,6 +345,16 @@ def _add_dump(chunk: _Chunk, index: int, dump: dict[str, Any], cols: _Columns | 
     codes["pg_desc"] = chunk.code("pg_desc", [desc for _, desc in distinct])[name_at]
     codes["pg_ranks"] = chunk.code("pg_ranks", _group_ranks(dump.get("pg_config"), names))[name_at]
     codes["version"] = np.repeat(chunk.code("version", [as_str(dump.get("version"))]), n)
+    paths, path_at, bad = cols.paths
+    codes["path"] = np.append(chunk.code("path", paths), np.int32(-1))[path_at]
+    if bad:
+        chunk.problems.append(
+            (
+                index,
+                f"{bad} entries have malformed frames (not a list of dicts of name, filename "
+                "and line): they have no call path",
+            )
+        )
     chunk.file_index.append(np.full(n, index, dtype=np.int32))
     for k, v in ints.items():
         chunk.ints.setdefault(k, []).append(v)
@@ -344,6 +363,59 @@ def _add_dump(chunk: _Chunk, index: int, dump: dict[str, Any], cols: _Columns | 
         chunk.bools.setdefault(k, []).append(b)
     for k, c in codes.items():
         chunk.codes.setdefault(k, []).append(c)
+
+
+#: A frame of a call path: (file, function, line); a path: its frames, outermost first.
+Frame = tuple[str, str, int]
+CallPath = tuple[Frame, ...]
+
+
+def entry_paths(frames: Sequence[Any]) -> tuple[list[CallPath], np.ndarray, int]:
+    """The call path of each entry's ``frames`` (innermost first, as torch records them): the
+    frames outermost first, :data:`~rankscope.rundir.MACHINERY`'s left out, the innermost
+    :data:`~rankscope.rundir.PATH_DEPTH` kept, as the probe's paths are. Returns the distinct
+    paths, each entry's index among them (-1: no frames, or only the machinery's) and how many
+    entries' frames are malformed (not a list of dicts with a str ``name`` and ``filename`` and
+    an int ``line``: no path). The compiled scanner gives the same for the pickles it reads."""
+    table: dict[CallPath, int] = {}
+    seen: dict[int, int] = {}  # id(frames list) -> index: a list shared by entries, once
+    at = np.full(len(frames), -1, dtype=np.int32)
+    bad = 0
+    for e, value in enumerate(frames):
+        if value is None:
+            continue
+        known = seen.get(id(value))
+        if known is None:
+            path = _path(value)
+            known = -2 if path is None else table.setdefault(path, len(table)) if path else -1
+            seen[id(value)] = known
+        if known == -2:
+            bad += 1
+        else:
+            at[e] = known
+    return list(table), at, bad
+
+
+def _path(frames: Any) -> CallPath | None:
+    """One entry's path (empty: only machinery), or None where its frames are malformed."""
+    if type(frames) is not list:
+        return None
+    kept: list[Frame] = []
+    for f in frames:
+        if type(f) is not dict:
+            return None
+        file, name, line = f.get("filename"), f.get("name"), f.get("line")
+        if type(file) is not str or type(name) is not str or type(line) is not int:
+            return None
+        if len(kept) < PATH_DEPTH and not is_machinery(file):
+            kept.append((file, name, line))
+    return tuple(reversed(kept))
+
+
+def path_text(path: CallPath) -> str:
+    """A path as the ``path`` category of the entries table: JSON, ``[[file, func, line],
+    ...]`` outermost first."""
+    return json.dumps([list(f) for f in path])
 
 
 def _pair(group: Any) -> tuple[Any, Any]:

@@ -18,7 +18,13 @@
  *   bools   one bytes of n int8 per bool field (1 True, 0 False, -1 anything else);
  *   coded   per coded field (distinct, at): the field's distinct values as Python objects, in
  *           order of first appearance (a value the pickle stores once is one object however
- *           many entries refer to it), and n int32 indices into them.
+ *           many entries refer to it), and n int32 indices into them. *
+ * With machinery (a tuple of texts) it also returns (paths, at, bad): each entry's call path from
+ * its ``frames`` (innermost first, dicts of name, filename and line): the frames outermost first,
+ * those whose file contains one of the texts left out, the innermost `depth` kept; `paths` the
+ * distinct ones as tuples of (filename, name, line), `at` n int32 indices into them (-1: no
+ * frames, or only the machinery's), `bad` how many entries' frames are malformed (no path).
+ * _fr_parse.entry_paths is the same in Python.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -682,6 +688,338 @@ found:
     return d->last;
 }
 
+/* --- call paths of the entries' frames ----------------------------------------------------- */
+/* An entry's ``frames`` (innermost first: dicts of name, filename and line) as a path: the frames
+ * outermost first, those of the machinery (files that contain one of the given texts) left out,
+ * the innermost `depth` kept. Each distinct frame (by content) gets an id, each distinct path (a
+ * sequence of ids) an index; a frame dict or a frames list is looked at once, however many
+ * entries refer to it. An entry whose frames are not a list of such dicts has no path (-1) and
+ * is counted as malformed; one without frames (none, or no key) has no path. */
+typedef struct {
+    Val file, name;
+    int64_t line;
+    uint64_t key;
+} PFrame;
+
+/* A frame as written: where its file and name texts are in the input, and its line. torch's
+ * pickler stores each text once and refers to it after, so the frames of a dump that are the
+ * same are the same as written, and are recognised without reading a text again. */
+typedef struct {
+    uint32_t foff, flen, noff, nlen;
+    int64_t line;
+    int32_t id; /* its id, -1 machinery; -4: an empty slot */
+} Written;
+
+typedef struct {
+    const char **mach;
+    Py_ssize_t *machlen, nmach, depth;
+    int32_t *seen; /* per box: 0 not looked at; a frame dict: id + 3, 1 machinery, 2 malformed;
+                      a frames list: path index + 3, 1 no path, 2 malformed */
+    PFrame *frames;
+    Py_ssize_t nframes, capframes;
+    Slot *fslots;
+    Py_ssize_t fcap;
+    int32_t *pool; /* the paths' frame ids, one after another */
+    Py_ssize_t npool, cappool;
+    Py_ssize_t *start; /* per path: its first id in pool, and its length */
+    int32_t *len;
+    Py_ssize_t npaths, cappaths, capstart;
+    Slot *pslots;
+    Py_ssize_t pcap;
+    int32_t *tmp;
+    Py_ssize_t captmp;
+    Py_ssize_t bad;
+    Written *written;
+    Py_ssize_t wcap, nwritten;
+    uint32_t keyoff[3]; /* where the keys "filename", "name", "line" were last found, + 1 */
+} Paths;
+
+static uint64_t span_hash(const Scan *S, Val v, uint64_t h) {
+    for (uint32_t i = 0; i < v.u.s.len; i++)
+        h = (h ^ S->data[v.u.s.off + i]) * 0x100000001b3ULL;
+    return h;
+}
+
+static int span_eq(const Scan *S, Val a, Val b) {
+    return a.u.s.len == b.u.s.len &&
+           memcmp(S->data + a.u.s.off, S->data + b.u.s.off, a.u.s.len) == 0;
+}
+
+/* Open addressing on a power-of-two table of slots, grown at half full. */
+static int slots_grow(Slot **slots, Py_ssize_t *cap, Py_ssize_t count) {
+    if (count * 2 < *cap)
+        return 0;
+    Py_ssize_t n = *cap ? *cap * 2 : 64;
+    Slot *t = malloc((size_t)n * sizeof(Slot));
+    if (!t)
+        return -1;
+    for (Py_ssize_t i = 0; i < n; i++)
+        t[i].index = -1;
+    for (Py_ssize_t i = 0; i < *cap; i++)
+        if ((*slots)[i].index >= 0) {
+            Py_ssize_t j = (Py_ssize_t)((*slots)[i].key & (uint64_t)(n - 1));
+            while (t[j].index >= 0)
+                j = (j + 1) & (n - 1);
+            t[j] = (*slots)[i];
+        }
+    free(*slots);
+    *slots = t;
+    *cap = n;
+    return 0;
+}
+
+/* A frame dict's filename, name and line values (NULL where missing; a key set twice: the last),
+ * in one pass over its items. A key written once is matched by where its text is (`keyoff`),
+ * else by its text. */
+static void frame_fields(Paths *P, const Scan *S, int32_t c, const Val *out[3]) {
+    static const char *names[3] = {"filename", "name", "line"};
+    static const uint32_t lens[3] = {8, 4, 4};
+    const Box *b = &S->boxes[c];
+    out[0] = out[1] = out[2] = NULL;
+    for (Py_ssize_t i = b->len - 2; i >= 0; i -= 2) {
+        Val k = b->items[i];
+        if (k.type != T_STR)
+            continue;
+        for (int f = 0; f < 3; f++) {
+            if (out[f] || k.u.s.len != lens[f])
+                continue;
+            if (k.u.s.off + 1 == P->keyoff[f] ||
+                memcmp(S->data + k.u.s.off, names[f], lens[f]) == 0) {
+                P->keyoff[f] = k.u.s.off + 1;
+                out[f] = &b->items[i + 1];
+                break;
+            }
+        }
+    }
+}
+
+static uint64_t mix(uint64_t x) { /* splitmix64's finaliser */
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
+    return x ^ (x >> 31);
+}
+
+static uint64_t written_key(Val file, Val name, int64_t line) {
+    return mix(((uint64_t)file.u.s.off << 32 | file.u.s.len) ^
+               mix(((uint64_t)name.u.s.off << 32 | name.u.s.len) ^ mix((uint64_t)line)));
+}
+
+/* The slot of a frame as written: its own, or the empty one where it goes. */
+static Written *written_slot(Paths *P, Val file, Val name, int64_t line) {
+    Py_ssize_t j = (Py_ssize_t)(written_key(file, name, line) & (uint64_t)(P->wcap - 1));
+    for (;; j = (j + 1) & (P->wcap - 1)) {
+        Written *w = &P->written[j];
+        if (w->id == -4 || (w->foff == file.u.s.off && w->flen == file.u.s.len &&
+                            w->noff == name.u.s.off && w->nlen == name.u.s.len && w->line == line))
+            return w;
+    }
+}
+
+static int written_grow(Paths *P) {
+    if (P->nwritten * 2 < P->wcap)
+        return 0;
+    Py_ssize_t old = P->wcap;
+    Written *was = P->written;
+    P->wcap = old ? old * 2 : 256;
+    if (!(P->written = malloc((size_t)P->wcap * sizeof(Written)))) {
+        P->written = was;
+        P->wcap = old;
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < P->wcap; i++)
+        P->written[i].id = -4;
+    for (Py_ssize_t i = 0; i < old; i++)
+        if (was[i].id != -4) {
+            Val f = {.type = T_STR, .u.s = {was[i].foff, was[i].flen}};
+            Val n = {.type = T_STR, .u.s = {was[i].noff, was[i].nlen}};
+            *written_slot(P, f, n, was[i].line) = was[i];
+        }
+    free(was);
+    return 0;
+}
+
+/* A frame dict's id; -1 machinery, -2 malformed, -3 out of memory. */
+static int32_t frame_id(Paths *P, const Scan *S, Val v) {
+    if (v.type != T_DICT)
+        return -2;
+    int32_t known = P->seen[v.u.c];
+    if (known)
+        return known - 3;
+    const Val *got[3];
+    frame_fields(P, S, v.u.c, got);
+    const Val *file = got[0], *name = got[1], *line = got[2];
+    int32_t id;
+    Written *w = NULL;
+    if (!file || !name || !line || file->type != T_STR || name->type != T_STR ||
+        line->type != T_INT) {
+        id = -2;
+        goto done;
+    }
+    if (written_grow(P))
+        return -3;
+    w = written_slot(P, *file, *name, line->u.i);
+    if (w->id != -4) { /* this frame as written before: no text is read */
+        id = w->id;
+        goto done;
+    }
+    for (Py_ssize_t m = 0; m < P->nmach; m++) {
+        Py_ssize_t n = P->machlen[m];
+        const unsigned char *f = S->data + file->u.s.off;
+        for (Py_ssize_t i = 0; i + n <= (Py_ssize_t)file->u.s.len; i++)
+            if (f[i] == (unsigned char)P->mach[m][0] && memcmp(f + i, P->mach[m], n) == 0) {
+                id = -1;
+                goto done;
+            }
+    }
+    uint64_t key = span_hash(S, *name, span_hash(S, *file, 0xcbf29ce484222325ULL));
+    key = (key ^ (uint64_t)line->u.i) * 0x9E3779B97F4A7C15ULL;
+    if (slots_grow(&P->fslots, &P->fcap, P->nframes))
+        return -3;
+    Py_ssize_t j = (Py_ssize_t)(key & (uint64_t)(P->fcap - 1));
+    for (; P->fslots[j].index >= 0; j = (j + 1) & (P->fcap - 1)) {
+        const PFrame *o = &P->frames[P->fslots[j].index];
+        if (o->key == key && o->line == line->u.i && span_eq(S, o->file, *file) &&
+            span_eq(S, o->name, *name)) {
+            id = P->fslots[j].index;
+            goto done;
+        }
+    }
+    if (grow((void **)&P->frames, &P->capframes, P->nframes + 1, sizeof(PFrame)))
+        return -3;
+    P->frames[P->nframes] = (PFrame){.file = *file, .name = *name, .line = line->u.i, .key = key};
+    P->fslots[j].key = key;
+    id = P->fslots[j].index = (int32_t)P->nframes++;
+done:
+    if (w && w->id == -4) {
+        *w = (Written){.foff = file->u.s.off, .flen = file->u.s.len, .noff = name->u.s.off,
+                       .nlen = name->u.s.len, .line = line->u.i, .id = id};
+        P->nwritten++;
+    }
+    P->seen[v.u.c] = id + 3;
+    return id;
+}
+
+/* The path index of a frames list (box c); -1 no path, -2 malformed, -3 out of memory. */
+static int32_t path_index(Paths *P, const Scan *S, int32_t c) {
+    int32_t known = P->seen[c];
+    if (known)
+        return known - 3;
+    const Box *b = &S->boxes[c];
+    if (grow((void **)&P->tmp, &P->captmp, P->depth + 1, sizeof(int32_t)))
+        return -3;
+    Py_ssize_t n = 0;
+    int32_t out;
+    /* innermost first in the list: the first `depth` kept ones are the innermost */
+    for (Py_ssize_t i = 0; i < b->len; i++) {
+        int32_t id = frame_id(P, S, b->items[i]);
+        if (id == -3)
+            return -3;
+        if (id == -2) {
+            out = -2;
+            goto done;
+        }
+        if (id >= 0 && n < P->depth)
+            P->tmp[n++] = id;
+    }
+    if (!n) {
+        out = -1; /* only machinery: no path of the user's */
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n / 2; i++) { /* outermost first */
+        int32_t t = P->tmp[i];
+        P->tmp[i] = P->tmp[n - 1 - i];
+        P->tmp[n - 1 - i] = t;
+    }
+    uint64_t key = (uint64_t)n;
+    for (Py_ssize_t i = 0; i < n; i++)
+        key = (key ^ (uint64_t)(uint32_t)P->tmp[i]) * 0x100000001b3ULL;
+    if (slots_grow(&P->pslots, &P->pcap, P->npaths))
+        return -3;
+    Py_ssize_t j = (Py_ssize_t)(key & (uint64_t)(P->pcap - 1));
+    for (; P->pslots[j].index >= 0; j = (j + 1) & (P->pcap - 1)) {
+        int32_t k = P->pslots[j].index;
+        if (P->pslots[j].key == key && P->len[k] == n &&
+            memcmp(P->pool + P->start[k], P->tmp, (size_t)n * sizeof(int32_t)) == 0) {
+            out = k;
+            goto done;
+        }
+    }
+    if (grow((void **)&P->pool, &P->cappool, P->npool + n, sizeof(int32_t)) ||
+        grow((void **)&P->start, &P->capstart, P->npaths + 1, sizeof(Py_ssize_t)) ||
+        grow((void **)&P->len, &P->cappaths, P->npaths + 1, sizeof(int32_t)))
+        return -3;
+    memcpy(P->pool + P->npool, P->tmp, (size_t)n * sizeof(int32_t));
+    P->start[P->npaths] = P->npool;
+    P->len[P->npaths] = (int32_t)n;
+    P->npool += n;
+    P->pslots[j].key = key;
+    out = P->pslots[j].index = (int32_t)P->npaths++;
+done:
+    P->seen[c] = out + 3;
+    return out;
+}
+
+/* An entry's path index from its frames value (NULL: no key). */
+static int32_t entry_path(Paths *P, const Scan *S, const Val *v) {
+    if (!v || v->type == T_NONE)
+        return -1;
+    int32_t at = v->type == T_LIST ? path_index(P, S, v->u.c) : -2;
+    if (at == -2) {
+        P->bad++;
+        return -1;
+    }
+    return at;
+}
+
+/* The distinct paths as tuples of (filename, name, line) tuples, outermost first. */
+static PyObject *paths_to_py(Paths *P, const Scan *S) {
+    PyObject *frames = PyList_New(P->nframes), *out = NULL;
+    if (!frames)
+        return NULL;
+    for (Py_ssize_t i = 0; i < P->nframes; i++) {
+        const PFrame *f = &P->frames[i];
+        PyObject *file = to_py((Scan *)S, f->file, 0);
+        PyObject *name = file ? to_py((Scan *)S, f->name, 0) : NULL;
+        PyObject *t = name ? Py_BuildValue("(OOL)", file, name, (long long)f->line) : NULL;
+        Py_XDECREF(file);
+        Py_XDECREF(name);
+        if (!t)
+            goto fail;
+        PyList_SET_ITEM(frames, i, t);
+    }
+    out = PyList_New(P->npaths);
+    for (Py_ssize_t k = 0; out && k < P->npaths; k++) {
+        PyObject *t = PyTuple_New(P->len[k]);
+        if (!t) {
+            Py_CLEAR(out);
+            break;
+        }
+        for (int32_t i = 0; i < P->len[k]; i++) {
+            PyObject *f = PyList_GET_ITEM(frames, P->pool[P->start[k] + i]);
+            Py_INCREF(f);
+            PyTuple_SET_ITEM(t, i, f);
+        }
+        PyList_SET_ITEM(out, k, t);
+    }
+fail:
+    Py_DECREF(frames);
+    return out;
+}
+
+static void paths_free(Paths *P) {
+    free(P->mach);
+    free(P->machlen);
+    free(P->seen);
+    free(P->frames);
+    free(P->fslots);
+    free(P->pool);
+    free(P->start);
+    free(P->len);
+    free(P->pslots);
+    free(P->tmp);
+    free(P->written);
+}
+
 /* --- the walk over the entries ------------------------------------------------------------- */
 static int str_is(Scan *S, Val v, PyObject *name) {
     Py_ssize_t len;
@@ -735,11 +1073,17 @@ static void end_scan(Scan *S) {
 
 static PyObject *scan(PyObject *self, PyObject *args) {
     Py_buffer buf;
-    PyObject *int_f, *float_f, *bool_f, *coded_f, *head_f;
-    if (!PyArg_ParseTuple(args, "y*O!UO!O!O!", &buf, &PyTuple_Type, &int_f, &float_f,
+    PyObject *int_f, *float_f, *bool_f, *coded_f, *head_f, *mach_f = Py_None;
+    Py_ssize_t depth = 64;
+    if (!PyArg_ParseTuple(args, "y*O!UO!O!O!|On", &buf, &PyTuple_Type, &int_f, &float_f,
                           &PyTuple_Type, &bool_f, &PyTuple_Type, &coded_f, &PyTuple_Type,
-                          &head_f))
+                          &head_f, &mach_f, &depth))
         return NULL;
+    if (mach_f != Py_None && (!PyTuple_Check(mach_f) || depth < 1)) {
+        PyBuffer_Release(&buf);
+        PyErr_SetString(PyExc_TypeError, "machinery: a tuple of str or None; depth >= 1");
+        return NULL;
+    }
     Scan S;
     start_scan(&S);
     S.data = buf.buf;
@@ -747,7 +1091,11 @@ static PyObject *scan(PyObject *self, PyObject *args) {
     Py_ssize_t ni = PyTuple_GET_SIZE(int_f), nb = PyTuple_GET_SIZE(bool_f);
     Py_ssize_t nc = PyTuple_GET_SIZE(coded_f), nf = ni + 1 + nb + nc;
     PyObject *result = NULL, *head = NULL, *ints = NULL, *masks = NULL, *bools = NULL;
-    PyObject *coded = NULL, *floats = NULL;
+    PyObject *coded = NULL, *floats = NULL, *paths = NULL, *path_at = NULL;
+    Paths P = {0};
+    int32_t *pcol = NULL;
+    const int want_paths = mach_f != Py_None;
+    const Py_ssize_t frames_f = want_paths ? ni + 1 + nb + nc : -1; /* its field, past the rest */
     struct {
         uint32_t off;
         signed char f;
@@ -762,6 +1110,20 @@ static PyObject *scan(PyObject *self, PyObject *args) {
     int ok = 0;
     if (nf > 120)
         FAIL;
+    if (want_paths) {
+        P.depth = depth;
+        P.nmach = PyTuple_GET_SIZE(mach_f);
+        P.mach = calloc((size_t)P.nmach + 1, sizeof *P.mach);
+        P.machlen = calloc((size_t)P.nmach + 1, sizeof *P.machlen);
+        if (!P.mach || !P.machlen)
+            FAIL;
+        for (Py_ssize_t m = 0; m < P.nmach; m++) {
+            PyObject *t = PyTuple_GET_ITEM(mach_f, m);
+            if (!PyUnicode_Check(t) || !(P.mach[m] = PyUnicode_AsUTF8AndSize(t, &P.machlen[m])) ||
+                !P.machlen[m])
+                FAIL;
+        }
+    }
     if (run(&S)) /* with the GIL held: the spare buffers are this call's alone */
         FAIL;
     /* After STOP only whitespace, as the restricted loader asks. */
@@ -812,7 +1174,10 @@ static PyObject *scan(PyObject *self, PyObject *args) {
     bcol = calloc((size_t)nb + 1, sizeof *bcol);
     ccol = calloc((size_t)nc + 1, sizeof *ccol);
     dist = calloc((size_t)nc + 1, sizeof *dist);
-    fields = calloc((size_t)nf, sizeof *fields);
+    fields = calloc((size_t)nf + 1, sizeof *fields);
+    if (want_paths && (!(P.seen = calloc((size_t)S.nboxes + 1, sizeof *P.seen)) ||
+                       !(pcol = malloc((size_t)(n ? n : 1) * sizeof *pcol))))
+        FAIL;
     if (!ints || !masks || !bools || !coded || !floats || !icol || !mcol || !bcol || !ccol ||
         !dist || !fields)
         FAIL;
@@ -848,7 +1213,7 @@ static PyObject *scan(PyObject *self, PyObject *args) {
         Val ent = eb->items[e];
         if (ent.type != T_DICT)
             FAIL;
-        memset(fields, 0, (size_t)nf * sizeof *fields);
+        memset(fields, 0, (size_t)(nf + 1) * sizeof *fields);
         Box *d = &S.boxes[ent.u.c];
         for (Py_ssize_t i = 0; i < d->len; i += 2) {
             Val key = d->items[i];
@@ -877,6 +1242,9 @@ static PyObject *scan(PyObject *self, PyObject *args) {
                 }
                 if (PyErr_Occurred())
                     FAIL;
+                if (f < 0 && want_paths && key.u.s.len == 6 &&
+                    memcmp(S.data + key.u.s.off, "frames", 6) == 0)
+                    f = (signed char)(frames_f + 1);
                 keymap[slot].off = key.u.s.off;
                 keymap[slot].f = f;
             }
@@ -915,6 +1283,8 @@ static PyObject *scan(PyObject *self, PyObject *args) {
                 FAIL;
             ccol[k][e] = at;
         }
+        if (want_paths && (pcol[e] = entry_path(&P, &S, fields[frames_f])) == -3)
+            FAIL;
     }
     for (Py_ssize_t k = 0; k < nc; k++) {
         PyObject *objs = PyList_New(dist[k].nvals);
@@ -936,7 +1306,15 @@ static PyObject *scan(PyObject *self, PyObject *args) {
         }
         Py_DECREF(objs);
     }
-    result = Py_BuildValue("(OnOOOOO)", head, n, ints, masks, floats, bools, coded);
+    if (want_paths) {
+        paths = paths_to_py(&P, &S);
+        path_at = PyBytes_FromStringAndSize((const char *)pcol, n * 4);
+        if (!paths || !path_at)
+            FAIL;
+        result = Py_BuildValue("(OnOOOOO(OOn))", head, n, ints, masks, floats, bools, coded,
+                               paths, path_at, P.bad);
+    } else
+        result = Py_BuildValue("(OnOOOOO)", head, n, ints, masks, floats, bools, coded);
     ok = result != NULL;
 done:
     if (!ok) {
@@ -964,6 +1342,10 @@ done:
     Py_XDECREF(bools);
     Py_XDECREF(coded);
     Py_XDECREF(floats);
+    Py_XDECREF(paths);
+    Py_XDECREF(path_at);
+    free(pcol);
+    paths_free(&P);
     end_scan(&S);
     PyBuffer_Release(&buf);
     return result;
@@ -971,7 +1353,8 @@ done:
 
 static PyMethodDef methods[] = {
     {"scan", scan, METH_VARARGS,
-     "scan(data, int_fields, float_field, bool_fields, coded_fields, head_keys) -> tuple | None"},
+     "scan(data, int_fields, float_field, bool_fields, coded_fields, head_keys, machinery=None, "
+     "depth=64) -> tuple | None"},
     {NULL, NULL, 0, NULL},
 };
 

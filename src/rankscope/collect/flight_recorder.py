@@ -9,8 +9,10 @@ A pickle's entries are read by a compiled scanner straight into columns (``_fr_s
 cannot vouch for, or every one where it is not built, by the restricted unpickler (the same
 table). Large loads (many ranks) run in worker processes, one per core: each reads its share
 and sends back compact columns (integer arrays and category codes) every 256 files, so neither
-the dumps nor one Python object per entry cross the process boundary. Stack frames are left out
-of that pass and read only when :func:`read_fr_frames` is asked for them.
+the dumps nor one Python object per entry cross the process boundary. Of the stack frames that
+pass keeps each entry's call path (the ``path`` column: the frames outermost first, without
+:data:`rankscope.rundir.MACHINERY`'s, one JSON text per distinct path); the frames themselves
+are read only when :func:`read_fr_frames` is asked for them.
 """
 
 from __future__ import annotations

@@ -17,6 +17,9 @@ in its last one. One rank (``culprit``) diverges at that last record:
 - ``p2p_cycle``: no collective diverges; ranks 0 and 1 each wait in ``recv`` from the other, so
   the rest wait for them in the next collective;
 - ``none``: every rank completes every record (a clean run).
+- ``extra``: half-way, the culprit makes one all_reduce more (train.py:70 through a ``retry``
+  helper at train.py:12) than the others; every rank then goes on, one collective apart, and
+  waits in its last.
 - ``tp_skip`` (4 ranks, groups ``tp0`` [0, 1] and ``tp1`` [2, 3] besides the world): each step
   all_reduces on the rank's tp group (train.py:30), then on the world (train.py:32); at the last
   step the culprit skips its tp all_reduce. Its tp partner waits in the tp group for it, and the
@@ -27,8 +30,11 @@ With ``subgroups`` every fourth record goes to the rank's half of the world (gro
 and waits in one more world collective, which the culprit's half never reaches.
 
 Healthy ranks share one byte-identical dump; ``link=True`` hard-links those files to save disk
-(each is still read and unpickled on its own). The repeated parts of an entry (frames, sizes) are
-shared objects, so pickle stores them once per file.
+(each is still read and unpickled on its own). Every entry has its stack (``frames``, 15 to 19
+frames innermost first: torch.distributed, the library that issued the call, train.py, the
+training framework's loops), as torch's recorder writes them: a list and frame dicts of its own,
+of strings stored once per file; the three calls of a step have two stacks each. The other
+repeated parts of an entry (sizes, dtypes) are shared objects, stored once per file.
 
 Regenerate the committed fixtures (run from the repository root)::
 
@@ -50,9 +56,53 @@ from pathlib import Path
 from typing import Any
 
 PREFIX = "nccl_trace_rank_"
-DIVERGENCES = ("missing", "op", "shape", "dtype", "p2p_cycle", "none", "tp_skip")
-TORCH_FILE = "/usr/local/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py"
+DIVERGENCES = ("missing", "op", "shape", "dtype", "p2p_cycle", "none", "tp_skip", "extra")
+LIB = "/usr/local/lib/python3.11/site-packages"
+TORCH_DIR = f"{LIB}/torch/distributed"
+TORCH_FILE = f"{TORCH_DIR}/distributed_c10d.py"
+#: The frame between torch.distributed's call and the caller (its logging wrapper).
+_C10D = ((f"{TORCH_DIR}/c10d_logger.py", "wrapper", 83),)
 USER_FILE = "/srv/job/train.py"
+#: What issues each op between train.py and torch.distributed (innermost first): FSDP's
+#: all-gather of parameters, the backward that runs DDP's gradient hooks, FSDP's
+#: reduce-scatter of gradients.
+_LIBRARY: dict[str, tuple[tuple[str, str, int], ...]] = {
+    "all_gather": (
+        (f"{TORCH_DIR}/fsdp/_fully_shard/_fsdp_collectives.py", "foreach_all_gather", 254),
+        (f"{TORCH_DIR}/fsdp/_fully_shard/_fsdp_param_group.py", "pre_forward", 402),
+        (f"{TORCH_DIR}/fsdp/_fully_shard/_fsdp_state.py", "_pre_forward", 232),
+        (f"{LIB}/torch/nn/modules/module.py", "_call_impl", 1840),
+        (f"{LIB}/lightning/pytorch/strategies/strategy.py", "training_step", 390),
+    ),
+    "all_reduce": (
+        (f"{LIB}/torch/autograd/graph.py", "_engine_run_backward", 829),
+        (f"{LIB}/torch/autograd/__init__.py", "backward", 353),
+        (f"{LIB}/torch/_tensor.py", "backward", 648),
+        (f"{LIB}/lightning/pytorch/plugins/precision/precision.py", "backward", 73),
+        (f"{LIB}/lightning/pytorch/strategies/strategy.py", "backward", 212),
+    ),
+    "reduce_scatter": (
+        (f"{TORCH_DIR}/fsdp/_fully_shard/_fsdp_collectives.py", "foreach_reduce", 420),
+        (f"{LIB}/torch/utils/_contextlib.py", "decorate_context", 120),
+        (f"{TORCH_DIR}/fsdp/_fully_shard/_fsdp_param_group.py", "post_backward", 470),
+        (
+            f"{TORCH_DIR}/fsdp/_fully_shard/_fsdp_state.py",
+            "_root_post_backward_final_callback",
+            310,
+        ),
+        (f"{LIB}/torch/autograd/graph.py", "_engine_run_backward", 829),
+    ),
+}
+#: The training framework's loops between the script's main and its step (innermost first).
+_LOOP: tuple[tuple[str, str, int], ...] = (
+    (f"{LIB}/lightning/pytorch/trainer/call.py", "_call_lightning_module_hook", 167),
+    (f"{LIB}/lightning/pytorch/loops/optimization/automatic.py", "_training_step", 319),
+    (f"{LIB}/lightning/pytorch/loops/optimization/automatic.py", "run", 192),
+    (f"{LIB}/lightning/pytorch/loops/training_epoch_loop.py", "advance", 268),
+    (f"{LIB}/lightning/pytorch/loops/fit_loop.py", "advance", 455),
+    (f"{LIB}/lightning/pytorch/trainer/trainer.py", "_run_stage", 1056),
+    (f"{LIB}/lightning/pytorch/trainer/trainer.py", "fit", 561),
+)
 T0_NS = 1_700_000_000_000_000_000
 STEP_NS = 1_000_000
 
@@ -62,6 +112,8 @@ SCHEDULE = (("all_gather", 41, 1024), ("all_reduce", 44, 4096), ("reduce_scatter
 SUBGROUP_OP = ("all_reduce", 52, 512)
 ODD_LINE = 70
 RECV_LINE = 60
+#: ``extra``: the line of train.py's retry helper that makes the culprit's extra all_reduce.
+RETRY_LINE = 12
 
 #: Committed fixtures: directory name -> build arguments.
 FIXTURES: dict[str, dict[str, Any]] = {
@@ -81,6 +133,7 @@ FIXTURES: dict[str, dict[str, Any]] = {
     # As "missing", without rank 3's file: the analysis must still name rank 2 and say so.
     "partial": {"world": 4, "entries": 7, "culprit": 2, "divergence": "missing", "drop": [3]},
     "tp_skip": {"world": 4, "entries": 5, "culprit": 2, "divergence": "tp_skip"},
+    "extra": {"world": 4, "entries": 8, "culprit": 1, "divergence": "extra"},
 }
 #: tp_skip's lines in train.py: the tp all_reduce, the world all_reduce.
 TP_LINE, WORLD_LINE = 30, 32
@@ -107,15 +160,46 @@ class Entries:
     def _share(self, key: Any, value: Any) -> Any:
         return self._shared.setdefault(key, value)
 
-    def frames(self, op: str, line: int) -> list[dict[str, Any]]:
-        return self._share(
-            ("frames", op, line),
-            [
-                {"name": op, "filename": TORCH_FILE, "line": 2800},
-                {"name": "train_step", "filename": USER_FILE, "line": line},
-                {"name": "main", "filename": USER_FILE, "line": 90},
-            ],
+    def frame(self, filename: str, name: str, line: int) -> dict[str, Any]:
+        """One frame: a dict of its own in every entry, of strings every entry shares (torch's
+        recorder writes a new dict per frame of each entry; its pickler stores each string once
+        and refers to it after)."""
+        return {"name": name, "filename": filename, "line": line}
+
+    def frames(
+        self, op: str, line: int, *, variant: int = 0, retry: bool = False
+    ) -> list[dict[str, Any]]:
+        """The stack of a call of ``op`` from train.py's ``line``, innermost first, as torch
+        records it: torch.distributed's own frames, the library that issues the call, the user's
+        step function, the training framework's loops, the script's main. A new list per entry
+        (as torch makes one) of shared frame dicts; ``variant`` picks one of a few stacks of the
+        same call (an accumulation step takes one more frame of the framework's); ``retry``: the
+        call comes from the user's ``retry`` helper, called from train_step's ``line``."""
+        chain = _LIBRARY.get(op, _LIBRARY["all_reduce"])
+        loop = (
+            _LOOP
+            if not variant
+            else (
+                *_LOOP[:3],
+                (
+                    f"{LIB}/lightning/pytorch/loops/optimization/automatic.py",
+                    "_accumulate",
+                    210 + variant,
+                ),
+                *_LOOP[3:],
+            )
         )
+        stack = [
+            (TORCH_FILE, op, 2800),
+            *_C10D,
+            *chain,
+            *([(USER_FILE, "retry", RETRY_LINE)] if retry else []),
+            (USER_FILE, "train_step", line),
+            *loop,
+            (USER_FILE, "main", 90),
+            (USER_FILE, "<module>", 120),
+        ]
+        return [self.frame(f, n, ln) for f, n, ln in stack]
 
     def sizes(self, *shape: int) -> list[list[int]]:
         return self._share(("sizes", shape), [list(shape)])
@@ -178,7 +262,7 @@ def build_dump(
         return build_tp_dump(rank, world=world, steps=entries, culprit=culprit)
     if divergence not in DIVERGENCES:
         raise ValueError(f"divergence must be one of {DIVERGENCES}, got {divergence!r}")
-    if divergence in ("missing", "op", "shape", "dtype") and culprit not in range(world):
+    if divergence in ("missing", "op", "shape", "dtype", "extra") and culprit not in range(world):
         raise ValueError(f"divergence {divergence!r} needs a culprit rank in 0..{world - 1}")
     if subgroups and (world % 2 or entries % 4 != 0):
         raise ValueError("subgroups need an even world and a multiple of 4 entries")
@@ -210,6 +294,21 @@ def build_dump(
         desc, members = groups[name]
         op, line, numel = SCHEDULE[seqs[name] % len(SCHEDULE)] if name == "0" else SUBGROUP_OP
         dtype = "Float"
+        if divergence == "extra" and rank == culprit and i == entries // 2:
+            # one more all_reduce, from a retry branch (one more frame of the user's)
+            seqs[name] += 1
+            sizes = rec.sizes(1)
+            rec.add(
+                pg=(name, desc),
+                seq=seqs[name],
+                p2p_seq=0,
+                name="nccl:all_reduce",
+                inp=sizes,
+                out=sizes,
+                dtype="Float",
+                frames=rec.frames("all_reduce", ODD_LINE, retry=True),
+                done=True,
+            )
         if last and rank == culprit:
             if divergence == "missing":
                 break
@@ -231,7 +330,7 @@ def build_dump(
             inp=inp,
             out=out,
             dtype=dtype,
-            frames=rec.frames(op, line),
+            frames=rec.frames(op, line, variant=(i // len(SCHEDULE)) % 2),
             done=not (hang and i == entries - 1 + other_half),
         )
     return _dump(rec, groups, seqs)
