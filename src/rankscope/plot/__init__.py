@@ -10,6 +10,7 @@ from rankscope.plot._common import ALERT, as_calls
 from rankscope.plot.ladder import LADDER, ladder_table, sequence_ladder
 from rankscope.plot.memory import memory_by_rank
 from rankscope.plot.nccl import nccl_view
+from rankscope.plot.paths import end_classes, first_classes, path_tree
 from rankscope.plot.progress import progress
 from rankscope.plot.stacks import latest_stacks, merged_stacks, where_groups, where_is_everyone
 from rankscope.plot.table import (
@@ -28,6 +29,8 @@ __all__ = [
     "LADDER",
     "RankGroup",
     "as_calls",
+    "end_classes",
+    "first_classes",
     "grouped_rows",
     "ladder_table",
     "latest_stacks",
@@ -35,6 +38,7 @@ __all__ = [
     "memory_by_rank",
     "merged_stacks",
     "nccl_view",
+    "path_tree",
     "progress",
     "rank_groups",
     "rank_timeline",
