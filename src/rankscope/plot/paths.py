@@ -145,18 +145,20 @@ def end_classes(d: Diagnosis) -> list[Class]:
     last = ctx.last
     ranks = sorted(set(ctx.facts) | set(ctx.evidence_ranks) | set(last.index.tolist()))
     where = ctx.whereabouts(ranks)
+    # one pass over the last calls (a row look-up per rank costs a thousand ranks a second)
+    columns = last[["op", "seq", "p2p_seq", "source", "path"]]
+    calls = dict(zip(last.index.tolist(), columns.itertuples(index=False), strict=True))
     culprits = set(d.culprit_ranks)
     by: dict[tuple[tuple[Frame, ...], str], list[int]] = {}
     for rank in ranks:
         w = where[rank]
         path: tuple[Frame, ...] = ()
         if w.state == "in_call":
-            call = last.loc[rank]
-            code = call["path"]
-            if call["source"] == "collectives" and not _null(code):
-                path = ctx.call_paths.of(int(code))
-            seq = call["seq"] if not _null(call["seq"]) else call["p2p_seq"]
-            what = f"in {call['op']}" + (f" #{int(seq)}" if not _null(seq) else "")
+            call = calls[rank]
+            if call.source == "collectives" and not _null(call.path):
+                path = ctx.call_paths.of(int(call.path))
+            seq = call.seq if not _null(call.seq) else call.p2p_seq
+            what = f"in {call.op}" + (f" #{int(seq)}" if not _null(seq) else "")
         elif w.state == "exited":
             what = "exited" if w.code is None else f"exited {w.code}"
         elif w.state in ("busy", "alive"):
