@@ -593,7 +593,8 @@ def test_the_call_path_tree_of_3_ranks_marks_the_class_that_left_in_red() -> Non
     assert set(leaves) == {"all_reduce ✖ culprit | 1 rank: 1", "all_reduce | 2 ranks: 0, 2"}
     assert leaves["all_reduce ✖ culprit | 1 rank: 1"]["colour"] == ALERT
     assert leaves["all_reduce | 2 ranks: 0, 2"]["colour"] != ALERT
-    assert nodes["train.py:30"]["colour"] == ALERT and nodes["train.py:20"]["colour"] != ALERT
+    assert nodes["train.py:30 | 1 rank"]["colour"] == ALERT
+    assert nodes["train.py:20 | 2 ranks"]["colour"] != ALERT
     assert (
         nodes["all_reduce ✖ culprit | 1 rank: 1"]["hover"]
         == "all_reduce at train.py:30 ✖ culprit<br>1 rank: 1"
@@ -601,7 +602,7 @@ def test_the_call_path_tree_of_3_ranks_marks_the_class_that_left_in_red() -> Non
     ends = tree_nodes(end)
     assert ends["in barrier #11 ✖ culprit | 1 rank: 1"]["colour"] == ALERT
     assert ends["in all_reduce #10 | 2 ranks: 0, 2"]["colour"] != ALERT
-    assert ends["train.py:40"]["colour"] == ALERT
+    assert ends["train.py:40 | 1 rank"]["colour"] == ALERT
     # the two panels one over the other, the first on top
     assert first.domain.y[0] > end.domain.y[1]
 
@@ -696,9 +697,13 @@ def test_the_call_path_tree_from_diagnosis_json_folds_the_frames_every_class_sha
     assert "train.py:88 &lt;module&gt;" in hover and "automatic.py:190 run" in hover
     assert "module.py:167 _call_lightning_module_hook" in nodes  # the innermost shared frame
     red = [k for k, v in nodes.items() if v["colour"] == ALERT and not v["leaf"]]
-    assert red == ["model.py:24 training_step", "⋯ 2 frames", "model.py:36 sync_grads"]
-    assert "model.py:33 half_step" in nodes["⋯ 2 frames"]["hover"]
-    assert nodes["model.py:20 training_step"]["colour"] != ALERT
+    assert red == [
+        "model.py:24 training_step | 1 rank",
+        "⋯ 2 frames | 1 rank",
+        "model.py:36 sync_grads | 1 rank",
+    ]
+    assert "model.py:33 half_step" in nodes["⋯ 2 frames | 1 rank"]["hover"]
+    assert nodes["model.py:20 training_step | 2 ranks"]["colour"] != ALERT
 
 
 def test_the_call_path_tree_without_a_divergence_or_from_a_broken_file_says_why() -> None:
@@ -723,7 +728,7 @@ def test_the_call_path_tree_without_a_divergence_or_from_a_broken_file_says_why(
         }
     }
     nodes = tree_nodes(plot.path_tree(broken).data[0])
-    assert "a.py:3 &lt;b&gt;f&lt;/b&gt;" in nodes  # a name is text, not markup
+    assert "a.py:3 &lt;b&gt;f&lt;/b&gt; | 1 rank" in nodes  # a name is text, not markup
     assert {k for k, v in nodes.items() if v["leaf"]} == {
         "made no call (it had left) | 1 rank: 0",
         "barrier | 1 rank: 4",
@@ -746,4 +751,4 @@ def test_the_end_of_a_rank_that_raised_is_its_traceback() -> None:
         "worker.py:9 load_batch",
     ]
     nodes = tree_nodes(plot.path_tree(d).data[1])
-    assert nodes["worker.py:9 load_batch"]["colour"] == ALERT
+    assert nodes["worker.py:9 load_batch | 1 rank"]["colour"] == ALERT

@@ -99,7 +99,11 @@ def path_tree(diagnosis: Diagnosis | Mapping[str, Any]) -> go.Figure:
         fig.add_trace(tree.trace(domain={"x": [0, 1], "y": [bottom, top]}))
         top = bottom - gap / total
     said = f"{len(first)} classes where they first parted"
-    said += f", {len(ends)} at the end" if ends else " (the end: diagnose the run's tables)"
+    said += (
+        f", {len(ends)} at the end"
+        if ends
+        else " (for where they are at the end, diagnose the run)"
+    )
     fig.update_layout(
         title={"text": f"{TITLE}: {n} ranks, {said}"},
         height=int(total + 70),
@@ -322,11 +326,13 @@ def _only_frame_child(nodes: list[_Node], i: int | None) -> int | None:
 def _frames_text(node: _Node, *, shared: bool) -> tuple[str, str]:
     """A frame node's label and hover: ``train.py:20 step``, or ``12 shared frames``."""
     whole = "<br>".join(html.escape(_frame(f, cut=False)) for f in node.frames)
+    # a branch says how many ranks took it; the frames every rank shares need not
+    count = "" if shared else f"<br>{_count(len(node.ranks))}"
     if len(node.frames) == 1:
-        label = html.escape(_frame(node.frames[0]))
+        label = html.escape(_frame(node.frames[0])) + count
         full = f"{html.escape(node.frames[0][0])}:{node.frames[0][2]}"
         return label, f"{whole}<br>{full}<br>{_ranks_hover(node.ranks)}"
-    label = f"⋯ {len(node.frames)} {'shared ' if shared else ''}frames"
+    label = f"⋯ {len(node.frames)} {'shared ' if shared else ''}frames" + count
     return label, f"{whole}<br>{_ranks_hover(node.ranks)}"
 
 
