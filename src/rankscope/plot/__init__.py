@@ -1,9 +1,11 @@
 """Plots: tables in, ``plotly.graph_objects.Figure`` out; nothing is shown, nothing is kept.
 
 Every function takes the tables of :func:`rankscope.collect.load_run` (schemas in
-:mod:`rankscope.schema`) and returns a figure. Figures of 1024 ranks build in well under two
-seconds (``bench/plot_build.py``): calls and lines are drawn as one WebGL trace per colour, never
-one trace per rank. This package imports pandas, numpy and plotly, never ipywidgets.
+:mod:`rankscope.schema`) and returns a figure; :func:`path_tree` takes a
+:class:`~rankscope.analyze.Diagnosis` (or its JSON form) and draws its classes of ranks by call
+path. Figures of 1024 ranks build in well under two seconds (``bench/plot_build.py``): calls and
+lines are drawn as one WebGL trace per colour, never one trace per rank. This package imports
+pandas, numpy and plotly, never ipywidgets.
 """
 
 from rankscope.plot._common import ALERT, as_calls

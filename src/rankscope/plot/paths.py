@@ -288,8 +288,8 @@ def _fold(nodes: list[_Node], everyone: set[int]) -> list[_Node]:
     its first frame, one node for the middle, and its last frame. Returns the nodes renumbered."""
     keep = [True] * len(nodes)
     for start, node in enumerate(nodes):
-        if not node.frames or _only_frame_child(nodes, node.parent) is not None:
-            continue  # not the start of a chain
+        if not keep[start] or not node.frames or _only_frame_child(nodes, node.parent) is not None:
+            continue  # folded already, or not the start of a chain
         chain = [start]
         while (nxt := _only_frame_child(nodes, chain[-1])) is not None:
             chain.append(nxt)
