@@ -669,8 +669,9 @@ SHARED_FRAMES = [
 def test_the_call_path_tree_from_diagnosis_json_folds_the_frames_every_class_shares() -> None:
     """The JSON form (diagnosis.json, read back): the first panel only, as the Diagnosis draws
     it. With a framework's 13 frames shared by both classes, the first 12 are one node (listed
-    on hover) and the innermost stays; the culprit's own long branch keeps its first and last
-    frames around one node for the middle."""
+    on hover) and the innermost stays; in the culprit's own branch, the user's frames stay and
+    the library frames between them are one node; a branch of many frames of the user's keeps
+    its first and last around one node."""
     from rankscope.analyze import diagnose
 
     from .test_paths import retry_run
@@ -681,13 +682,17 @@ def test_the_call_path_tree_from_diagnosis_json_folds_the_frames_every_class_sha
     assert len(fig.data) == 1 and "diagnose the run" in fig.layout.title.text
     assert tree_nodes(fig.data[0]) == tree_nodes(plot.path_tree(d).data[0])
 
+    lib = "/venv/lib/python3.12/site-packages/"
     own = [
         ["/home/user/model.py", "training_step", 24],
         ["/home/user/model.py", "retry_in_halves", 30],
-        ["/home/user/model.py", "half_step", 33],
+        [lib + "accelerate/accelerator.py", "backward", 2150],
+        [lib + "torch/_tensor.py", "backward", 525],
+        [lib + "torch/autograd/__init__.py", "backward", 267],
         ["/home/user/model.py", "sync_grads", 36],
     ]
-    for c in read["first_divergence"]["classes"]:
+    classes = read["first_divergence"]["classes"]
+    for c in classes:
         c["path"] = SHARED_FRAMES + (
             own if c["culprit"] else [["/home/user/model.py", "training_step", 20]]
         )
@@ -699,11 +704,22 @@ def test_the_call_path_tree_from_diagnosis_json_folds_the_frames_every_class_sha
     red = [k for k, v in nodes.items() if v["colour"] == ALERT and not v["leaf"]]
     assert red == [
         "model.py:24 training_step | 1 rank",
-        "⋯ 2 frames | 1 rank",
+        "model.py:30 retry_in_halves | 1 rank",
+        "⋯ 3 library frames | 1 rank",
         "model.py:36 sync_grads | 1 rank",
     ]
-    assert "model.py:33 half_step" in nodes["⋯ 2 frames | 1 rank"]["hover"]
+    assert "_tensor.py:525 backward" in nodes["⋯ 3 library frames | 1 rank"]["hover"]
     assert nodes["model.py:20 training_step | 2 ranks"]["colour"] != ALERT
+
+    deep = [["/home/user/model.py", f"level_{n}", 100 + n] for n in range(10)]
+    next(c for c in classes if c["culprit"])["path"] = SHARED_FRAMES + deep
+    nodes = tree_nodes(plot.path_tree(read).data[0])
+    red = [k for k, v in nodes.items() if v["colour"] == ALERT and not v["leaf"]]
+    assert red == [
+        "model.py:100 level_0 | 1 rank",
+        "⋯ 8 frames | 1 rank",
+        "model.py:109 level_9 | 1 rank",
+    ]
 
 
 def test_the_call_path_tree_without_a_divergence_or_from_a_broken_file_says_why() -> None:

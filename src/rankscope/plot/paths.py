@@ -18,7 +18,7 @@ import plotly.graph_objects as go
 
 from rankscope.analyze import Diagnosis
 from rankscope.analyze.diagnosis import compact_ranks
-from rankscope.collect import short_site
+from rankscope.collect import is_user_file, short_site
 from rankscope.plot._common import ALERT, PALETTE, empty_figure, translucent
 
 TITLE = "Call paths"
@@ -30,8 +30,8 @@ RANKS_ON_HOVER = 240
 FUNC_IN_LABEL = 28
 #: Frames every class shares are one node from this many on (the innermost stays its own).
 FOLD_SHARED = 2
-#: A class's own frames past the branch are folded from this many on (first and last kept).
-FOLD_OWN = 4
+#: A branch's own frames between its first and last: at most this many nodes, else one.
+OWN_KEPT = 6
 SHARED_FILL = "#ececec"
 OTHER_FILL = translucent(PALETTE[0], 0.25)
 CLASS_FILL = translucent(PALETTE[0], 0.6)
@@ -61,7 +61,7 @@ def path_tree(diagnosis: Diagnosis | Mapping[str, Any]) -> go.Figure:
     A leaf is a class of ranks: what they did, how many and which (the count alone where the list
     is long; the hover has it). Widths grow with the log of a class's rank count, so one rank
     among a thousand stays legible. Frames every class shares are one node (listed on hover), as
-    are the middle frames of a long branch. The culprits' class and the frames only they passed
+    is each run of library frames within a branch: the user's own frames stay. The culprits' class and the frames only they passed
     through are red.
 
     Args:
@@ -284,8 +284,10 @@ def _tree(classes: Sequence[Class], header: str, name: str) -> _Tree:
 
 def _fold(nodes: list[_Node], everyone: set[int]) -> list[_Node]:
     """Chains of frames with one way on (each frame's only child a frame) as fewer nodes: the
-    frames every class shares as one, and the innermost of them; a branch's own long chain as
-    its first frame, one node for the middle, and its last frame. Returns the nodes renumbered."""
+    frames every class shares as one node, and the innermost of them; in a branch's own chain,
+    between its first and last frame, each run of library frames (not the user's code) as one
+    node, the user's own frames kept, unless more than :data:`OWN_KEPT` would stay: then the
+    whole middle is one node. Returns the nodes renumbered."""
     keep = [True] * len(nodes)
     for start, node in enumerate(nodes):
         if not keep[start] or not node.frames or _only_frame_child(nodes, node.parent) is not None:
@@ -293,18 +295,23 @@ def _fold(nodes: list[_Node], everyone: set[int]) -> list[_Node]:
         chain = [start]
         while (nxt := _only_frame_child(nodes, chain[-1])) is not None:
             chain.append(nxt)
-        shared = nodes[start].ranks == everyone
-        first, last = (0, len(chain) - 1) if shared else (1, len(chain) - 1)
-        middle = chain[first:last]
-        if len(middle) < (FOLD_SHARED if shared else FOLD_OWN - 2):
+        if nodes[start].ranks == everyone:
+            if len(chain) - 1 >= FOLD_SHARED:
+                _merge(nodes, keep, chain[:-1])
             continue
-        into = middle[0]
-        for i in middle[1:]:
-            nodes[into].frames += nodes[i].frames
-            keep[i] = False
-        nodes[into].children = nodes[middle[-1]].children
-        for child in nodes[into].children:
-            nodes[child].parent = into
+        middle = chain[1:-1]
+        runs: list[list[int]] = []
+        for i in middle:
+            user = is_user_file(nodes[i].frames[0][0])
+            if runs and not user and not is_user_file(nodes[runs[-1][-1]].frames[0][0]):
+                runs[-1].append(i)
+            else:
+                runs.append([i])
+        folded = [r for r in runs if len(r) > 1]
+        if len(runs) > OWN_KEPT:
+            folded = [middle]
+        for run in folded:
+            _merge(nodes, keep, run)
     number = {old: new for new, old in enumerate(i for i, k in enumerate(keep) if k)}
     out = []
     for old, node in enumerate(nodes):
@@ -313,6 +320,17 @@ def _fold(nodes: list[_Node], everyone: set[int]) -> list[_Node]:
             node.children = [number[c] for c in node.children]
             out.append(node)
     return out
+
+
+def _merge(nodes: list[_Node], keep: list[bool], run: list[int]) -> None:
+    """Frames ``run`` (a chain, outermost first) as its first node."""
+    into = run[0]
+    for i in run[1:]:
+        nodes[into].frames += nodes[i].frames
+        keep[i] = False
+    nodes[into].children = nodes[run[-1]].children
+    for child in nodes[into].children:
+        nodes[child].parent = into
 
 
 def _only_frame_child(nodes: list[_Node], i: int | None) -> int | None:
@@ -332,7 +350,10 @@ def _frames_text(node: _Node, *, shared: bool) -> tuple[str, str]:
         label = html.escape(_frame(node.frames[0])) + count
         full = f"{html.escape(node.frames[0][0])}:{node.frames[0][2]}"
         return label, f"{whole}<br>{full}<br>{_ranks_hover(node.ranks)}"
-    label = f"⋯ {len(node.frames)} {'shared ' if shared else ''}frames" + count
+    kind = "shared " if shared else ""
+    if not shared and not any(is_user_file(f[0]) for f in node.frames):
+        kind = "library "
+    label = f"⋯ {len(node.frames)} {kind}frames" + count
     return label, f"{whole}<br>{_ranks_hover(node.ranks)}"
 
 
