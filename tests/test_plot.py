@@ -768,3 +768,28 @@ def test_the_end_of_a_rank_that_raised_is_its_traceback() -> None:
     ]
     nodes = tree_nodes(plot.path_tree(d).data[1])
     assert nodes["worker.py:9 load_batch | 1 rank"]["colour"] == ALERT
+
+
+def test_ranks_spread_over_many_places_keep_the_tree_legible() -> None:
+    """1024 ranks, rank r stopped in its (4 + r % 40)-th all_reduce: 40 places at the end.
+    The tree draws the 7 largest and one leaf for the 33 others, which lists them on hover;
+    every rank is in one leaf."""
+    from rankscope.analyze import diagnose
+
+    from .test_analyze_tables import run_of
+    from .test_paths import at
+
+    rows = [at(r, s, 20, done=s < 4 + r % 40) for r in range(1024) for s in range(1, 5 + r % 40)]
+    d = diagnose(run_of(rows, exits=dict.fromkeys(range(1024)), world=1024))
+    assert len(plot.end_classes(d)) == 40
+    fig = plot.path_tree(d)
+    end = fig.data[-1]
+    nodes = tree_nodes(end)
+    leaves = {k: v for k, v in nodes.items() if v["leaf"]}
+    assert len(leaves) == plot.paths.MAX_CLASSES
+    (other,) = (k for k in leaves if k.startswith("33 other classes"))
+    assert "in all_reduce #11 (26 ranks)" in leaves[other]["hover"]
+    assert leaves[other]["hover"].endswith("… 21 more")
+    counted = sum(int(k.split(" | ")[1].split(" rank")[0]) for k in leaves)
+    assert counted == 1024
+    assert "40 at the end" in fig.layout.title.text

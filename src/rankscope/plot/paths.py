@@ -35,6 +35,11 @@ OWN_KEPT = 6
 SHARED_FILL = "#ececec"
 OTHER_FILL = translucent(PALETTE[0], 0.25)
 CLASS_FILL = translucent(PALETTE[0], 0.6)
+#: Classes drawn at most in one tree (each leaf keeps a readable width); past that the
+#: smallest are one leaf.
+MAX_CLASSES = 8
+#: Classes a folded leaf lists on hover at most.
+FOLDED_ON_HOVER = 12
 #: Height of one level of the tree, in pixels.
 LEVEL_PX = 52
 
@@ -50,6 +55,8 @@ class Class:
     what: str
     """What they did there: ``all_reduce``, ``made no call (it had left)``, ``exited 1``."""
     culprit: bool = False
+    folded: tuple[str, ...] = ()
+    """What each class folded into this one did, for a leaf that stands for several."""
 
 
 def path_tree(diagnosis: Diagnosis | Mapping[str, Any]) -> go.Figure:
@@ -242,8 +249,28 @@ class _Tree:
         )
 
 
+def _capped(classes: Sequence[Class]) -> list[Class]:
+    """At most :data:`MAX_CLASSES` classes: the culprits' and the largest others, and the rest
+    as one class at the frames all of them share (``17 other classes``)."""
+    if len(classes) <= MAX_CLASSES:
+        return list(classes)
+    order = sorted(classes, key=lambda c: (not c.culprit, -len(c.ranks), c.ranks))
+    kept, rest = order[: MAX_CLASSES - 1], order[MAX_CLASSES - 1 :]
+    shared = rest[0].path
+    for c in rest[1:]:
+        n = 0
+        while n < min(len(shared), len(c.path)) and shared[n] == c.path[n]:
+            n += 1
+        shared = shared[:n]
+    ranks = tuple(sorted(r for c in rest for r in c.ranks))
+    folded = tuple(f"{c.what} ({_count(len(c.ranks))})" for c in rest)
+    other = Class(ranks=ranks, path=shared, what=f"{len(rest)} other classes", folded=folded)
+    return [*kept, other]
+
+
 def _tree(classes: Sequence[Class], header: str, name: str) -> _Tree:
     """The prefix tree of the classes' paths under a header node, chains folded."""
+    classes = _capped(classes)
     everyone = {r for c in classes for r in c.ranks}
     nodes = [_Node(label=header, hover=_ranks_hover(everyone), parent=None)]
     nodes[0].ranks = set(everyone)
@@ -365,7 +392,12 @@ def _leaf_text(c: Class) -> tuple[str, str]:
     mark = " ✖ culprit" if c.culprit else ""
     label = f"<b>{html.escape(c.what)}</b>{mark}<br>{which}"
     site = f" at {short_site(c.path[-1][0], c.path[-1][2])}" if c.path else ""
-    return label, f"{html.escape(c.what)}{site}{mark}<br>{_ranks_hover(c.ranks)}"
+    hover = f"{html.escape(c.what)}{site}{mark}<br>{_ranks_hover(c.ranks)}"
+    if c.folded:
+        listed = "<br>".join(html.escape(f) for f in c.folded[:FOLDED_ON_HOVER])
+        more = len(c.folded) - FOLDED_ON_HOVER
+        hover += f"<br>{listed}" + (f"<br>… {more} more" if more > 0 else "")
+    return label, hover
 
 
 def _ranks_hover(ranks: Iterable[int]) -> str:
