@@ -1,4 +1,5 @@
-# Two entry points: `make lab` (install, then JupyterLab on the notebooks) and `make test`;
+# Two entry points: `make lab` (install, then JupyterLab on the notebooks, open on the quickstart:
+# `rankscope lab`; LAB_OPTIONS go to JupyterLab, e.g. LAB_OPTIONS=--ip=0.0.0.0) and `make test`;
 # `make check` is the fast lane of the edit-test loop (lint, and the tests that start no job);
 # `make docs` builds the static site into docs/_build/html (docs/make_site.py).
 # TORCH is the torch requirement installed into the local environment. The pin keeps the install on
@@ -31,7 +32,7 @@ $(STAMP): pyproject.toml setup.py $(PROBE_C) Makefile
 install: $(STAMP)
 
 lab: install
-	$(VENV)/bin/jupyter lab notebooks/
+	$(PY) -m rankscope.cli lab notebooks $(LAB_OPTIONS)
 
 test: install
 	$(PY) -m ruff check src tests bench docs

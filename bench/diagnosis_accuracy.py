@@ -112,7 +112,11 @@ def corpus_cases(only: set[str]) -> list[tuple[str, JobSpec, dict[str, Any], Any
         if only and c.name not in only:
             continue
         spec = JobSpec(
-            script=str(c.path), nproc_per_node=c.ranks, nnodes=c.nodes, name=c.name, **corpus.RUN
+            script=str(c.path),
+            nproc_per_node=c.ranks,
+            nnodes=c.nodes,
+            name=c.name,
+            **c.spec_settings(),
         )
         want = {
             "verdict": c.verdict,

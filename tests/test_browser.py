@@ -4,7 +4,9 @@ the diagnosis card must name the culprit rank and the timeline must render. Legi
 measured, not assumed: nothing in a card or a table is wider than its box, table cells are
 padded, the live panel's columns keep their widths between refreshes, a job's status line stays
 with its job, the grid sorts on a header's text and shows its search box. Screenshots are kept
-under tests/artifacts/. Skips only where chromium cannot be installed."""
+under tests/artifacts/. The README's `make lab`, run as a user runs it (as root in CI, with no
+display, its port free or taken), serves the quickstart at the URL it prints. Skips only where
+chromium cannot be installed (and `make lab` where its environment is not installed)."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import re
 import secrets
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -28,7 +31,7 @@ import pytest
 
 from rankscope.launch.spec import free_port
 
-from .conftest import leftover_processes
+from .conftest import leftover_processes, processes_with
 
 pytestmark = pytest.mark.timeout(300)
 HERE = Path(__file__).parent
@@ -56,6 +59,43 @@ def settle(proc: psutil.Process, family: list[psutil.Process]) -> list[psutil.Pr
     return alive
 
 
+def jupyter_env(tmp_path: Path) -> dict[str, str]:
+    """This environment with JupyterLab's and IPython's folders under ``tmp_path``: no user
+    settings, workspaces or kernels of the machine's own, and no news or update toasts over
+    the screenshots (and no network attempts)."""
+    settings = tmp_path / "settings" / "@jupyterlab" / "apputils-extension"
+    settings.mkdir(parents=True)
+    (settings / "notification.jupyterlab-settings").write_text(
+        json.dumps({"fetchNews": "false", "checkForUpdates": False})
+    )
+    return {
+        **os.environ,
+        "JUPYTER_CONFIG_DIR": str(tmp_path / "config"),
+        "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime"),
+        "JUPYTERLAB_SETTINGS_DIR": str(tmp_path / "settings"),
+        "JUPYTERLAB_WORKSPACES_DIR": str(tmp_path / "workspaces"),
+        "IPYTHONDIR": str(tmp_path / "ipython"),
+    }
+
+
+def stop_server(server: subprocess.Popen[bytes], tmp_path: Path) -> None:
+    """Stop a server started in its own session with :func:`jupyter_env` (tmp_path) and
+    everything it started; fail naming whatever had to be killed."""
+    left = []
+    if server.poll() is None:
+        family = psutil.Process(server.pid).children(recursive=True)
+        # SIGTERM: the server shuts its kernels down, and a kernel stops the jobs it owns.
+        os.killpg(server.pid, signal.SIGTERM)
+        left = settle(psutil.Process(server.pid), family)
+        server.wait(timeout=5)  # reaped: gone, not a zombie in the checks below
+    # and whatever left the group: a kernel (its own session), a job's ranks
+    runtime = str(tmp_path / "runtime")
+    stray = leftover_processes(tmp_path) + processes_with("JUPYTER_RUNTIME_DIR", runtime.__eq__)
+    for p in stray:
+        p.kill()
+    assert not left and not stray, f"still running: {left + stray}"
+
+
 @pytest.fixture
 def jupyter_lab(tmp_path: Path) -> Iterator[tuple[str, Path]]:
     """JupyterLab on a free localhost port with a token, its root a folder holding a copy of
@@ -64,22 +104,10 @@ def jupyter_lab(tmp_path: Path) -> Iterator[tuple[str, Path]]:
     root.mkdir()
     for notebook in (NOTEBOOK, QUICKSTART):
         shutil.copy(notebook, root / notebook.name)
-    settings = tmp_path / "settings" / "@jupyterlab" / "apputils-extension"
-    settings.mkdir(parents=True)
-    # No news or update toasts over the screenshot (and no network attempts).
-    (settings / "notification.jupyterlab-settings").write_text(
-        json.dumps({"fetchNews": "false", "checkForUpdates": False})
-    )
-    env = {
-        **os.environ,
-        "JUPYTER_CONFIG_DIR": str(tmp_path / "config"),
-        "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime"),
-        "JUPYTERLAB_SETTINGS_DIR": str(tmp_path / "settings"),
-        "JUPYTERLAB_WORKSPACES_DIR": str(tmp_path / "workspaces"),
-        "IPYTHONDIR": str(tmp_path / "ipython"),
-    }
+    env = jupyter_env(tmp_path)
     port, token = free_port(), secrets.token_hex(16)
-    log = open(tmp_path / "jupyter.log", "wb")  # noqa: SIM115 (closed below)
+    log_path = tmp_path / "jupyter.log"
+    log = open(log_path, "wb")  # noqa: SIM115 (closed below)
     server = subprocess.Popen(
         [
             sys.executable,
@@ -103,36 +131,28 @@ def jupyter_lab(tmp_path: Path) -> Iterator[tuple[str, Path]]:
         stderr=subprocess.STDOUT,
         start_new_session=True,
     )
-    proc = psutil.Process(server.pid)
     try:
-        _wait_for_server(f"http://127.0.0.1:{port}/api/status?token={token}", server, tmp_path)
+        _wait_for_server(f"http://127.0.0.1:{port}/api/status?token={token}", server, log_path)
         yield f"http://127.0.0.1:{port}/lab/tree/{NOTEBOOK.name}?token={token}", root
     finally:
-        left = []
-        if server.poll() is None:
-            family = proc.children(recursive=True)
-            # SIGTERM: the server shuts its kernels down, and a kernel stops the jobs it owns.
-            os.killpg(server.pid, signal.SIGTERM)
-            left = settle(proc, family)
-        log.close()
-        stray = leftover_processes(tmp_path)
-        for p in stray:
-            p.kill()
-        assert not left and not stray, f"still running: {left + stray}"
+        try:
+            stop_server(server, tmp_path)
+        finally:
+            log.close()
 
 
-def _wait_for_server(url: str, server: subprocess.Popen[bytes], tmp_path: Path) -> None:
+def _wait_for_server(url: str, server: subprocess.Popen[bytes], log: Path) -> None:
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         if server.poll() is not None:
-            raise AssertionError(f"jupyter lab exited:\n{(tmp_path / 'jupyter.log').read_text()}")
+            raise AssertionError(f"jupyter lab exited:\n{log.read_text()}")
         try:
             with urllib.request.urlopen(url, timeout=2) as response:
                 if response.status == 200:
                     return
         except OSError:
             time.sleep(0.25)
-    raise AssertionError(f"jupyter lab did not answer:\n{(tmp_path / 'jupyter.log').read_text()}")
+    raise AssertionError(f"jupyter lab did not answer:\n{log.read_text()}")
 
 
 def _open(page: Any, url: str) -> None:
@@ -404,3 +424,78 @@ def test_the_live_panel_and_the_controls_answer_in_the_browser(
         expect(status).not_to_contain_text("exit code", timeout=10_000)
         page.locator("button", has_text="Stop").first.click()
         expect(status).to_contain_text("exit code", timeout=60_000)
+
+
+REPO = HERE.parent
+#: The URL JupyterLab prints for the browser, with its token.
+PRINTED_URL = re.compile(r"http://127\.0\.0\.1:(\d+)(/\S*)\?token=(\w+)")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("port", ["free", "taken"])
+def test_make_lab_serves_the_quickstart_at_the_url_it_prints(
+    chromium: str, tmp_path: Path, port: str
+) -> None:
+    """The README's first command as a user runs it, as whoever runs the suite (root in CI),
+    on a machine without a display, with JupyterLab's first port free or already taken."""
+    from playwright.sync_api import expect
+
+    if shutil.which("make") is None:
+        pytest.skip("make is not installed")
+    if subprocess.run(["make", "-q", "install"], cwd=REPO, capture_output=True).returncode:
+        pytest.skip("the environment `make lab` uses is not installed or is stale: make install")
+    env = jupyter_env(tmp_path)
+    for name in ("DISPLAY", "WAYLAND_DISPLAY"):
+        env.pop(name, None)
+    first = free_port()  # JupyterLab's first port (its own JUPYTER_PORT), mine to take
+    env["JUPYTER_PORT"] = str(first)
+    log_path = tmp_path / "make-lab.log"
+    with contextlib.ExitStack() as stack:
+        if port == "taken":
+            holder = stack.enter_context(socket.socket())
+            holder.bind(("127.0.0.1", first))
+            holder.listen()
+        log = stack.enter_context(open(log_path, "wb"))
+        server = subprocess.Popen(
+            ["make", "lab"],
+            cwd=REPO,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        stack.callback(stop_server, server, tmp_path)
+        deadline = time.monotonic() + 120
+        while not (found := PRINTED_URL.search(log_path.read_text())):
+            assert server.poll() is None, f"make lab exited:\n{log_path.read_text()}"
+            assert time.monotonic() < deadline, f"no URL printed:\n{log_path.read_text()}"
+            time.sleep(0.25)
+        out = log_path.read_text()
+        url, (used, path, token) = found.group(0), found.groups()
+        assert ("rankscope lab: running as root" in out) == (os.geteuid() == 0), out
+        assert "no browser" in out, out
+        if port == "taken":
+            assert f"port {first} is taken" in out and int(used) != first, out
+        else:
+            assert "is taken" not in out and int(used) == first, out
+        assert path == f"/lab/tree/{QUICKSTART.name}", url
+        with _page(chromium, tmp_path, f"make-lab-{port}") as page:
+            _open(page, url)
+            notebook = page.locator(".jp-MainAreaWidget .jp-Notebook").first
+            current = page.locator(".lm-DockPanel-tabBar .lm-TabBar-tab.lm-mod-current")
+            expect(current).to_have_text(QUICKSTART.name)
+            heading = json.loads(QUICKSTART.read_text())["cells"][0]["source"][0].strip("# \n")
+            expect(notebook.locator(".jp-MarkdownCell").first).to_contain_text(heading)
+            page.screenshot(path=str(ARTIFACTS / f"make-lab-{port}.png"))
+            # The kernel the page started is the quickstart's, in the notebooks' folder
+            # (JupyterLab names a new session by a temporary path first, then the notebook's).
+            api = f"http://127.0.0.1:{used}/api/sessions?token={token}"
+            deadline = time.monotonic() + 30
+            while (paths := _session_paths(api)) != [QUICKSTART.name]:
+                assert time.monotonic() < deadline, f"sessions: {paths}"
+                page.wait_for_timeout(250)
+
+
+def _session_paths(api: str) -> list[str]:
+    with urllib.request.urlopen(api, timeout=10) as response:
+        return [s["path"] for s in json.load(response)]

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from rankscope.cli import build_parser, main
+from rankscope.cli import QUICKSTART, build_parser, lab_command, main
 
 from .conftest import SCRIPTS, leftover_processes
 
@@ -165,3 +166,68 @@ def test_slurm_options_need_the_slurm_launcher(tmp_path, capsys):
         ["run", "--launcher", "slurm", "--time", "5:00", "--sbatch-arg=--qos=x", "t.py"]
     )
     assert (args.launcher, args.time, args.sbatch_arg) == ("slurm", "5:00", ["--qos=x"])
+
+
+NOTEBOOKS = Path(__file__).parent.parent / "notebooks"
+
+
+def lab(*, euid: int = 1000, platform: str = "linux", args: tuple[str, ...] = (), **env: str):
+    """``rankscope lab``'s command and notes for the repository's notebooks."""
+    return lab_command(NOTEBOOKS, jupyter_args=args, euid=euid, env=env, platform=platform)
+
+
+def test_lab_opens_on_the_quickstart_as_a_normal_user_with_a_display(tmp_path):
+    with socket.socket() as s:  # a port nobody listens on, as JupyterLab's first
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    argv, notes = lab(DISPLAY=":0", JUPYTER_PORT=str(port))
+    assert argv[:3] == [sys.executable, "-m", "jupyterlab"]
+    assert f"--ServerApp.root_dir={NOTEBOOKS.resolve()}" in argv
+    assert "--LabApp.default_url=/lab/tree/00-quickstart.ipynb" in argv
+    assert (NOTEBOOKS / QUICKSTART).is_file()
+    assert "--allow-root" not in argv and "--no-browser" not in argv
+    assert notes == []
+    # a folder without the quickstart opens on JupyterLab's own page
+    argv, _ = lab_command(tmp_path, euid=1000, env={"DISPLAY": ":0"}, platform="linux")
+    assert not [a for a in argv if "default_url" in a]
+
+
+def test_lab_as_root_allows_root_and_says_what_it_means():
+    argv, notes = lab(euid=0, WAYLAND_DISPLAY="wayland-0")
+    assert "--allow-root" in argv and "--no-browser" not in argv
+    (note,) = [n for n in notes if "root" in n]
+    assert "kernels" in note and "normal user" in note and "--user" in note
+
+
+def test_lab_without_a_display_opens_no_browser_and_points_at_the_url():
+    argv, notes = lab()
+    assert "--no-browser" in argv
+    assert any("no browser" in n and "URL" in n for n in notes)
+    # elsewhere than Linux a desktop needs no DISPLAY
+    argv, _ = lab(platform="darwin")
+    assert "--no-browser" not in argv
+
+
+def test_lab_says_when_the_first_port_is_taken():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        argv, notes = lab(DISPLAY=":0", JUPYTER_PORT=str(port))
+        assert notes == [
+            f"port {port} is taken: JupyterLab takes another, the URL below says which"
+        ]
+        assert not [a for a in argv if "port" in a]  # JupyterLab's own retries pick the next
+        # a port the user names is left to JupyterLab, which says so itself
+        argv, notes = lab(DISPLAY=":0", JUPYTER_PORT=str(port), args=("--port", "9"))
+        assert notes == [] and argv[-2:] == ["--port", "9"]
+    with pytest.raises(ValueError, match="JUPYTER_PORT must be a port number"):
+        lab(JUPYTER_PORT="eighty")
+
+
+def test_lab_passes_options_after_the_folder_to_jupyterlab(capsys):
+    args = build_parser().parse_args(["lab", "notebooks", "--ip=0.0.0.0", "--port", "9000"])
+    assert (args.notebooks, args.jupyter_args) == ("notebooks", ["--ip=0.0.0.0", "--port", "9000"])
+    assert build_parser().parse_args(["lab"]).notebooks == "notebooks"
+    assert main(["lab", str(NOTEBOOKS / "nothing-here")]) == 2
+    assert "is not a folder of notebooks" in capsys.readouterr().err

@@ -9,7 +9,7 @@ import pytest
 from rankscope.analyze import diagnose
 from rankscope.launch import JobSpec
 
-from .corpus.expect import RUN, cases, check
+from .corpus.expect import cases, check
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(150)]
 CASES = cases()
@@ -30,7 +30,12 @@ def test_the_corpus_is_broad():
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 def test_corpus_case_is_diagnosed(case, start_job):
     job = start_job.spec(
-        JobSpec(script=str(case.path), nproc_per_node=case.ranks, nnodes=case.nodes, **RUN)
+        JobSpec(
+            script=str(case.path),
+            nproc_per_node=case.ranks,
+            nnodes=case.nodes,
+            **case.spec_settings(),
+        )
     )
     assert job.wait(timeout=120) is not None, "the job did not end"
     d = diagnose(job.run.path)

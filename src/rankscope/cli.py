@@ -9,7 +9,7 @@ rankscope capture RUN_DIR                  capture evidence from a running job n
 rankscope stop RUN_DIR                     stop a running job
 rankscope presets                          the debug presets and what each one sets
 rankscope scenarios [ID [--fix]]           the failure scenarios, or run one
-rankscope lab [DIR]                        JupyterLab on the guided notebooks
+rankscope lab [DIR [OPTION...]]           JupyterLab on the notebooks, open on the quickstart
 
 Each command is its handler (``cmd_<name>``) with its parser's arguments just above it
 (``_<name>_arguments``), made a command by :func:`command`; ``rankscope run``'s defaults are
@@ -25,11 +25,11 @@ import importlib
 import json
 import os
 import signal
-import subprocess
+import socket
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
@@ -713,16 +713,104 @@ def cmd_scenarios(args: argparse.Namespace) -> int:
     return run_job(scenario.spec(fix=args.fix, on_stall="stop"), run_dir=None, quiet=args.quiet)
 
 
+#: The notebook a newcomer starts with: ``rankscope lab`` opens on it where DIR holds it.
+QUICKSTART = "00-quickstart.ipynb"
+#: The port Jupyter tries first when nothing names another (env: JUPYTER_PORT).
+JUPYTER_PORT = 8888
+
+
 def _lab_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("notebooks", nargs="?", default="notebooks", metavar="DIR")
+    p.add_argument(
+        "notebooks", nargs="?", default="notebooks", metavar="DIR", help="its root (notebooks)"
+    )
+    p.add_argument(
+        "jupyter_args",
+        nargs=argparse.REMAINDER,
+        metavar="JUPYTER_OPTION",
+        help="after DIR: options for JupyterLab as given, e.g. --ip=0.0.0.0 in a container",
+    )
 
 
-@command("lab", _lab_arguments, help="JupyterLab on the guided notebooks")
+@command(
+    "lab",
+    _lab_arguments,
+    help="JupyterLab on the guided notebooks, opened on the quickstart",
+    description=f"Start JupyterLab with DIR (notebooks) as its root, opened on {QUICKSTART}. "
+    "It runs as whoever starts it, root included (saying so); without a display it opens "
+    "no browser; when the port is taken JupyterLab takes the next free one. The URL it "
+    "prints, with its token, is the one to open.",
+)
 def cmd_lab(args: argparse.Namespace) -> int:
     folder = Path(args.notebooks)
     if not folder.is_dir():
         raise FileNotFoundError(f"{folder} is not a folder of notebooks")
-    return subprocess.call([sys.executable, "-m", "jupyterlab", str(folder)])
+    argv, notes = lab_command(
+        folder,
+        jupyter_args=args.jupyter_args,
+        euid=os.geteuid(),
+        env=os.environ,
+        platform=sys.platform,
+    )
+    for note in notes:
+        print(f"rankscope lab: {note}", flush=True)
+    # JupyterLab in this process's place: Ctrl-C and a stop signal reach the server itself,
+    # which asks, or shuts its kernels down, rather than a parent that would kill it.
+    sys.stderr.flush()
+    os.execv(argv[0], argv)
+
+
+def lab_command(
+    folder: Path,
+    *,
+    jupyter_args: Sequence[str] = (),
+    euid: int,
+    env: Mapping[str, str],
+    platform: str,
+) -> tuple[list[str], list[str]]:
+    """The command that starts JupyterLab on ``folder``, and a line for each thing it chose
+    that the user should know (as whom it runs, no browser, the port taken).
+
+    ``euid`` 0 (root, as in a container) passes ``--allow-root``, which JupyterLab otherwise
+    asks for and stops without. On Linux without ``DISPLAY`` or ``WAYLAND_DISPLAY`` no browser
+    is opened (none could show; a text browser would take the terminal). A taken port is
+    left to JupyterLab's own retries (``ServerApp.port_retries``): the URL it prints names
+    the port it took."""
+    argv = [sys.executable, "-m", "jupyterlab", f"--ServerApp.root_dir={folder.resolve()}"]
+    notes = []
+    if (folder / QUICKSTART).is_file():
+        argv.append(f"--LabApp.default_url=/lab/tree/{QUICKSTART}")
+    if euid == 0:
+        argv.append("--allow-root")
+        notes.append(
+            "running as root (--allow-root): JupyterLab, its kernels and every rank a "
+            "notebook starts run as root; to avoid it, run as a normal user (in Docker: "
+            "docker run --user UID:GID)"
+        )
+    if platform.startswith("linux") and not (env.get("DISPLAY") or env.get("WAYLAND_DISPLAY")):
+        argv.append("--no-browser")
+        notes.append("no display here, so no browser: open the URL below, token included")
+    named = {a.split("=")[0] for a in jupyter_args}
+    if not named & {"--port", "--ServerApp.port"}:  # a port the user names is theirs to check
+        given = env.get("JUPYTER_PORT") or str(JUPYTER_PORT)
+        if not given.isdigit():
+            raise ValueError(f"JUPYTER_PORT must be a port number, not {given!r}")
+        port = int(given)
+        if _port_taken(port):
+            notes.append(
+                f"port {port} is taken: JupyterLab takes another, the URL below says which"
+            )
+    return [*argv, *jupyter_args], notes
+
+
+def _port_taken(port: int) -> bool:
+    """Whether ``port`` on the loopback interface is in use, as a server binding it sees it."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as JupyterLab binds
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return True
+    return False
 
 
 if __name__ == "__main__":

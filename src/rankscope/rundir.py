@@ -81,8 +81,13 @@ EVENT_KINDS = {
     "exception": "type, message, traceback",
     "capture": "id, reason, files (what the probe wrote for an evidence request)",
     "end": "code (the process exit code, when the probe saw it), reason (exit, exception, "
-    "os._exit, or the name of the signal that ended the process: SIGTERM), fr (as the "
-    "heartbeat's, at the end)",
+    "os._exit, or the name of the signal that ended the process: SIGTERM), how (returned: the "
+    "script ran to its end; sys_exit: SystemExit, whatever its code; exception: uncaught; "
+    "os._exit; or the signal's name; null where the probe cannot tell: an exit seen only by "
+    "atexit, without the bootstrap), stack (for sys_exit, exception and os._exit: where it was "
+    "raised or called, [[file, function, line], ...] outermost first, without the probe's and "
+    "runpy's frames; also written to stacks.txt as a capture with how as its reason), fr (as "
+    "the heartbeat's, at the end)",
 }
 
 #: Point-to-point calls: an ``enter`` event's ``seq`` numbers them apart from the group's
@@ -607,6 +612,9 @@ class RankRecord:
     exit_code: int | None = None
     end_reason: str | None = None
     """Why the end event was written: ``exit``, ``exception``, ``os._exit`` or the signal."""
+    end_how: str | None = None
+    """How it ended, as its end event says (``how`` in :data:`EVENT_KINDS`): ``returned``,
+    ``sys_exit``, ``exception``, ``os._exit`` or the signal's name."""
 
     def apply(self, ev: dict[str, Any]) -> bool:
         """Fold one event in; True when it is progress (a start, a collective returned from, a
@@ -702,6 +710,7 @@ class RankRecord:
         if kind == "end":
             self.ended, self.ended_at, self.exit_code = True, t, as_int(ev.get("code"))
             self.end_reason = as_str(ev.get("reason"))
+            self.end_how = as_str(ev.get("how"))
             self.in_collective_since = None
             fr = ev.get("fr")
             if isinstance(fr, dict) and all(_pair(v) for v in fr.values()):

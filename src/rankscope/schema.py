@@ -34,6 +34,15 @@ RANKS: Columns = {
     "last_event_s": "Float64",  # the rank's last recorded event or call (ring included)
     "ring": "boolean",  # its calls were recorded durably (a ring file): none is missing
     "main_thread": "string",  # its main thread's ident, "0x00007f..." (as in stacks, calls)
+    # How it ended: its end event's "how" (returned, sys_exit, exception, os._exit, SIGTERM, ...;
+    # rankscope.rundir.EVENT_KINDS), else the signal it died of (SIGABRT, SIGKILL, ...).
+    "end_how": "string",
+    # "train.py:12": the user's innermost frame where it ended (the stacks the end or the fatal
+    # signal left, whose reason is end_how); null for a script that returned.
+    "end_site": "string",
+    # The last non-empty line the rank printed itself: stdout's, else stderr's; not tracebacks,
+    # faulthandler dumps, warnings, torch's, NCCL's or rankscope's own lines.
+    "last_output": "string",
 }
 
 #: The probe's events, one row per line of ranks/<rank>/events.jsonl.

@@ -41,6 +41,18 @@ class Case:
     """Names the parting line must give values of (on some rank)."""
     nodes: int = 1
     """Simulated nodes (``ranks`` per node)."""
+    run: dict[str, Any] = field(default_factory=dict)
+    """JobSpec settings of this case on top of :data:`RUN`: ``{"on_stall": "keep"}`` for a
+    story that needs the job to go on after its stall is proven, as it does by default."""
+
+    def spec_settings(self) -> dict[str, Any]:
+        """How this case's job runs: :data:`RUN` and the case's own settings."""
+        return {**RUN, **self.run}
+
+    first: dict[str, Any] | None = None
+    """Where the ranks' paths first part: ``{"pg": name or desc, "seq": N}`` (and ``"kind":
+    "p2p"`` where the calls are point-to-point ones, numbered apart), as
+    ``Diagnosis.first_divergence`` must give it."""
 
     def line(self, tag: str) -> str:
         """``file.py:N`` of the line marked ``# site: <tag>``: in the script, or in the small
@@ -94,8 +106,26 @@ def check(case: Case, d: Any) -> list[str]:
     missing_values = [v for v in case.values if v not in (d.parting or {}).get("values", {})]
     if missing_values:
         wrong.append(f"the parting line has no value of {missing_values}")
+    if case.first is not None:
+        wrong.extend(_first_wrong(case.first, getattr(d, "first_divergence", None)))
     if "?" in text.replace("could not read", ""):
         wrong.append("a '?' in the diagnosis")
+    return wrong
+
+
+def _first_wrong(want: dict[str, Any], got: dict[str, Any] | None) -> list[str]:
+    """What the diagnosis's first divergence gets wrong about the expected one."""
+    if not got:
+        return [f"no first divergence (expected {want['pg']} #{want['seq']})"]
+    wrong = []
+    if want["pg"] not in (got.get("pg"), got.get("pg_desc")):
+        wrong.append(f"first divergence on group {got.get('pg')} ({got.get('pg_desc')})")
+    if got.get("seq") != want["seq"]:
+        wrong.append(f"first divergence at #{got.get('seq')}")
+    if got.get("kind", "collective") != want.get("kind", "collective"):
+        wrong.append(f"first divergence among {got.get('kind')} calls")
+    if wrong:
+        wrong[-1] += f" (expected {want.get('kind', 'collective')} {want['pg']} #{want['seq']})"
     return wrong
 
 

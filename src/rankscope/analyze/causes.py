@@ -163,11 +163,10 @@ ENTRIES: Mapping[Cause, Entry] = {
     Cause.early_exit: Entry(
         verdict="hang",
         recipe="D9",
-        title="rank exited early (uneven inputs)",
+        title="rank exited early",
         reason="{culprits} {culprit_left} after {culprit_done} collectives on {group} while "
         "{others} still waited in {other_op}{other_at} ({collective})",
-        fix="Give every rank the same number of steps (DistributedSampler with the same "
-        "drop_last everywhere), or wrap the loop in torch.distributed.algorithms.Join.",
+        fix="{exit_fix}",
     ),
     Cause.uneven_inputs: Entry(
         verdict="hang",
@@ -407,6 +406,20 @@ ENTRIES: Mapping[Cause, Entry] = {
 
 #: Facts the driver (:func:`rankscope.analyze.diagnose`) adds to every finding's own: the ranks
 #: named, and each site as a phrase (`` at train.py:12`` or nothing).
+#: The early exit's advice where its rank's data loop ended (it ran its script to the end with
+#: fewer calls): recipe D9's.
+UNEVEN_FIX = (
+    "Give every rank the same number of steps (DistributedSampler with the same drop_last "
+    "everywhere), or wrap the loop in torch.distributed.algorithms.Join."
+)
+#: The early exit's advice where the user's code asked for it (sys.exit, os._exit).
+ASKED_EXIT_FIX = (
+    "The exit{exit_at} ends this rank alone, and the others wait for it in their next "
+    "collective. Take the decision to stop on every rank together (all_reduce the condition, "
+    "such as a NaN flag, and stop at the same step), or end the whole job on purpose: raise, "
+    "so that torchrun stops the other ranks."
+)
+
 DRIVER_FACTS = frozenset({"culprits", "others", "culprit_at", "other_at"})
 
 #: Cause name -> :class:`Cause`.

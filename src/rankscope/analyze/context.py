@@ -49,7 +49,9 @@ from rankscope.analyze.paths import (
     FirstDivergence,
     earliest,
     first_divergences,
+    p2p_divergence,
     step_at,
+    unmatched_p2p,
 )
 from rankscope.analyze.waits import WaitGraph, wait_graph
 from rankscope.analyze.wording import Phrasing, short
@@ -195,6 +197,16 @@ class Context(Phrasing):
         )
 
     @cached_property
+    def p2p_unmatched(self) -> dict[tuple[int, int], int]:
+        """Point-to-point pairs (sender, receiver) whose calls do not meet, and by how many."""
+        return unmatched_p2p(self.calls)
+
+    @cached_property
+    def p2p_divergence(self) -> FirstDivergence | None:
+        """Where point-to-point calls that do not meet began (:func:`p2p_divergence`)."""
+        return p2p_divergence(self.calls, self.call_paths, self.p2p_unmatched)
+
+    @cached_property
     def first_divergence(self) -> FirstDivergence | None:
         """Where the ranks' paths first part (:mod:`rankscope.analyze.paths`), of every group
         the earliest in time, with the step the culprits had marked there."""
@@ -205,7 +217,7 @@ class Context(Phrasing):
             ranks=self.evidence_ranks,
             complete=self.complete_ranks,
         )
-        d = earliest(divs, self.calls)
+        d = earliest([*divs, *([self.p2p_divergence] if self.p2p_divergence else [])], self.calls)
         if d is None:
             return None
         own = d.culprit_class() or d.classes[0]
@@ -255,6 +267,17 @@ class Context(Phrasing):
         stacks: each rank's thread that waits in a call, else its main thread), and why there
         is none when there is none (:func:`~rankscope.analyze.parting.find_parting`)."""
         key = (tuple(sorted(culprits)), tuple(sorted(others)))
+        fd = self.first_divergence
+        if (
+            key not in self._partings
+            and fd is not None
+            and fd.kind == "collective"
+            and set(key[0]) == set(fd.culprits)
+            and set(key[1]) <= set(fd.others)
+        ):
+            found = self.first_parting
+            if found[0] is not None:
+                self._partings[key] = found
         if key not in self._partings:
             paths: dict[int, list[Frame]] = {}
             for ranks in key:
@@ -277,6 +300,33 @@ class Context(Phrasing):
                 found = (loop, "") if loop is not None else found
             self._partings[key] = found
         return self._partings[key]
+
+    @cached_property
+    def first_parting(self) -> tuple[Parting | None, str]:
+        """The decision that separates the classes of the first divergence, read from the
+        paths of their calls there (a class that made no call: its rank's last stacks), with the
+        values the stacks captured (at the stop: where that is later, the diagnosis says so)."""
+        fd = self.first_divergence
+        own = fd.culprit_class() if fd is not None else None
+        if fd is None or own is None:
+            return None, "nothing tells which side left the common path"
+        other = fd.other_class()
+        paths = {}
+        for c in (own, other):
+            path = list(c.path) if c.op is not None else self.rank_path(c.ranks[0])
+            if not path and c.op is None:  # it left with no stacks: its last recorded call
+                path = list(self.last_call_path(c.ranks[0]))
+            if path:
+                paths[c.ranks[0]] = path
+        values = self.ev.table("values")
+        return find_parting(list(own.ranks), list(other.ranks), paths, values, diverged=True)
+
+    def last_call_path(self, rank: int) -> tuple[Frame, ...]:
+        """The path of ``rank``'s last call the probe recorded (process-group management, such
+        as ``destroy_process_group``, included); none without one."""
+        probe = self.ev.table("collectives")
+        mine = np.flatnonzero(probe["rank"].to_numpy(dtype=np.int64, na_value=-1) == rank)
+        return self.call_paths.of(int(self.call_paths.codes[mine[-1]])) if len(mine) else ()
 
     def loop_left(
         self, culprits: Iterable[int], others: Iterable[int], theirs: pd.Series, own: pd.Series

@@ -19,9 +19,10 @@ from rankscope.analyze.causes import CAUSES, Verdict, explain, fix_for
 from rankscope.analyze.context import Context
 from rankscope.analyze.diagnosis import Diagnosis, who_of
 from rankscope.analyze.evidence import Evidence
-from rankscope.analyze.parting import RANK_ENV, Parting, find_parting
+from rankscope.analyze.parting import RANK_ENV, Parting
 from rankscope.analyze.paths import FirstDivergence, describe
 from rankscope.analyze.rules import RULES, Finding, Rule, rules_for
+from rankscope.analyze.rules.finding import CAUSE_RECIPE
 from rankscope.analyze.rules.paths import hang_of
 from rankscope.analyze.wording import at
 from rankscope.collect import load_run
@@ -73,18 +74,23 @@ def _diagnosis(ctx: Context, f: Finding) -> Diagnosis:
     # The watchdog's proof that the job could not move again (rankscope.waitfor.prove).
     notes = [f"proven: {s['proven']}" for s in ctx.ev.stalls[-1:] if s.get("proven")]
     parting, notes = None, notes + list(f.notes)
-    others = f.waiting or (
-        sorted(set(f.collective.pg_ranks) - set(f.culprits)) if f.collective else []
-    )
     fd = ctx.first_divergence
+    others = f.waiting or (
+        sorted(set(f.collective.pg_ranks) - set(f.culprits))
+        if f.collective
+        else (fd.others if fd is not None and set(fd.culprits) == set(f.culprits) else [])
+    )
     earlier = fd is not None and set(fd.culprits) == set(f.culprits) and _before_hang(ctx, fd)
-    if earlier or (cause.verdict == "hang" and f.culprits and others):
-        found, why = _first_parting(ctx, fd) if earlier else (None, "")
-        if found is None:
-            found, why = ctx.parting(f.culprits, others or fd.others if fd else others)
+    if earlier or (cause.verdict in ("hang", "crash") and f.culprits and others):
+        found, why = ctx.parting(f.culprits, fd.others if earlier and fd else others)
         if found is not None:
             parting = found.to_dict()
             notes += _parting_notes(found)
+            if earlier and found.values:
+                notes.append(
+                    f"the values at {found.site} were captured when the job stopped, after "
+                    "the paths parted: they may have changed since"
+                )
         else:
             notes.append(f"the line where the ranks parted is not known: {why}")
     return Diagnosis(
@@ -92,7 +98,7 @@ def _diagnosis(ctx: Context, f: Finding) -> Diagnosis:
         cause=f.cause,
         culprit_ranks=sorted(f.culprits),
         waiting_ranks=sorted(f.waiting),
-        recipe=cause.recipe,
+        recipe=cause.recipe if f.recipe == CAUSE_RECIPE else f.recipe,
         summary=summary,
         reason=reason,
         fix=fix_for(f.cause, facts),
@@ -112,24 +118,10 @@ def _diagnosis(ctx: Context, f: Finding) -> Diagnosis:
 def _before_hang(ctx: Context, fd: FirstDivergence) -> bool:
     """Whether the paths parted before the place where the ranks of that group stopped (or on
     a group where they never stopped)."""
+    if fd.kind != "collective":  # point-to-point calls: the stacks where they wait tell it
+        return False
     hang = hang_of(ctx, fd)
     return hang is None or hang.seq > fd.seq
-
-
-def _first_parting(ctx: Context, fd: FirstDivergence) -> tuple[Parting | None, str]:
-    """The decision that separates the classes of the first divergence, read from the paths
-    of their calls there (a class that made no call: its rank's last stacks). Values are given
-    only where the divergence is where the ranks stopped: what the stacks captured later says
-    nothing of the values then."""
-    own, other = fd.culprit_class(), fd.other_class()
-    if own is None:
-        return None, "nothing tells which side left the common path"
-    paths = {}
-    for c in (own, other):
-        path = list(c.path) if c.op is not None else ctx.rank_path(c.ranks[0])
-        if path:
-            paths[c.ranks[0]] = path
-    return find_parting(list(own.ranks), list(other.ranks), paths, None, same_pass=True)
 
 
 def _first_dict(fd: FirstDivergence) -> dict[str, Any]:
@@ -137,8 +129,16 @@ def _first_dict(fd: FirstDivergence) -> dict[str, Any]:
 
 
 def _parting_notes(p: Parting) -> list[str]:
-    """What a decision on a per-node or per-rank environment variable means."""
+    """What a decision on a per-node or per-rank environment variable means, and what a
+    handler that only some ranks entered does."""
     notes = []
+    if p.kind == "except":
+        notes.append(
+            f"{who_of(p.ranks_in)} entered the handler at {p.site} alone: a retry or fallback "
+            "that one rank takes issues collectives the others never make. Decide it on every "
+            "rank together (all_reduce a failure flag, then all retry or all skip), or keep "
+            "collectives out of the handler"
+        )
     for name, var in p.env.items():
         if RANK_ENV.get(var) == "D3":
             notes.append(

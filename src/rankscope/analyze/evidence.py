@@ -127,6 +127,9 @@ class Evidence:
             f.last_seen_s = None if pd.isna(row.last_event_s) else float(row.last_event_s)
             f.ring = bool(row.ring) if not pd.isna(row.ring) else False
             f.main_thread = None if pd.isna(row.main_thread) else str(row.main_thread)
+            f.end_how = None if pd.isna(row.end_how) else str(row.end_how)
+            f.end_site = None if pd.isna(row.end_site) else str(row.end_site)
+            f.last_output = None if pd.isna(row.last_output) else str(row.last_output)
         events = self.table("events")
         special = events[events["ev"].isin(["exception", "end", "start"])]
         for pos, row in zip(special.index, special.itertuples(index=False), strict=True):
@@ -256,6 +259,36 @@ class RankFacts:
     """Why its latest stacks were taken: ``stall``, ``SIGTERM``, ``SIGSEGV``, ..."""
     main_thread: str | None = None
     """Its main thread's ident (``0x00007f...``), as the stacks and the calls name threads."""
+
+    end_how: str | None = None
+    """How it ended: ``returned``, ``sys_exit``, ``exception``, ``os._exit``, or the signal's
+    name (its end event's, else the signal it died of); None when nothing says."""
+    end_site: str | None = None
+    """``train.py:41``: the user's line where it ended (sys.exit, the raise, os._exit, the
+    fatal signal), from the stacks its end left."""
+    last_output: str | None = None
+    """The last line it printed itself (``loss is nan at step 7, stopping``)."""
+
+    @property
+    def ending(self) -> str | None:
+        """How it ended, in words: ``called sys.exit(0) at train.py:41 ('loss is nan at step 7,
+        stopping')``; None when its end is not known."""
+        code = "" if self.exit_code is None else str(self.exit_code)
+        what = {
+            "returned": "ran its script to the end",
+            "sys_exit": f"called sys.exit({code})",
+            "exception": f"raised {self.exception}" if self.exception else "raised an exception",
+            "os._exit": f"called os._exit({code})",
+        }.get(self.end_how or "")
+        if what is None and self.end_how:
+            what = (
+                f"died of {self.end_how}" if self.end_how != "SIGTERM" else "was ended by SIGTERM"
+            )
+        if what is None:
+            return None
+        at = f" at {self.end_site}" if self.end_site and self.end_how != "returned" else ""
+        said = f" ({self.last_output!r})" if self.last_output else ""
+        return what + at + said
 
     @property
     def record_complete(self) -> bool:

@@ -183,17 +183,19 @@ def find_parting(
     values: pd.DataFrame | None = None,
     *,
     same_pass: bool = False,
+    diverged: bool = False,
 ) -> tuple[Parting | None, str]:
     """The decision that separates ``culprits`` from ``others``, read from the paths (rank ->
     frames, outermost first) of one rank of each side (the lowest that has one), and why there
     is none when there is none (``(None, reason)``). ``same_pass``: those two ranks wait at the
-    same call of one group (see :func:`_decide`)."""
+    same call of one group; ``diverged``: the paths are those of the first call where the
+    sides part (see :func:`_decide`)."""
     c_rank = next((r for r in sorted(culprits) if paths.get(r)), None)
     o_rank = next((r for r in sorted(others) if paths.get(r)), None)
     if c_rank is None or o_rank is None:
         which = "culprits" if c_rank is None else "other ranks"
         return None, f"no stacks of the {which} were captured"
-    found = _decide(paths[c_rank], paths[o_rank], same_pass=same_pass)
+    found = _decide(paths[c_rank], paths[o_rank], same_pass=same_pass, diverged=diverged)
     if isinstance(found, str):
         return None, found
     decision, culprit_in, arms = found
@@ -229,11 +231,14 @@ class _Decision:
 
 
 def _decide(
-    c: list[Frame], o: list[Frame], *, same_pass: bool = False
+    c: list[Frame], o: list[Frame], *, same_pass: bool = False, diverged: bool = False
 ) -> tuple[_Decision, bool, bool] | str:
     """(the decision, whether the culprits' side took it, whether both sides are in arms of
     it), or why none is found. ``same_pass``: the two sides wait at the same call of their
-    group (the same collective's number), so neither is a pass of a loop ahead."""
+    group (the same collective's number), so neither is a pass of a loop ahead.
+    ``diverged``: the two paths are those of the first call where the sides part
+    (:mod:`rankscope.analyze.paths`), not where they stopped: the decision is the first
+    statement beyond what both share that one side entered (:func:`_first_apart`)."""
     i = 0
     while i < min(len(c), len(o)) and c[i] == o[i]:
         i += 1
@@ -254,6 +259,10 @@ def _decide(
         # two arms of one statement
         node, arm = cc[k]
         return _arm_decision(file, node, arm, c, i), True, True
+    if diverged:
+        found = _first_apart(file, (cc, c, True), (oc, o, False), k, i)
+        if found is not None:
+            return found
     c_first = k < len(cc) and (k >= len(oc) or cc[k][0].lineno < oc[k][0].lineno)
     early, late = (c, o) if c_first else (o, c)
     early_chain, late_chain = (cc, oc) if c_first else (oc, cc)
@@ -282,6 +291,34 @@ def _decide(
 
 
 Chain = list[tuple[ast.AST, str]]
+
+
+def _first_apart(
+    file: str,
+    culprit: tuple[Chain, list[Frame], bool],
+    other: tuple[Chain, list[Frame], bool],
+    k: int,
+    i: int,
+) -> tuple[_Decision, bool, bool] | None:
+    """At the first divergence, the statement beyond the shared ones that sent a side's line
+    another way, the culprits' side first: the outermost arm its line is in (``if``,
+    ``except``, ``case``), else a branch it took in the functions it called from there (a
+    guard that exited), else a loop it is still in (one more iteration than the other
+    side)."""
+    for chain, path, is_culprit in (culprit, other):
+        for node, arm in chain[k:]:
+            if _is_arm(node, arm):
+                return _arm_decision(file, node, arm, path, i), is_culprit, False
+        branch = _innermost_branch(file, chain[k:], path, i)
+        if branch is not None:
+            return branch, is_culprit, False
+    for chain, path, is_culprit in (culprit, other):
+        for n, (node, _arm) in enumerate(chain[k:]):
+            if isinstance(node, _LOOPS):
+                loop = _outermost_loop(file, chain[k + n :], path, i)
+                if loop is not None:
+                    return loop, is_culprit == (loop.kind in _LOOP_KINDS), False
+    return None
 
 
 def _looping(chain: Chain, outer: list[Frame]) -> bool:
@@ -405,16 +442,22 @@ def _innermost_branch(file: str, chain: Chain, path: list[Frame], i: int) -> _De
     found: dict[int, tuple[int, ast.AST, str]] = {}
     for depth, frame_chain in _frame_chains(file, chain, path, i, user_only=False):
         for node, arm in frame_chain:
-            if (
-                (isinstance(node, ast.If) and arm in ("body", "else"))
-                or (isinstance(node, ast.Match) and arm.startswith("case"))
-                or (isinstance(node, _BRANCHES) and arm.startswith("except"))
-            ):
+            if _is_arm(node, arm):
                 found[_owner(path[depth][0])] = (depth, node, arm)
     if not found:
         return None
     depth, node, arm = found[min(found)]
     return _arm_decision(path[depth][0], node, arm, path, depth)
+
+
+def _is_arm(node: ast.AST, arm: str) -> bool:
+    """Whether ``arm`` of ``node`` is a branch taken: an ``if``'s body or ``else``, a ``case``,
+    an ``except`` handler."""
+    return (
+        (isinstance(node, ast.If) and arm in ("body", "else"))
+        or (isinstance(node, ast.Match) and arm.startswith("case"))
+        or (isinstance(node, _BRANCHES) and arm.startswith("except"))
+    )
 
 
 def _owner(file: str) -> int:

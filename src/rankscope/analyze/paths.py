@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -110,12 +110,16 @@ class PathClass:
     row: int | None
     """A row of the calls table of this call (its lowest rank's), None for no call."""
     culprit: bool = False
+    via: str | None = None
+    """``file.py:N``: this class's frame where the classes' paths first differ (the line that
+    led into the call), where that is not the call's own site."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "ranks": list(self.ranks),
             "op": self.op,
             "site": self.site,
+            "via": self.via,
             "path": [list(f) for f in self.path],
             "culprit": self.culprit,
         }
@@ -265,7 +269,7 @@ def _group_divergence(
     prefix = ref[0][:pos]
     culprit, decided_by = _culprit(made, at, prefix)
     made = [
-        PathClass(**{**c.__dict__, "culprit": culprit is not None and c.ranks in culprit})
+        replace(c, culprit=culprit is not None and c.ranks in culprit, via=_via(c, made))
         for c in made
     ]
     made.sort(key=lambda c: (not c.culprit, -len(c.ranks), c.ranks))
@@ -278,6 +282,21 @@ def _group_divergence(
         decided_by=decided_by,
         extra=extra if culprit is not None and _ref_is_other(made, reps[0]) else -extra,
     )
+
+
+def _via(c: PathClass, made: Sequence[PathClass]) -> str | None:
+    """``c``'s frame at the first depth where the paths of the classes that made a call differ,
+    where it is not the call's own site."""
+    paths = [m.path for m in made if m.path]
+    if not c.path or len(paths) < 2:
+        return None
+    depth = 0
+    while all(len(p) > depth for p in paths) and len({p[depth] for p in paths}) == 1:
+        depth += 1
+    if depth >= len(c.path) - 1:
+        return None
+    file, _func, line = c.path[depth]
+    return short_site(file, line)
 
 
 def _ref_is_other(made: list[PathClass], ref_ranks: list[int]) -> bool:
@@ -343,6 +362,104 @@ def _culprit(
     return None, "tie"
 
 
+#: Point-to-point calls by direction: what a rank sends, and what it receives.
+SENDS = frozenset({"send", "isend", "send_object_list"})
+RECVS = frozenset({"recv", "irecv", "recv_object_list"})
+
+
+def unmatched_p2p(calls: pd.DataFrame) -> dict[tuple[int, int], int]:
+    """Pairs (sender, receiver) whose point-to-point calls do not meet: how many more times the
+    sender sent to the receiver than the receiver received from it (negative: fewer)."""
+    p2p = calls[calls["p2p_seq"].notna() & calls["peer"].notna()]
+    sent: dict[tuple[int, int], int] = {}
+    op = p2p["op"].astype(str).to_numpy()
+    me = p2p["rank"].to_numpy(dtype=np.int64)
+    peer = p2p["peer"].to_numpy(dtype=np.int64)
+    for o, a, b in zip(op, me, peer, strict=True):
+        if o in SENDS:
+            sent[(int(a), int(b))] = sent.get((int(a), int(b)), 0) + 1
+        elif o in RECVS:
+            sent[(int(b), int(a))] = sent.get((int(b), int(a)), 0) - 1
+    return {k: v for k, v in sent.items() if v}
+
+
+def p2p_divergence(
+    calls: pd.DataFrame, paths: CallPaths, unmatched: Mapping[tuple[int, int], int]
+) -> FirstDivergence | None:
+    """Where point-to-point calls that do not meet began: of the ranks in an unmatched pair,
+    the one whose call (op, path, peer) is new in its own history, after that history had
+    repeated (a loop's pattern left); else the rank common to every unmatched pair. Ranks of
+    a pipeline make different calls by design, so ranks are compared with themselves, not
+    with each other; and only where calls do not meet, so a healthy job has no such
+    divergence."""
+    involved = sorted({r for pair in unmatched for r in pair})
+    if not involved:
+        return None
+    p2p = calls[calls["p2p_seq"].notna() & calls["rank"].isin(involved)]
+    found: dict[int, Any] = {}
+    for rank, mine in p2p.groupby("rank", sort=True):
+        mine = mine.sort_values("order")
+        seen: set[tuple[Any, ...]] = set()
+        repeated = False
+        for idx, o, path, peer in zip(
+            mine.index, mine["op"].astype(str), mine["path"], mine["peer"], strict=True
+        ):
+            token = (o, int(path), None if pd.isna(peer) else int(peer))
+            if token in seen:
+                repeated = True
+            elif repeated:
+                found[int(rank)] = idx
+                break
+            seen.add(token)
+    decided_by = "new"
+    if len(found) != 1:
+        ranks = [r for pair in unmatched for r in pair]
+        common = [r for r in involved if ranks.count(r) == len(unmatched) and len(unmatched) > 1]
+        if len(common) != 1:
+            return None
+        rank = common[0]
+        if rank not in found:
+            mine = p2p[p2p["rank"] == rank].sort_values("order")
+            if mine.empty:
+                return None
+            found = {rank: mine.index[-1]}
+        found, decided_by = {rank: found[rank]}, "peer"
+    ((rank, idx),) = found.items()
+    row = calls.loc[idx]
+    seq = int(row["p2p_seq"])
+    own = PathClass(
+        ranks=(rank,),
+        op=str(row["op"]),
+        site=opt(row["site"]),
+        path=paths.of(int(row["path"])),
+        row=int(idx),
+        culprit=True,
+    )
+    others = tuple(r for r in involved if r != rank)
+    at_seq = calls[
+        calls["rank"].isin(others) & (calls["p2p_seq"] == seq) & (calls["pg"] == row["pg"])
+    ]
+    first = at_seq.iloc[0] if len(at_seq) else None
+    other = PathClass(
+        ranks=others,
+        op=None if first is None else str(first["op"]),
+        site=None if first is None else opt(first["site"]),
+        path=() if first is None else paths.of(int(first["path"])),
+        row=None if first is None else int(at_seq.index[0]),
+    )
+    classes = (own, replace(other, via=_via(other, [own, other])))
+    classes = (replace(own, via=_via(own, [own, other])), classes[1])
+    return FirstDivergence(
+        pg=str(row["pg"]),
+        pg_desc=opt(row["pg_desc"]),
+        seq=seq,
+        kind="p2p",
+        classes=classes,
+        decided_by=decided_by,
+        extra=0,
+    )
+
+
 def earliest(divs: Iterable[FirstDivergence], calls: pd.DataFrame) -> FirstDivergence | None:
     """Of the groups' first divergences, the one that came first in time (the start of its
     earliest call; one without a call at all, last)."""
@@ -375,8 +492,8 @@ def describe(d: FirstDivergence) -> str:
 
     def doing(c: PathClass) -> str:
         if c.op is None:
-            return "made no call (it had left)"
-        return f"called {c.op}" + (f" from {c.site}" if c.site else "")
+            return "made no call there (" + ("it" if len(c.ranks) == 1 else "they") + " had left)"
+        return f"called {c.op} from " + " → ".join(x for x in (c.via, c.site) if x)
 
     if own is None:
         classes = "; ".join(f"{who_of(c.ranks)} {doing(c)}" for c in d.classes)

@@ -215,6 +215,34 @@ def _start_event(path: Path) -> dict[str, Any] | None:
     return None
 
 
+#: How much of the end of an events file is read for its end event (whose stack is at most
+#: ``END_STACK_MAX`` frames): the probe writes nothing after it.
+_END_TAIL = 1 << 18
+
+
+def end_event(path: Path) -> dict[str, Any] | None:
+    """The end event of the rank's latest process (a start event after the last end event is
+    a new process that has not ended), read from the end of its events file; None when there is
+    none, or the file cannot be read."""
+    try:
+        with open(path, "rb") as f:
+            size = f.seek(0, os.SEEK_END)
+            f.seek(max(0, size - _END_TAIL))
+            tail = f.read(_END_TAIL)
+    except OSError:
+        return None
+    for line in reversed(tail.splitlines()):
+        if b'"end"' not in line and b'"start"' not in line:
+            continue
+        try:
+            ev = json.loads(line)
+        except (ValueError, RecursionError):
+            continue
+        if isinstance(ev, dict) and ev.get("ev") in ("end", "start"):
+            return ev if ev["ev"] == "end" else None
+    return None
+
+
 def _torchrun_log(
     path: Path, name: str, parts: list[str], inv: Inventory, info: dict[str, Any]
 ) -> Source | None:

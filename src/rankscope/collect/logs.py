@@ -184,3 +184,56 @@ def _error_file_lines(
     lines += split_lines(as_str(info.get("py_callstack")) or "")
     stamp = as_int(info.get("timestamp"))
     return lines, None if stamp is None else float(stamp)
+
+
+#: Lines that open a block a rank did not write itself: a traceback, a faulthandler dump, a C++
+#: abort's message and frames, a Python warning (its source line follows, indented).
+_BLOCK = re.compile(
+    r"Traceback \(most recent call last\)|During handling of the above exception"
+    r"|The above exception was the direct cause|Fatal Python error|Current thread 0x|Thread 0x"
+    r"|Stack \(most recent call first\)|Extension modules: |Python runtime state"
+    r"|terminate called |Exception raised from |frame #\d+: |\S.*:\d+: \w*Warning: "
+)
+#: Single lines that are not the rank's own: torch's and torchrun's logging (glog-style
+#: headers), NCCL's, rankscope's.
+_NOT_OWN = re.compile(r"\[?[IWEF]\d{4} \d\d:\d\d:\d\d|.{0,120}\bNCCL (?:INFO|WARN)\b|rankscope ")
+#: How many of a stream's last lines are looked through for the rank's own last line.
+_TAIL = 400
+
+
+def last_output(logs: pd.DataFrame) -> dict[int, str]:
+    """Per rank, the last non-empty line it printed itself: its stdout's, else its stderr's
+    (no line of a rank's own output carries a time). Tracebacks, faulthandler dumps, a C++
+    abort's text, warnings, torch's and NCCL's logging and rankscope's own lines are not the
+    rank's: a rank that printed ``loss is nan at step 7, stopping`` before ``sys.exit(0)`` has
+    that line, whatever followed it on stderr."""
+    out: dict[int, str] = {}
+    if logs.empty:
+        return out
+    own = logs[logs["stream"].isin(["stdout", "stderr"]) & logs["rank"].notna()]
+    groups = own.groupby([own["rank"].astype(int), own["stream"].astype(str)], sort=False)
+    found = {
+        key: _last_own(own["text"].iloc[rows[-_TAIL:]]) for key, rows in groups.indices.items()
+    }
+    for (rank, stream), line in found.items():
+        if line is not None and (stream == "stdout" or found.get((rank, "stdout")) is None):
+            out[rank] = line
+    return out
+
+
+def _last_own(texts: pd.Series) -> str | None:
+    last, block = None, None  # the kind of block the lines are in: traceback, other
+    for text in texts.tolist():
+        if not isinstance(text, str) or not text.strip():
+            continue  # a blank line neither opens nor closes a block (faulthandler's threads)
+        if text[0] in " \t":  # a block's frames and source lines; else the rank's own
+            last = last if block else text.strip()
+            continue
+        m = _BLOCK.match(text)
+        if m:
+            block = "traceback" if m.group().startswith("Traceback") else "other"
+            continue
+        ends_traceback, block = block == "traceback", None
+        if not ends_traceback and not _NOT_OWN.match(text):  # not "ValueError: ..." after one
+            last = text.strip()
+    return last

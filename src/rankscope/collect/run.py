@@ -22,11 +22,11 @@ import pandas as pd
 from rankscope import schema
 from rankscope._values import as_float, as_int
 from rankscope.collect._common import Problems, first_rows
-from rankscope.collect.discover import Inventory, discover
+from rankscope.collect.discover import Inventory, discover, end_event
 from rankscope.collect.errors import find_errors
 from rankscope.collect.events import parse_events
 from rankscope.collect.flight_recorder import load_flight_recorder, read_fr_frames
-from rankscope.collect.logs import read_logs
+from rankscope.collect.logs import last_output, read_logs
 from rankscope.collect.nccl import load_nccl
 from rankscope.collect.stacks import read_stacks, summarize_stacks
 from rankscope.collect.values import read_values
@@ -172,9 +172,8 @@ class Run:
             return {"errors": find_errors(self.table("logs"), nccl=self.table("nccl"))}
 
         def ranks() -> dict[str, pd.DataFrame]:
-            return {
-                "ranks": _ranks_table(self.table("events"), inv, self.info, self._launcher_text())
-            }
+            ranks = _ranks_table(self.table("events"), inv, self.info, self._launcher_text())
+            return {"ranks": _with_ends(ranks, inv, self.table("stack_summary"), self.logs)}
 
         return {
             "events": (events, ("events", "collectives")),
@@ -384,3 +383,38 @@ def _ranks_table(
         )
     columns = list(schema.RANKS)
     return schema.conform("ranks", pd.DataFrame(rows, columns=columns))
+
+
+def _with_ends(
+    ranks: pd.DataFrame, inv: Inventory, summary: pd.DataFrame, logs: pd.DataFrame
+) -> pd.DataFrame:
+    """The ranks table with how each rank ended: ``end_how`` from its end event (else the
+    signal it died of), ``end_site`` from the stacks taken as it ended (the end's own stack, a
+    fatal signal's dump) and the last line it printed (:func:`~rankscope.collect.logs.last_output`)."""
+    if ranks.empty:
+        return ranks
+    hows: dict[int, str | None] = {}
+    for source in inv.events:
+        end = end_event(source.path) if source.rank is not None else None
+        if end is not None:
+            record = RankRecord(rank=source.rank)  # type: ignore[arg-type]
+            record.apply(end)
+            hows[source.rank] = record.end_how  # type: ignore[index]
+    rank = ranks["rank"].astype(int).tolist()
+    how = [hows.get(r) for r in rank]
+    how = [h if h is not None else s for h, s in zip(how, ranks["signal"].tolist(), strict=True)]
+    how = [None if pd.isna(h) else str(h) for h in how]
+    # Each rank's last capture whose reason is how it ended: its site is where it ended.
+    sites: dict[tuple[int, str], Any] = {}
+    for r, reason, site in zip(summary["rank"], summary["reason"], summary["site"], strict=True):
+        if not pd.isna(r) and not pd.isna(reason) and not pd.isna(site):
+            sites[(int(r), str(reason))] = site
+    said = last_output(logs)
+    return schema.conform(
+        "ranks",
+        ranks.assign(
+            end_how=how,
+            end_site=[sites.get((r, h)) if h else None for r, h in zip(rank, how, strict=True)],
+            last_output=[said.get(r) for r in rank],
+        ),
+    )

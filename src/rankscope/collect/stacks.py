@@ -107,10 +107,14 @@ def _in_collective(frame: dict[str, Any]) -> bool:
     return _in_torch_distributed(frame) and str(frame["file"]).endswith("distributed_c10d.py")
 
 
-def _faulthandler(lines: list[str]) -> Iterator[_Capture]:
+def _faulthandler(
+    lines: list[str], cut: list[str] | None = None, partial: str | None = None
+) -> Iterator[_Capture]:
     """Dumps in a text: each starts at a rankscope marker, at faulthandler's ``Fatal Python
     error:`` line (its reason: the signal), or at the first thread header after a blank line or
-    other text."""
+    other text. A text that ends inside a dump (a log cut short: ``partial`` is its last line,
+    without a newline, left out of ``lines``) keeps its complete frames; what was lost is said
+    in ``cut``."""
     capture: _Capture | None = None
     thread: _Thread | None = None
     pending: tuple[int | None, float | None, str | None] = (None, None, None)  # id, t, reason
@@ -144,6 +148,15 @@ def _faulthandler(lines: list[str]) -> Iterator[_Capture]:
             if capture is not None and capture.threads:
                 yield capture
             capture = None
+    if cut is not None and partial is not None and thread is not None:
+        cut.append(
+            f"a faulthandler dump is cut short ({partial.strip()[:60]!r}): its complete frames "
+            "are kept, the outer ones are missing"
+        )
+    elif cut is not None and capture is None:
+        fatal = pending[2] if pending[2] is not None else (partial or "")[:40]
+        if fatal.startswith(("SIG", "fatal", "Fatal Python error")):
+            cut.append(f"a faulthandler dump ({fatal}) ends before its first thread")
     if capture is not None and capture.threads:
         yield capture
 
@@ -194,6 +207,13 @@ def _pyspy_json(data: Any, source: Source) -> Iterator[_Capture]:
         yield capture
 
 
+def _mtime(source: Source) -> float | None:
+    try:
+        return source.path.stat().st_mtime
+    except OSError:
+        return None
+
+
 def _float(text: str | None) -> float | None:
     try:
         return float(text) if text not in (None, "None") else None
@@ -218,7 +238,21 @@ def _captures(source: Source, problems: Problems) -> list[_Capture]:
         found = list(_pyspy_text(lines, source))
         what = "py-spy dump"
     else:
-        found = list(_faulthandler(lines)) if "most recent call first" in text else []
+        cut: list[str] = []
+        # A last line without its newline: a log cut short (faulthandler ends every line),
+        # or a dump written by hand where it reads as a whole frame.
+        whole = source.stream is None and lines and _FH_FRAME.fullmatch(lines[-1])
+        partial = lines.pop() if lines and not text.endswith("\n") and not whole else None
+        if "most recent call first" in text or "Fatal Python error" in text:
+            found = list(_faulthandler(lines, cut, partial))
+        else:
+            found = []
+        for reason in cut:
+            problems.add(source, READER, reason)
+        if source.stream is not None:  # a log: a fatal signal's dump is its process's last word
+            for capture in found:
+                if capture.t_s is None and (capture.reason or "").startswith("SIG"):
+                    capture.t_s = _mtime(source)
         what = "faulthandler dump"
     if not found and source.stream is None and text.strip():  # logs may hold none
         problems.add(source, READER, f"no {what} found in the file")
@@ -355,9 +389,11 @@ def short_site(file: str, line: object) -> str:
 
 def latest_captures(table: pd.DataFrame) -> pd.DataFrame:
     """The rows of each rank's latest capture, from the ``stacks`` or the ``stack_summary``
-    table: the last capture of the rank's own ``stacks.txt`` where it has one (the probe appends
-    to it, and a fatal signal's dump there has no capture id or time), else the newest by
-    capture id and time."""
+    table: a fatal signal's dump in the rank's own log (its stderr, where a script that enables
+    faulthandler itself sends it; the process died writing it) unless its own ``stacks.txt``
+    has a capture taken after that log was last written (a later attempt's); else the last
+    capture of its ``stacks.txt`` where it has one (the probe appends to it, and a fatal
+    signal's dump there has no capture id or time); else the newest by capture id and time."""
     if table.empty:
         return table
     source = table["source"].astype(object).fillna("").to_numpy()
@@ -370,8 +406,21 @@ def latest_captures(table: pd.DataFrame) -> pd.DataFrame:
     cid = table["capture_id"].astype("Float64").fillna(-1.0).to_numpy(dtype=float)
     t = table["t_s"].astype("Float64").fillna(-1.0).to_numpy(dtype=float)
     rank = table["rank"].astype("Float64").fillna(-1.0).to_numpy(dtype=float)
+    reason = table["reason"].astype(object).fillna("").to_numpy()
+    crash = np.fromiter(
+        (
+            r.startswith("SIG") and not o and not s.startswith("evidence/") and tt >= 0
+            for r, o, s, tt in zip(reason, own, source, t, strict=True)
+        ),
+        dtype=bool,
+        count=len(source),
+    )
+    if crash.any():  # later than every capture of the rank's stacks.txt
+        own_t = pd.Series(np.where(own, t, -1.0)).groupby(rank).transform("max").to_numpy()
+        crash &= t >= own_t
+    level = np.where(crash, 2, np.where(own, 1, 0))
     # Own captures by their place in the file; others by id, then time. Per rank, the last.
-    order = np.lexsort((np.where(own, 0.0, t), np.where(own, capture, cid), own, rank))
+    order = np.lexsort((np.where(own, 0.0, t), np.where(own, capture, cid), level, rank))
     by_rank = rank[order]
     last = order[np.r_[by_rank[1:] != by_rank[:-1], True]]
     # A capture is one (source, capture) of the rank: every row of it is kept.

@@ -68,6 +68,7 @@ import inspect
 import json
 import os
 import pickle
+import runpy
 import signal
 import socket
 import sys
@@ -352,27 +353,45 @@ class Probe:
         self._thread.start()
         atexit.register(self.end, None, reason="exit")
 
-    def end(self, code: int | None, *, reason: str = "exit", dying: bool = False) -> None:
+    def end(
+        self,
+        code: int | None,
+        *,
+        reason: str = "exit",
+        how: str | None = None,
+        stack: list[list[Any]] | None = None,
+        dying: bool = False,
+    ) -> None:
         """Final dump and end event; runs once (bootstrap, atexit, ``os._exit`` or a teardown
         signal), and a second caller waits until the first is done. ``dying``: the process is
         about to be ended by a signal, not to finalize. Nothing in a forked child of the rank
-        (a DataLoader worker exiting, or terminated by its parent)."""
+        (a DataLoader worker exiting, or terminated by its parent).
+
+        ``how`` the rank ended (``returned``, ``sys_exit``, ``exception``, ``os._exit``, a
+        signal's name; by default ``reason`` where that says it, None for an exit the probe
+        cannot tell apart: atexit without the bootstrap) and ``stack`` where (:func:`tb_stack`,
+        :func:`frame_stack`): the end event carries both, and the stack is also written to
+        ``stacks.txt`` as the calling thread's, a capture of its own with ``how`` as its
+        reason, after the capture of every thread."""
         if os.getpid() != self._pid:
             return
+        if how is None and reason != "exit":
+            how = reason
         with self._end_lock:
             if self._ended:
                 return
             self._ended = True
             self._ending = threading.get_ident()
             # Evidence first: a rank that fails is often sent SIGTERM by torchrun moments later.
-            self.capture(reason=reason)
+            ending = (how or reason, threading.get_ident(), stack) if stack else None
+            self.capture(reason=reason, ending=ending)
             self._stop.set()  # no heartbeat after the end event
             if self._thread.is_alive() and self._thread is not threading.current_thread():
                 self._thread.join(timeout=2)
             # The recorder's count at the end: every collective this rank will ever have
             # issued on each group (the stall prover's "ended before calling it").
             fr = _fr_progress() if _fr_enabled() and c10d.is_initialized() else None
-            self.emit("end", code=code, reason=reason, fr=fr)
+            self.emit("end", code=code, reason=reason, how=how, stack=stack or None, fr=fr)
             self.flush()
             self._ending = None
 
@@ -599,8 +618,16 @@ class Probe:
             self.capture(reason=str(req.get("reason", "request")), capture_id=int(req["id"]))
 
     # --- evidence ---------------------------------------------------------------------------
-    def capture(self, *, reason: str, capture_id: int | None = None) -> list[str]:
-        """Write every thread's Python stack and the flight-recorder dump(s); return the files."""
+    def capture(
+        self,
+        *,
+        reason: str,
+        capture_id: int | None = None,
+        ending: tuple[str, int, list[list[Any]]] | None = None,
+    ) -> list[str]:
+        """Write every thread's Python stack and the flight-recorder dump(s); return the files.
+        ``ending``: (how, thread ident, stack) of a rank's end (see :meth:`end`), written after
+        the dump of every thread as a capture of that thread alone."""
         files: list[str] = []
         self.flush()
         with self._capture_lock:
@@ -613,6 +640,8 @@ class Probe:
                 )
                 self._stacks.flush()
                 faulthandler.dump_traceback(file=self._stacks, all_threads=True)
+                if ending is not None:
+                    self._stacks.write(_end_capture(*ending))
                 self._stacks.flush()
                 files.append(self.run.stacks(self.rank).name)
             except (OSError, ValueError):
@@ -663,7 +692,7 @@ class Probe:
 
         def _exit(code: int) -> None:
             with contextlib.suppress(Exception):
-                self.end(code, reason="os._exit")
+                self.end(code, reason="os._exit", stack=frame_stack(sys._getframe(1)))
             real_exit(code)
 
         os._exit = _exit
@@ -844,6 +873,53 @@ _TENSOR_PARAMS = frozenset(
         "scatter_list",
     }
 )
+
+
+#: Frames of the probe, the bootstrap and runpy: not in the stack an end records.
+_NOT_THE_USERS = (
+    str(Path(__file__).parent),
+    str(Path(__file__).resolve().parent),
+    runpy.__file__,
+    "<frozen ",
+)
+#: The most frames an end's stack keeps (the innermost, as faulthandler keeps 100).
+END_STACK_MAX = 100
+
+
+def _without_probe(frames: list[list[Any]]) -> list[list[Any]]:
+    kept = [f for f in frames if not str(f[0]).startswith(_NOT_THE_USERS)]
+    return kept[-END_STACK_MAX:]
+
+
+def tb_stack(tb: Any) -> list[list[Any]]:
+    """``[[file, function, line], ...]`` of a traceback, outermost first, down to where the
+    exception was raised (``sys.exit`` is C: its caller's line), without the probe's frames."""
+    frames = []
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        frames.append([code.co_filename, code.co_name, tb.tb_lineno])
+        tb = tb.tb_next
+    return _without_probe(frames)
+
+
+def frame_stack(frame: Any) -> list[list[Any]]:
+    """The same for the frames from ``frame`` outwards (where ``os._exit`` was called)."""
+    frames = []
+    while frame is not None:
+        frames.append([frame.f_code.co_filename, frame.f_code.co_name, frame.f_lineno])
+        frame = frame.f_back
+    return _without_probe(frames[::-1])
+
+
+def _end_capture(how: str, tid: int, stack: list[list[Any]]) -> str:
+    """An end's stack as a capture in ``stacks.txt``: a marker with ``how`` as its reason, then
+    the thread as faulthandler writes one (innermost frame first), for the same reader."""
+    lines = [
+        f"# rankscope capture id=None t={time.time():.6f} reason={how} pid={os.getpid()}",
+        f"Current thread 0x{tid:016x} (most recent call first):",
+    ]
+    lines += [f'  File "{file}", line {line} in {func}' for file, func, line in reversed(stack)]
+    return "\n".join(lines) + "\n\n"
 
 
 def _die_of(signum: int) -> None:
@@ -1061,7 +1137,7 @@ def install(run_dir: str | os.PathLike[str] | None = None, *, rank: int | None =
         def hook(tp: type[BaseException], exc: BaseException, tb: Any) -> None:
             if _probe is not None:
                 _probe.on_exception(exc)
-                _probe.end(1, reason="exception")
+                _probe.end(1, reason="exception", stack=tb_stack(tb))
             previous(tp, exc, tb)
 
         sys.excepthook = hook

@@ -16,7 +16,7 @@ import traceback
 from types import TracebackType
 
 from rankscope.probe import _core
-from rankscope.probe._core import install
+from rankscope.probe._core import install, tb_stack
 
 # Frames of the bootstrap, runpy and the probe's collective wrappers are not the user's: a
 # traceback printed by the bootstrap leaves them out, as if the script had run under plain python.
@@ -98,9 +98,10 @@ def main(argv: list[str] | None = None) -> None:
         code = _exit_code(exc.code)
         if code != 0:  # sys.exit(1) or sys.exit("message"): the rank failed on purpose
             probe.on_exception(exc)
-        probe.end(code)
+        probe.end(code, how="sys_exit", stack=tb_stack(exc.__traceback__))
         raise
     except BaseException as exc:
+        stack = tb_stack(exc.__traceback__)
         _strip(exc, set())
         text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
         sys.stderr.write(text)
@@ -108,9 +109,9 @@ def main(argv: list[str] | None = None) -> None:
         probe.on_exception(exc)
         _record_error_file(exc, text)
         code = 130 if isinstance(exc, KeyboardInterrupt) else 1
-        probe.end(code, reason="exception")
+        probe.end(code, reason="exception", stack=stack)
         raise SystemExit(code) from None
-    probe.end(0)
+    probe.end(0, how="returned")
 
 
 if __name__ == "__main__":

@@ -41,7 +41,8 @@ class Scenario:
     expected: dict[str, Any]
     """Diagnosis of the broken run: verdict, cause, culprit_ranks (null: not asserted), and
     where the script has one, parting: the text of the line that sent the culprits another
-    way (``elif rank == 0:``)."""
+    way (``elif rank == 0:``); first_seq: the collective where the ranks' paths first part
+    (``first_divergence``), where that lies before the hang."""
     source: str | None = None
     nnodes: int = 1
     args: tuple[str, ...] = ()
@@ -78,6 +79,7 @@ class Scenario:
             ("cause", got["cause"]),
             ("culprit_ranks", got["culprit_ranks"]),
             ("parting", parting),
+            ("first_seq", (got.get("first_divergence") or {}).get("seq")),
         ]
         return [
             f"{key} {value!r}, expected {want[key]!r}: {got['summary']}"

@@ -13,6 +13,9 @@ from rankscope.analyze.causes import DRIVER_FACTS, Cause
 from rankscope.analyze.context import Context
 from rankscope.analyze.diagnosis import CollectiveInfo, EvidenceRef
 
+#: A finding's recipe when it is its cause's own (:attr:`Finding.recipe`).
+CAUSE_RECIPE = "the cause's"
+
 
 @dataclass(frozen=True, kw_only=True)
 class Finding:
@@ -30,6 +33,9 @@ class Finding:
     collective: CollectiveInfo | None = None
     refs: list[EvidenceRef] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    recipe: str | None = CAUSE_RECIPE
+    """The recipe of the guide that covers this finding: the cause's own unless the evidence
+    says otherwise (an exit the user's code asked for is no data loop ended: not D9)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.cause, Cause):
@@ -51,6 +57,8 @@ class Decided:
     culprits: list[int]
     facts: dict[str, Any]
     notes: list[str] = field(default_factory=list)
+    recipe: str | None = CAUSE_RECIPE
+    """As :attr:`Finding.recipe`."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -72,6 +72,10 @@ def _mismatch(ctx: Context, d: align.Divergence) -> Finding:
         norm_key, tied = next(k for k in groups if k != parted), []
     norm = rows[rows["key"] == norm_key]
     odd = rows[rows["key"] != norm_key]
+    told = _told_by_paths(ctx, d)
+    if told is not None:  # the classes of the paths, where they tell the side that left
+        odd, norm = rows[rows["rank"].isin(told)], rows[~rows["rank"].isin(told)]
+        norm_key, tied = int(norm["key"].mode().iloc[0]), []
     culprits = sorted(odd["rank"].tolist())
     waiting = sorted(norm["rank"][~done(norm)].tolist())
     o, n = odd.iloc[0], norm.iloc[0]
@@ -106,6 +110,13 @@ def _mismatch(ctx: Context, d: align.Divergence) -> Finding:
         or _extra_call(ctx, culprits, norm_ranks)
     ):
         decided = branch
+    if decided is None and _extra_iteration(ctx, culprits, norm_ranks):
+        decided = took_a_branch(
+            culprits,
+            doing=f"made one more pass of the loop at {ctx.parting(culprits, norm_ranks)[0].site}"
+            f" and called {o['op']}{at(facts['culprit_site'])}",
+            others_doing=f"had left it and called {n['op']}{at(facts['other_site'])}",
+        )
     decided = decided or different_call(culprits, differ, o, n)
     notes += decided.notes + (thread_notes(ctx, odd) if differ == "op" else [])
     cause = decided.cause
@@ -133,6 +144,18 @@ def call_of(row: pd.Series) -> Call:
     root = row["root"]
     root = None if pd.isna(root) else int(root)
     return Call(op=str(row["op"]), shapes=row["shapes"], dtypes=row["dtypes"], root=root)
+
+
+def _told_by_paths(ctx: Context, d: align.Divergence) -> list[int] | None:
+    """The culprits of the first divergence of the paths where it is this one (the same group
+    and call) and its classes tell them by their size or by a call new on the group; None
+    where they do not, or every rank at this call would be a culprit."""
+    fd = ctx.first_divergence
+    if fd is None or (fd.pg, fd.seq) != (d.pg, d.seq) or fd.decided_by not in ("fewer", "new"):
+        return None
+    present = set(d.rows["rank"].tolist())
+    told = sorted(set(fd.culprits) & present)
+    return told if told and set(told) != present else None
 
 
 def _tie_note(
@@ -282,6 +305,16 @@ def _extra_call(ctx: Context, culprits: list[int], others: list[int]) -> bool:
     line: a branch one side took, not two arms of one ``if``, nor a loop): an extra call."""
     p, _ = ctx.parting(culprits, others)
     return p is not None and not p.arms and not p.left_loop and set(culprits) <= set(p.ranks_in)
+
+
+def _extra_iteration(ctx: Context, culprits: list[int], others: list[int]) -> bool:
+    """Whether the culprits' call is one more pass of a loop the others had left, where their
+    paths first parted (the parting line of their paths there: a loop the culprits are in)."""
+    fd = ctx.first_divergence
+    if fd is None or set(fd.culprits) != set(culprits):
+        return False
+    p, _ = ctx.parting(culprits, others)
+    return p is not None and p.kind in ("for", "while") and set(culprits) <= set(p.ranks_in)
 
 
 def _earliest(rows: pd.DataFrame) -> float:

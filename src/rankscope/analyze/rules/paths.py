@@ -11,19 +11,15 @@ final snapshot (mismatch, deaths, waits): they know what the culprits were doing
 
 from __future__ import annotations
 
-from typing import Any
-
-import pandas as pd
-
 from rankscope.analyze import align
-from rankscope.analyze.calls import failed, opt
+from rankscope.analyze.calls import failed
 from rankscope.analyze.causes import Cause
 from rankscope.analyze.context import Context
 from rankscope.analyze.diagnosis import who_of
 from rankscope.analyze.paths import FirstDivergence, PathClass
 from rankscope.analyze.rules.finding import Decided, Finding, rule
 from rankscope.analyze.rules.mismatch import call_of, different_call, ran_out, took_a_branch
-from rankscope.analyze.wording import at
+from rankscope.analyze.wording import at, short
 from rankscope.waitfor import differs
 
 
@@ -36,14 +32,15 @@ def hang_of(ctx: Context, fd: FirstDivergence) -> align.Divergence | None:
 def where(fd: FirstDivergence) -> str:
     step = f", step {fd.step}" if fd.step is not None else ""
     desc = f" ({fd.pg_desc})" if fd.pg_desc and fd.pg_desc != "undefined" else ""
-    return f"group {fd.pg}{desc}, collective #{fd.seq}{step}"
+    call = "collective" if fd.kind == "collective" else "point-to-point call"
+    return f"group {fd.pg}{desc}, {call} #{fd.seq}{step}"
 
 
 def _doing(c: PathClass, *, extra: int) -> str:
     if c.op is None:
         return "made no call there"
     what = f"an extra {c.op}" if extra > 0 else c.op
-    return f"called {what}{at(c.site)}"
+    return f"called {what} from " + " → ".join(x for x in (c.via, c.site) if x)
 
 
 def decide(ctx: Context, fd: FirstDivergence) -> Decided | None:
@@ -74,20 +71,25 @@ def decide(ctx: Context, fd: FirstDivergence) -> Decided | None:
 @rule(35)
 def earlier_divergence(ctx: Context) -> Finding | None:
     fd = ctx.first_divergence
-    if fd is None or not fd.culprits:
+    if fd is None or not fd.culprits or fd.kind != "collective":
         return None
     hang = hang_of(ctx, fd)
-    if hang is not None and hang.seq <= fd.seq:
-        return None  # they part where they stopped: the snapshot's rules read it
+    own = fd.culprit_class()
+    went_further = fd.extra > 0 and own is not None and own.op is not None
+    if hang is not None and hang.seq <= fd.seq and not went_further:
+        # they part where they stopped: the snapshot's rules read it, unless the culprits
+        # made more calls than the others (the snapshot would take the others for the ones
+        # that ran short)
+        return None
     decided = decide(ctx, fd)
     if decided is None:
         return None
-    own, other = fd.culprit_class(), fd.other_class()
+    other = fd.other_class()
     waiting = ctx.blocked(exclude=set(fd.culprits))
     later = (
         f"; the job hung {hang.seq - fd.seq} collectives later on that group, in "
         f"{hang.rows['op'].iloc[0]} ({ctx.label(hang)})"
-        if hang is not None
+        if hang is not None and hang.seq > fd.seq
         else ""
     )
     return Finding(
@@ -137,7 +139,7 @@ def swallowed(ctx: Context) -> Finding | None:
         first = raised.sort_values("t_start_s").iloc[0]
         said.append(
             f"{who_of(errors)} had collectives raise errors that the code caught "
-            f"(first: {first['op']} on rank {int(first['rank'])}: {first['error']})"
+            f"(first: {first['op']} on rank {int(first['rank'])}: {short(first['error'], 120)})"
         )
     return Finding(
         cause=Cause.swallowed_errors,
@@ -147,102 +149,45 @@ def swallowed(ctx: Context) -> Finding | None:
     )
 
 
-#: Point-to-point calls by direction: what a rank sends, and what it receives.
-_SENDS = frozenset({"send", "isend", "send_object_list"})
-_RECVS = frozenset({"recv", "irecv", "recv_object_list"})
-
-
 @rule(45)
 def peer_mismatch(ctx: Context) -> Finding | None:
-    """Point-to-point calls that do not meet: a rank sent to a peer more (or fewer) times than
-    that peer received from it. The culprit is the rank common to the unmatched pairs (it sent
-    or received on the wrong side), else the one whose call named a peer that its line had not
-    named before."""
-    calls = ctx.calls
-    p2p = calls[calls["p2p_seq"].notna() & calls["peer"].notna()]
-    if p2p.empty:
+    """Point-to-point calls that do not meet (a rank sent to a peer more, or fewer, times than
+    that peer received from it): the culprit is the rank whose call left its own pattern, a
+    peer its line had not named before (:func:`~rankscope.analyze.paths.p2p_divergence`)."""
+    unmatched = ctx.p2p_unmatched
+    fd = ctx.p2p_divergence
+    if not unmatched or fd is None or not fd.culprits or not ctx.graph.waits:
         return None
-    op = p2p["op"].astype(str)
-    me = p2p["rank"].to_numpy(dtype=int)
-    peer = p2p["peer"].to_numpy(dtype=int)
-    sent: dict[tuple[int, int], int] = {}
-    got: dict[tuple[int, int], int] = {}
-    for o, a, b in zip(op, me, peer, strict=True):
-        if o in _SENDS:
-            sent[(a, b)] = sent.get((a, b), 0) + 1
-        elif o in _RECVS:
-            got[(b, a)] = got.get((b, a), 0) + 1  # keyed (sender, receiver)
-    unmatched = {k: sent.get(k, 0) - got.get(k, 0) for k in set(sent) | set(got)}
-    unmatched = {k: v for k, v in unmatched.items() if v}
-    if not unmatched or not ctx.graph.waits:
-        return None
-    ranks = [r for pair in unmatched for r in pair]
-    common = [r for r in set(ranks) if ranks.count(r) > 1]
-    novel = _novel_peers(p2p)
-    culprits = sorted(r for r in common if r in novel) or sorted(common) or sorted(set(novel))
-    if len(culprits) != 1:
-        return None
-    culprit = culprits[0]
-    own = novel.get(culprit) or _last_p2p(p2p, culprit)
-    if own is None:
-        return None
-    said = []
-    for (a, b), v in sorted(unmatched.items()):
-        more = "more" if v > 0 else "fewer"
-        said.append(
-            f"rank {a} sent to rank {b} {abs(v)} time(s) {more} than rank {b} received from it"
-        )
-    waiting = ctx.blocked(exclude={culprit})
-    others = [r for r in waiting if r in {x for pair in unmatched for x in pair}] or waiting
-    other_doing = "; ".join(ctx.graph.waits[r].where() for r in others if r in ctx.graph.waits)
+    own = fd.culprit_class()
+    row = ctx.calls.loc[own.row]
+    rank = own.ranks[0]
+    before = ctx.calls[
+        (ctx.calls["rank"] == rank)
+        & (ctx.calls["op"].astype(str) == own.op)
+        & (ctx.calls["order"] < row["order"])
+    ]["peer"].dropna()
+    usual = str(int(before.mode().iloc[0])) if len(before) else "unknown"
+    said = [
+        f"rank {a} sent to rank {b} {abs(v)} time(s) {'more' if v > 0 else 'fewer'} than "
+        f"rank {b} received from it"
+        for (a, b), v in sorted(unmatched.items())
+    ]
+    waiting = ctx.blocked(exclude={rank})
+    in_pairs = {r for pair in unmatched for r in pair} - {rank}
+    others = [r for r in waiting if r in in_pairs] or waiting
+    waits = "; ".join(ctx.graph.waits[r].where() for r in others if r in ctx.graph.waits)
     return Finding(
         cause=Cause.p2p_peer_mismatch,
-        culprits=[culprit],
+        culprits=[rank],
         waiting=waiting,
         facts={
-            "culprit_op": own["op"],
-            "culprit_peer": int(own["peer"]),
-            "usual_peer": own["usual"],
-            "culprit_site": own["site"],
-            "other_doing": f"wait ({other_doing})" if other_doing else "wait",
+            "culprit_op": own.op,
+            "culprit_peer": int(row["peer"]),
+            "usual_peer": usual,
+            "culprit_site": own.site,
+            "other_doing": f"wait ({waits})" if waits else "wait",
             "mismatch": "; ".join(said),
             "others": who_of(others),
         },
-        notes=[f"the call's peer: {own['peer_note']}"] if own.get("peer_note") else [],
+        notes=[f"the paths first parted at {where(fd)}"],
     )
-
-
-def _novel_peers(p2p: pd.DataFrame) -> dict[int, dict[str, Any]]:
-    """Per rank, its latest point-to-point call whose peer differs from the one its call site
-    (same op, same line) named every time before (at least twice)."""
-    out: dict[int, dict[str, Any]] = {}
-    for (rank, op, site), g in p2p.groupby(["rank", "op", "site"], observed=True, sort=False):
-        peers = g.sort_values("order")["peer"].astype(int).tolist()
-        if len(peers) < 3:
-            continue
-        usual = peers[0]
-        for i, p in enumerate(peers):
-            if p != usual and i >= 2 and all(q == usual for q in peers[:i]):
-                row = g.sort_values("order").iloc[i]
-                out[int(rank)] = {
-                    "op": str(op),
-                    "peer": p,
-                    "usual": str(usual),
-                    "site": opt(site),
-                    "order": int(row["order"]),
-                }
-                break
-    return out
-
-
-def _last_p2p(p2p: pd.DataFrame, rank: int) -> dict[str, Any] | None:
-    mine = p2p[p2p["rank"] == rank].sort_values("order")
-    if mine.empty:
-        return None
-    row = mine.iloc[-1]
-    return {
-        "op": str(row["op"]),
-        "peer": int(row["peer"]),
-        "usual": "unknown",
-        "site": opt(row["site"]),
-    }

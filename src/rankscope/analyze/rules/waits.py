@@ -13,7 +13,7 @@ import pandas as pd
 
 from rankscope.analyze.activity import WAITS, Activity, passed, user_path
 from rankscope.analyze.calls import done, opt, opt_int
-from rankscope.analyze.causes import Cause
+from rankscope.analyze.causes import ASKED_EXIT_FIX, UNEVEN_FIX, Cause
 from rankscope.analyze.context import Context, Where
 from rankscope.analyze.diagnosis import CollectiveInfo, who_of
 from rankscope.analyze.rules.failures import failure_cause
@@ -70,6 +70,7 @@ def _roots(ctx: Context, roots: list[int]) -> Finding:
         cause=decided.cause,
         culprits=decided.culprits,
         waiting=waiting,
+        recipe=decided.recipe,
         facts={**facts, **decided.facts},
         collective=ctx.collective(d, sites=sites, absent=where) if d is not None else None,
         refs=refs,
@@ -92,19 +93,26 @@ def _decide_root_cause(
     exited = [r for r, x in where.items() if x.state == "exited"]
     if exited:
         first = min(exited, key=lambda r: ctx.facts[r].ended_s or np.inf)
-        if all(where[r].code == 0 for r in exited):
+        asked = [r for r in exited if ctx.facts[r].end_how in ("sys_exit", "os._exit")]
+        if all(where[r].code == 0 for r in exited) or asked:
             caught = any(ctx.facts[r].exit_code != 0 for r in exited)
             calls = ctx.calls
             mine = (calls["pg"] == w.pg) & calls["seq"].notna() & calls["rank"].isin(exited)
             count = calls.loc[mine, "rank"].value_counts().reindex(exited, fill_value=0)
-            return Decided(
-                Cause.early_exit,
-                exited,
-                {
-                    "culprit_left": "finished its script" if caught else "exited with code 0",
-                    "culprit_done": "/".join(map(str, sorted(set(count.tolist())))),
-                },
-            )
+            ending = ctx.facts[exited[0]].ending if len(exited) == 1 else None
+            facts = {
+                "culprit_left": ending
+                or ("finished its script" if caught else "exited with code 0"),
+                "culprit_done": "/".join(map(str, sorted(set(count.tolist())))),
+                "exit_fix": UNEVEN_FIX,
+            }
+            if asked:  # the user's code asked for it: its site and last words, not D9's story
+                f = ctx.facts[asked[0]]
+                facts["culprit_left"] = f.ending or facts["culprit_left"]
+                facts["culprit_site"] = f.end_site
+                facts["exit_fix"] = ASKED_EXIT_FIX.format(exit_at=at(f.end_site))
+                return Decided(Cause.early_exit, asked, facts, recipe=None)
+            return Decided(Cause.early_exit, exited, facts)
         fact = ctx.facts[first]
         return Decided(
             failure_cause(text=fact.exception),

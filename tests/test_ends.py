@@ -1,0 +1,147 @@
+"""How each rank ended, in real gloo jobs under torchrun: the probe's end event (how, and the
+stack where it left), that stack in the stacks table, a fatal signal's dump read from the rank's
+stderr, and the last line the rank printed. rankscope's watchdog is kept out of the way."""
+
+from __future__ import annotations
+
+import pytest
+
+from rankscope.analyze.evidence import Evidence
+from rankscope.analyze.parting import rank_path
+from rankscope.collect import load_run
+from rankscope.collect.stacks import read_stacks
+
+from .conftest import site_of
+
+SCRIPT = "analyze/ends.py"
+SPEC = {"stall_timeout_s": 30.0, "on_stall": "keep", "collective_timeout_s": 20.0}
+
+
+def site(tag: str) -> str:
+    return site_of(SCRIPT, tag)
+
+
+def run_job(start_job, how: str):
+    job = start_job(SCRIPT, args=(how,), nproc_per_node=2, **SPEC)
+    assert job.wait(timeout=90) is not None, "the job did not end"
+    return load_run(job.run.path)
+
+
+def end_of(run, rank: int) -> dict:
+    row = run.ranks[run.ranks["rank"] == rank].iloc[0]
+    return {k: (None if row.isna()[k] else row[k]) for k in ("end_how", "end_site", "last_output")}
+
+
+def end_stacks(run, rank: int, reason: str):
+    stacks = run.stacks
+    """The rows of the rank's last capture taken for ``reason`` (an exception's and an
+    os._exit's end follow a capture of every thread for the same reason)."""
+    mine = stacks[
+        (stacks["rank"].eq(rank) & stacks["reason"].astype(object).eq(reason))
+        .fillna(False)
+        .astype(bool)
+    ]
+    last = mine[["source", "capture"]].drop_duplicates().iloc[-1:] if len(mine) else None
+    if last is None:
+        return mine
+    return mine[
+        (mine["source"] == last["source"].iloc[0]) & (mine["capture"] == last["capture"].iloc[0])
+    ]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    ("how", "end", "tag"),
+    [
+        ("sys_exit", "sys_exit", "sys_exit"),
+        ("raise", "exception", "raise"),
+        ("os_exit", "os._exit", "os_exit"),
+    ],
+)
+def test_a_rank_that_leaves_says_how_and_where(start_job, how, end, tag):
+    run = run_job(start_job, how)
+    said = "loss is nan at step 7, stopping"
+    assert end_of(run, 1) == {"end_how": end, "end_site": site(tag), "last_output": said}
+    ev = run.events
+    last = ev[(ev["rank"] == 1) & (ev["ev"] == "end")]
+    assert last["message"].tolist()[-1:] == [{"sys_exit": "exit"}.get(end, end)]
+    # The end's stack, in the stacks table: the thread that left, its user frames with their
+    # source, and nothing of the probe's or runpy's.
+    rows = end_stacks(run, 1, end)
+    assert len(rows) and rows["is_current"].all() and rows["thread"].nunique() == 1
+    user = rows[rows["is_user"].astype(bool)].sort_values("depth")
+    assert [f"{f.rsplit('/', 1)[-1]}:{n}" for f, n in zip(user["file"], user["line"], strict=True)][
+        :2
+    ] == [
+        site(tag),
+        site("guard"),
+    ]
+    assert "guard" in user["func"].tolist() and user["code"].notna().all()
+    assert not rows["file"].str.contains("rankscope/probe|runpy", regex=True).any()
+    # The analyzer finds the path to where the rank left, and tells it.
+    path = rank_path(run.stacks, 1)
+    assert path and f"{path[-1][0].rsplit('/', 1)[-1]}:{path[-1][2]}" == site(tag), path
+    facts = Evidence(run).ranks[1]
+    assert (facts.end_how, facts.end_site, facts.last_output) == (end, site(tag), said)
+    assert site(tag) in facts.ending and said in facts.ending, facts.ending
+    if end == "sys_exit":
+        assert facts.ending.startswith("called sys.exit(0) at "), facts.ending
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_an_abort_dump_in_stderr_is_read(start_job):
+    """torch's ``record`` enables faulthandler on stderr, after the probe did on stacks.txt: the
+    aborted rank's dump of its threads is in its stderr log, and it is read from there."""
+    run = run_job(start_job, "abort")
+    codes = dict(zip(run.ranks["rank"], run.ranks["exit_code"], strict=True))
+    aborted = [r for r, c in codes.items() if c == -6]
+    assert aborted, codes
+    rank = aborted[0]
+    rows = end_stacks(run, rank, "SIGABRT")
+    assert len(rows) and rows["source"].str.endswith("stderr.log").all(), rows["source"]
+    assert (rows["tool"] == "faulthandler").all()
+    assert end_of(run, rank)["end_how"] == "SIGABRT"
+    assert end_of(run, rank)["end_site"] == site("all_gather")
+    assert end_of(run, rank)["last_output"] == f"rank {rank} up"
+    facts = Evidence(run).ranks[rank]
+    path = rank_path(run.stacks, rank, thread=facts.main_thread)  # as the analyzer asks
+    assert ("main", int(site("all_gather").split(":")[1])) in [(f, n) for _, f, n in path], path
+    assert facts.ending.startswith(f"died of SIGABRT at {site('all_gather')}"), facts.ending
+
+
+def test_a_stderr_cut_mid_stack_keeps_its_complete_frames(tmp_path):
+    """A log that ends inside a dump (copied while the rank died, or truncated): the frames
+    written whole are read, the cut is a problem, nothing raises."""
+    text = (
+        "rank 1 up\n"
+        "terminate called after throwing an instance of 'gloo::EnforceNotMet'\n"
+        "Fatal Python error: Aborted\n\n"
+        "Thread 0x00007f7af39136c0 (most recent call first):\n"
+        '  File "/usr/lib/python3.11/threading.py", line 331 in wait\n\n'
+        "Current thread 0x00007f7b13a12b80 (most recent call first):\n"
+        '  File "/home/u/train.py", line 12 in step\n'
+        '  File "/home/u/train.py", line 30 in ma'
+    )
+    log = tmp_path / "stderr.log"
+    log.write_text(text)
+    from rankscope.collect import Problems, Source
+
+    problems = Problems()
+    stacks = read_stacks([Source(log, "stderr.log", rank=1, stream="stderr")], problems=problems)
+    main = stacks[stacks["thread"] == "0x00007f7b13a12b80"]
+    assert main["line"].tolist() == [12] and (main["reason"] == "SIGABRT").all()
+    assert main["is_current"].all()
+    reasons = problems.frame()["reason"].tolist()
+    assert len(reasons) == 1 and "cut short" in reasons[0], reasons
+    # Cut right after the fatal line: no thread, no rows, one problem.
+    log.write_text(text.split("\n\n")[0])
+    problems = Problems()
+    stacks = read_stacks([Source(log, "stderr.log", rank=1, stream="stderr")], problems=problems)
+    assert stacks.empty
+    assert "before its first thread" in problems.frame()["reason"].iloc[0]
+    # Cut in every place: never raises.
+    for n in range(0, len(text), 5):
+        log.write_text(text[:n])
+        read_stacks([Source(log, "stderr.log", rank=1, stream="stderr")], problems=Problems())
