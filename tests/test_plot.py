@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import subprocess
 import sys
 import time
@@ -539,3 +540,256 @@ def test_rank_timeline_gives_the_history_its_width_for_3_calls_and_3000(per_rank
     drawn = np.nanmax(np.asarray(bars.x, dtype=float)) - np.nanmin(np.asarray(bars.x, dtype=float))
     assert drawn > 0.8 * fig.layout.xaxis.tickvals[-1]  # the wait takes the rest, under 20 %
     assert sum("⋯" in (a.text or "") for a in fig.layout.annotations) == 1
+
+
+# --- the call-path tree ------------------------------------------------------------------------
+def tree_nodes(trace: Any) -> dict[str, dict[str, Any]]:
+    """A tree panel's nodes by label, tags removed: colour, hover, whether it is a leaf."""
+    parents = set(trace.parents)
+    out = {}
+    for i, label in enumerate(trace.labels):
+        plain = label.replace("<br>", " | ").replace("<b>", "").replace("</b>", "")
+        out[plain] = {
+            "colour": trace.marker.colors[i],
+            "hover": trace.customdata[i],
+            "leaf": trace.ids[i] not in parents,
+            "value": trace.values[i],
+        }
+    return out
+
+
+def parted_at_4(world: int, odd: list[int]) -> Any:
+    """Every rank all-reduces 3 times from train.py:20; at the 4th collective the ``odd`` ranks
+    enter a barrier from train.py:50 while the others all-reduce again: every last call in
+    flight."""
+    from .test_analyze_tables import run_of
+    from .test_paths import at
+
+    rows = [at(r, s, 20) for r in range(world) for s in range(1, 4)]
+    rows += [
+        at(r, 4, 50, op="barrier", done=False) if r in odd else at(r, 4, 20, done=False)
+        for r in range(world)
+    ]
+    return run_of(rows, exits=dict.fromkeys(range(world)), world=world)
+
+
+def test_the_call_path_tree_of_3_ranks_marks_the_class_that_left_in_red() -> None:
+    """retry_run: at step 4 rank 1 retries its batch in two halves (an all_reduce from line 30
+    more); it reaches the barrier one call early. Both panels: the classes, their ranks, the
+    culprit's branch in red."""
+    from rankscope.analyze import diagnose
+
+    from .test_paths import retry_run
+
+    d = diagnose(retry_run())
+    fig = plot.path_tree(d)
+    assert fig.layout.title.text == (
+        "Call paths: 3 ranks, 2 classes where they first parted, 2 at the end"
+    )
+    first, end = fig.data
+    nodes = tree_nodes(first)
+    assert "Where the paths first parted: collective #4 on group 0 (default_pg)" in nodes
+    leaves = {k: v for k, v in nodes.items() if v["leaf"]}
+    assert set(leaves) == {"all_reduce ✖ culprit | 1 rank: 1", "all_reduce | 2 ranks: 0, 2"}
+    assert leaves["all_reduce ✖ culprit | 1 rank: 1"]["colour"] == ALERT
+    assert leaves["all_reduce | 2 ranks: 0, 2"]["colour"] != ALERT
+    assert nodes["train.py:30 | 1 rank"]["colour"] == ALERT
+    assert nodes["train.py:20 | 2 ranks"]["colour"] != ALERT
+    assert (
+        nodes["all_reduce ✖ culprit | 1 rank: 1"]["hover"]
+        == "all_reduce at train.py:30 ✖ culprit<br>1 rank: 1"
+    )
+    ends = tree_nodes(end)
+    assert ends["in barrier #11 ✖ culprit | 1 rank: 1"]["colour"] == ALERT
+    assert ends["in all_reduce #10 | 2 ranks: 0, 2"]["colour"] != ALERT
+    assert ends["train.py:40 | 1 rank"]["colour"] == ALERT
+    # the two panels one over the other, the first on top
+    assert first.domain.y[0] > end.domain.y[1]
+
+
+@pytest.mark.parametrize("odd", [[517], [5 + 128 * i for i in range(8)]])
+def test_the_call_path_tree_of_1024_ranks_shows_counts_and_keeps_labels_short(
+    odd: list[int],
+) -> None:
+    """1024 ranks in two classes: labels give counts (a rank list only where it is short), the
+    hover the ranks; one rank among 1023 still gets a fifth of the width; it builds fast."""
+    from rankscope.analyze import diagnose
+
+    d = diagnose(parted_at_4(1024, odd))
+    assert d.first_divergence["culprits"] == odd
+    start = time.perf_counter()
+    fig = plot.path_tree(d)
+    took = time.perf_counter() - start
+    assert took < 2.0, f"{took:.2f} s"
+    assert fig.layout.title.text.startswith("Call paths: 1024 ranks, 2 classes where")
+    for trace in fig.data:
+        nodes = tree_nodes(trace)
+        leaves = {k: v for k, v in nodes.items() if v["leaf"]}
+        assert len(leaves) == 2
+        culprit = next(k for k, v in leaves.items() if v["colour"] == ALERT)
+        other = next(k for k, v in leaves.items() if v["colour"] != ALERT)
+        assert "culprit" in culprit and "culprit" not in other
+        assert other.endswith(f"| {1024 - len(odd)} ranks") or other.endswith("518-1023")
+        if len(odd) == 1:
+            assert culprit.endswith("| 1 rank: 517")
+        else:  # eight ranks 128 apart: the count, the list on hover
+            assert culprit.endswith("| 8 ranks")
+            assert leaves[culprit]["hover"].endswith(
+                "8 ranks: 5, 133, 261, 389, 517, 645, 773, 901"
+            )
+        assert leaves[culprit]["value"] * 5 > leaves[other]["value"]
+        assert all(len(label) <= 70 for label in nodes), list(nodes)
+    # the hover of 1016 ranks in 8 runs is cut, not a page long
+    assert all(len(h) < 300 for h in fig.data[0].customdata)
+
+
+LIGHTNING = "/venv/lib/python3.12/site-packages/lightning/pytorch/"
+SHARED_FRAMES = [
+    ["/home/user/train.py", "<module>", 88],
+    ["/home/user/train.py", "main", 80],
+    *[
+        [LIGHTNING + f, fn, ln]
+        for f, fn, ln in [
+            ("trainer/trainer.py", "fit", 538),
+            ("trainer/call.py", "_call_and_handle_interrupt", 47),
+            ("trainer/trainer.py", "_fit_impl", 574),
+            ("trainer/trainer.py", "_run", 981),
+            ("trainer/trainer.py", "_run_stage", 1025),
+            ("loops/fit_loop.py", "run", 205),
+            ("loops/fit_loop.py", "advance", 363),
+            ("loops/training_epoch_loop.py", "run", 140),
+            ("loops/training_epoch_loop.py", "advance", 250),
+            ("loops/optimization/automatic.py", "run", 190),
+            ("core/module.py", "_call_lightning_module_hook", 167),
+        ]
+    ],
+]
+
+
+def test_the_call_path_tree_from_diagnosis_json_folds_the_frames_every_class_shares() -> None:
+    """The JSON form (diagnosis.json, read back): the first panel only, as the Diagnosis draws
+    it. With a framework's 13 frames shared by both classes, the first 12 are one node (listed
+    on hover) and the innermost stays; in the culprit's own branch, the user's frames stay and
+    the library frames between them are one node; a branch of many frames of the user's keeps
+    its first and last around one node."""
+    from rankscope.analyze import diagnose
+
+    from .test_paths import retry_run
+
+    d = diagnose(retry_run())
+    read = json.loads(json.dumps(d.to_dict()))
+    fig = plot.path_tree(read)
+    assert len(fig.data) == 1 and "diagnose the run" in fig.layout.title.text
+    assert tree_nodes(fig.data[0]) == tree_nodes(plot.path_tree(d).data[0])
+
+    lib = "/venv/lib/python3.12/site-packages/"
+    own = [
+        ["/home/user/model.py", "training_step", 24],
+        ["/home/user/model.py", "retry_in_halves", 30],
+        [lib + "accelerate/accelerator.py", "backward", 2150],
+        [lib + "torch/_tensor.py", "backward", 525],
+        [lib + "torch/autograd/__init__.py", "backward", 267],
+        ["/home/user/model.py", "sync_grads", 36],
+    ]
+    classes = read["first_divergence"]["classes"]
+    for c in classes:
+        c["path"] = SHARED_FRAMES + (
+            own if c["culprit"] else [["/home/user/model.py", "training_step", 20]]
+        )
+    nodes = tree_nodes(plot.path_tree(read).data[0])
+    assert "⋯ 12 shared frames" in nodes
+    hover = nodes["⋯ 12 shared frames"]["hover"]
+    assert "train.py:88 &lt;module&gt;" in hover and "automatic.py:190 run" in hover
+    assert "module.py:167 _call_lightning_module_hook" in nodes  # the innermost shared frame
+    red = [k for k, v in nodes.items() if v["colour"] == ALERT and not v["leaf"]]
+    assert red == [
+        "model.py:24 training_step | 1 rank",
+        "model.py:30 retry_in_halves | 1 rank",
+        "⋯ 3 library frames | 1 rank",
+        "model.py:36 sync_grads | 1 rank",
+    ]
+    assert "_tensor.py:525 backward" in nodes["⋯ 3 library frames | 1 rank"]["hover"]
+    assert nodes["model.py:20 training_step | 2 ranks"]["colour"] != ALERT
+
+    deep = [["/home/user/model.py", f"level_{n}", 100 + n] for n in range(10)]
+    next(c for c in classes if c["culprit"])["path"] = SHARED_FRAMES + deep
+    nodes = tree_nodes(plot.path_tree(read).data[0])
+    red = [k for k, v in nodes.items() if v["colour"] == ALERT and not v["leaf"]]
+    assert red == [
+        "model.py:100 level_0 | 1 rank",
+        "⋯ 8 frames | 1 rank",
+        "model.py:109 level_9 | 1 rank",
+    ]
+
+
+def test_the_call_path_tree_without_a_divergence_or_from_a_broken_file_says_why() -> None:
+    from rankscope.analyze import diagnose
+
+    from .test_analyze_tables import run_of, steps
+
+    d = diagnose(run_of(steps(range(3), 3)))
+    assert d.first_divergence is None
+    fig = plot.path_tree(d)
+    assert not fig.data and "never parted" in fig.layout.annotations[0].text
+    assert not plot.path_tree({"verdict": "ok"}).data
+    # cut short or edited by hand: what is not a class is left out, nothing raises
+    broken = {
+        "first_divergence": {
+            "classes": [
+                {"ranks": [0, "x", None], "path": [["a.py", "<b>f</b>", 3], ["bad"], 7]},
+                {"ranks": "1-3", "op": "barrier"},
+                "not a class",
+                {"ranks": [4], "op": "barrier", "culprit": "yes", "path": None},
+            ]
+        }
+    }
+    nodes = tree_nodes(plot.path_tree(broken).data[0])
+    assert "a.py:3 &lt;b&gt;f&lt;/b&gt; | 1 rank" in nodes  # a name is text, not markup
+    assert {k for k, v in nodes.items() if v["leaf"]} == {
+        "made no call (it had left) | 1 rank: 0",
+        "barrier | 1 rank: 4",
+    }
+    assert ALERT not in nodes["barrier | 1 rank: 4"]["colour"]
+    assert not plot.path_tree({"first_divergence": {"classes": "no"}}).data
+
+
+def test_the_end_of_a_rank_that_raised_is_its_traceback() -> None:
+    """gloo_rank_raises: rank 1 raised in load_batch before its second all_reduce and exited 1;
+    rank 0 had completed its call."""
+    from rankscope.analyze import diagnose
+
+    d = diagnose(load_run(DATA / "gloo_rank_raises" / "run"))
+    classes = plot.end_classes(d)
+    raised = next(c for c in classes if c.culprit)
+    assert (raised.ranks, raised.what) == ((1,), "exited 1")
+    assert [f"{Path(f[0]).name}:{f[2]} {f[1]}" for f in raised.path] == [
+        "worker.py:16 <module>",
+        "worker.py:9 load_batch",
+    ]
+    nodes = tree_nodes(plot.path_tree(d).data[1])
+    assert nodes["worker.py:9 load_batch | 1 rank"]["colour"] == ALERT
+
+
+def test_ranks_spread_over_many_places_keep_the_tree_legible() -> None:
+    """1024 ranks, rank r stopped in its (4 + r % 40)-th all_reduce: 40 places at the end.
+    The tree draws the 7 largest and one leaf for the 33 others, which lists them on hover;
+    every rank is in one leaf."""
+    from rankscope.analyze import diagnose
+
+    from .test_analyze_tables import run_of
+    from .test_paths import at
+
+    rows = [at(r, s, 20, done=s < 4 + r % 40) for r in range(1024) for s in range(1, 5 + r % 40)]
+    d = diagnose(run_of(rows, exits=dict.fromkeys(range(1024)), world=1024))
+    assert len(plot.end_classes(d)) == 40
+    fig = plot.path_tree(d)
+    end = fig.data[-1]
+    nodes = tree_nodes(end)
+    leaves = {k: v for k, v in nodes.items() if v["leaf"]}
+    assert len(leaves) == plot.paths.MAX_CLASSES
+    (other,) = (k for k in leaves if k.startswith("33 other classes"))
+    assert "in all_reduce #11 (26 ranks)" in leaves[other]["hover"]
+    assert leaves[other]["hover"].endswith("… 21 more")
+    counted = sum(int(k.split(" | ")[1].split(" rank")[0]) for k in leaves)
+    assert counted == 1024
+    assert "40 at the end" in fig.layout.title.text

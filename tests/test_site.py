@@ -158,3 +158,27 @@ def test_a_broken_internal_link_fails_the_build(tmp_path: Path) -> None:
     done = sphinx(src, tmp_path / "broken", conf=DOCS, extra=only_myst)
     assert done.returncode != 0
     assert "no-such-page" in done.stderr, done.stderr[-2000:]
+
+
+def test_a_card_s_page_shows_the_call_paths_under_their_caption(monkeypatch) -> None:
+    """What the site makes of a results area a notebook saved (its widget state): the
+    call-path tree under its tab's caption, drawn by the page's plotly.js; one muted line for a
+    run whose ranks' paths never parted."""
+    import ipywidgets as widgets
+
+    import rankscope
+
+    monkeypatch.syspath_prepend(str(DOCS))
+    from site_pages import widget_html
+
+    hang = rankscope.show(ROOT / "tests" / "data" / "gloo_barrier_hang" / "run")
+    clean = rankscope.show(ROOT / "tests" / "data" / "gloo_clean" / "run")
+    state = widgets.Widget.get_manager_state(drop_defaults=False)["state"]
+    page = widget_html(hang.model_id, state)
+    caption = page.index(">call paths</div>")
+    figure = page.index("Call paths: 4 ranks, 2 classes where they first parted, 2 at the end")
+    assert caption < figure < page.index(">sequence ladder</div>")
+    assert "Plotly.newPlot" in page[caption:] and '"type":"icicle"' in page[caption:]
+    quiet = widget_html(clean.model_id, state)
+    assert "rankscope-no-parting" in quiet and "followed one path" in quiet
+    assert "Call paths:" not in quiet

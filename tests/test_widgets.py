@@ -140,6 +140,7 @@ def test_live_job_freezes_and_the_culprit_is_shown(workbench: Workbench, tmp_pat
     assert "never called it" in card  # its record is whole (its ring): known not to have called
     assert figure_title(wb.results.timeline).startswith("Rank timeline: 2 ranks")
     assert wb.results.plots.titles == (
+        "call paths",
         "sequence ladder",
         "where is everyone",
         "merged stacks",
@@ -211,6 +212,33 @@ def test_show_a_finished_run_and_foreign_artifacts() -> None:
     assert not foreign.table_errors.outputs
     with pytest.raises(ValueError, match="does not exist"):
         rankscope.show(DATA / "no_such_run")
+
+
+def test_the_results_show_the_call_paths_first_or_say_they_never_parted() -> None:
+    """The first tab: the call-path tree of a run whose ranks' paths parted (rank 0 called a
+    barrier where ranks 1-3 all-reduced); one muted line for a run whose paths never did."""
+    panel = rankscope.show(DATA / "gloo_barrier_hang" / "run")
+    assert panel.plots.titles[0] == "call paths"
+    paths = panel.plots.children[0]
+    assert figure_title(paths) == (
+        "Call paths: 4 ranks, 2 classes where they first parted, 2 at the end"
+    )
+    (shown,) = paths.outputs
+    first = shown["data"][PLOTLY_MIME]["data"][0]
+    leaves = [
+        label for label in first["labels"] if label.startswith("<b>") and "Where" not in label
+    ]
+    assert sorted(leaves) == [
+        "<b>all_reduce</b><br>3 ranks: 1-3",
+        "<b>barrier</b> ✖ culprit<br>1 rank: 0",
+    ]
+    clean = rankscope.show(DATA / "gloo_clean" / "run")
+    assert clean.diagnosis.first_divergence is None
+    assert clean.plots.titles[0] == "call paths"
+    (said,) = clean.plots.children[0].outputs
+    text = said["data"]["text/html"]
+    assert "followed one path" in text and "color:#777" in text
+    assert PLOTLY_MIME not in said["data"]
 
 
 def test_what_the_results_showed_stays_as_plain_outputs() -> None:

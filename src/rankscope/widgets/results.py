@@ -29,7 +29,12 @@ from rankscope.widgets._common import (
 
 #: Tabs of the results area, in order; NCCL only when the run has NCCL logs.
 NO_DIAGNOSIS = "<i>no diagnosis yet: it comes when the job stalls or ends, or on Diagnose</i>"
-PLOTS = ("sequence ladder", "where is everyone", "merged stacks", "progress", "NCCL")
+PLOTS = ("call paths", "sequence ladder", "where is everyone", "merged stacks", "progress", "NCCL")
+#: What the call-path tab says of a diagnosis whose ranks' calls never parted.
+NO_PARTING = (
+    "<p class='rankscope-no-parting' style='color:#777'>The ranks' calls followed one path: "
+    "there is no first divergence to draw.</p>"
+)
 #: The grid's settings, given at every update (itables computes the others again): a click
 #: anywhere on a header sorts; the search box first, for a table of any length (itables drops
 #: its default layout's controls for a table that fits a page; the caption promises one).
@@ -80,7 +85,9 @@ class ResultsPanel(widgets.VBox):
     Attributes:
         card: the diagnosis (HTML).
         timeline: the rank timeline (an Output holding the figure).
-        plots: a Tab of Outputs, one per other plot.
+        plots: a Tab of Outputs, one per other plot: the call-path tree first (where the
+            ranks' paths first parted and where they are at the end; one muted line where they
+            never parted), then the sequence ladder, the stacks, the progress, NCCL.
         table_name: which table to show; ``table_ranks``: which ranks ("0,3-5", empty for all).
         show_table: the button that shows them in ``table``: past
             :data:`rankscope.plot.GROUP_FROM` ranks, while ``table_grouped`` is ticked, a row
@@ -210,9 +217,15 @@ class ResultsPanel(widgets.VBox):
             figures["NCCL"] = plot.nccl_view(run.nccl_comms, run.nccl)
         for name, fig in figures.items():
             set_figure(self._plot_outputs[name], fig)
-        self.plots.children = [*(self._plot_outputs[n] for n in figures), self._drill]
+        paths = self._plot_outputs["call paths"]
+        if d.first_divergence:
+            set_figure(paths, plot.path_tree(d))
+        else:
+            paths.outputs = (html_output(NO_PARTING),)
+        shown = ["call paths", *figures]
+        self.plots.children = [*(self._plot_outputs[n] for n in shown), self._drill]
         self.plots.layout.display = "flex"
-        self.plots.titles = [*figures, "tables"]
+        self.plots.titles = [*shown, "tables"]
         self.show_rows()
 
     def static(self) -> list[dict[str, Any]]:
