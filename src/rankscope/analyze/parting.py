@@ -291,8 +291,9 @@ def _first_apart(
     guard that exited), else a loop it is still in (one more iteration than the other
     side)."""
     for chain, path, is_culprit in (culprit, other):
-        for node, arm in chain[k:]:
-            if _is_arm(node, arm):
+        for n, (node, arm) in enumerate(chain[k:], k):
+            elif_ = n + 1 < len(chain) and _is_elif_arm(node, arm, chain[n + 1][0])
+            if _is_arm(node, arm) and not elif_:
                 return _arm_decision(file, node, arm, path, i), is_culprit, False
         branch = _innermost_branch(file, chain[k:], path, i)
         if branch is not None:
@@ -443,6 +444,12 @@ def _is_arm(node: ast.AST, arm: str) -> bool:
         or (isinstance(node, ast.Match) and arm.startswith("case"))
         or (isinstance(node, _BRANCHES) and arm.startswith("except"))
     )
+
+
+def _is_elif_arm(node: ast.AST, arm: str, inner: ast.AST) -> bool:
+    """Whether ``arm`` is an ``if``'s ``else`` that is the ``elif`` statement ``inner``: the
+    decision is the ``elif``'s."""
+    return isinstance(node, ast.If) and arm == "else" and node.orelse == [inner]
 
 
 def _owner(file: str) -> int:
