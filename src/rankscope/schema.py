@@ -71,6 +71,7 @@ COLLECTIVES: Columns = {
     "line": "Int64",
     "func": "string",
     "site": "string",  # "train.py:12"
+    "path": "Int64",  # the call's path: its frames are the paths table's rows of (rank, path)
     "thread": "string",  # the calling thread's ident as faulthandler prints it: "0x00007f..."
     "t_start_s": "Float64",
     "t_end_s": "Float64",  # when the call returned; null while in flight
@@ -79,6 +80,17 @@ COLLECTIVES: Columns = {
     "completed": "boolean",  # by the backend: an async call when its Work completed
     "ok": "boolean",  # null while in flight
     "error": "string",
+}
+
+#: The call paths the probe recorded: one row per frame of each (rank, path), from the
+#: outermost (depth 0; a path cut to its innermost frames starts at the depth of its first).
+PATHS: Columns = {
+    "rank": "Int64",
+    "path": "Int64",  # the collectives table's path
+    "depth": "Int64",
+    "file": "string",
+    "func": "string",
+    "line": "Int64",
 }
 
 #: Every line of every rank's stdout/stderr (torchrun --log-dir) and of the launcher logs.
@@ -289,6 +301,7 @@ TABLES: dict[str, Columns] = {
     "ranks": RANKS,
     "events": EVENTS,
     "collectives": COLLECTIVES,
+    "paths": PATHS,
     "logs": LOGS,
     "nccl": NCCL,
     "nccl_comms": NCCL_COMMS,

@@ -40,21 +40,11 @@ import pandas as pd
 from rankscope.analyze.activity import thread_frames
 from rankscope.analyze.diagnosis import compact_ranks, who_of
 from rankscope.collect import is_user_file, short_site
+from rankscope.rundir import without_machinery
 
 #: A frame: (file, function, line).
 Frame = tuple[str, str, int]
 
-#: Frames that belong to no decision of the user's: the interpreter's start-up, rankscope's own
-#: code and the body of torch.distributed's calls (the decision is above them).
-_MACHINERY = (
-    "<frozen ",
-    "/runpy.py",
-    "/rankscope/probe/",
-    "/rankscope/launch/",
-    "/torch/distributed/distributed_c10d.py",
-    "/torch/distributed/c10d_logger.py",
-    "/torch/utils/_contextlib.py",
-)
 #: Environment variables whose value differs by rank, and the recipe a decision on them is.
 RANK_ENV = {"LOCAL_RANK": "D3", "RANK": None, "GROUP_RANK": "D3", "NODE_RANK": "D3"}
 _LOOPS = (ast.For, ast.AsyncFor, ast.While)
@@ -169,11 +159,6 @@ def rank_path(stacks: pd.DataFrame, rank: int, *, thread: str | None = None) -> 
         if not pd.isna(file) and not pd.isna(line)
     ]
     return without_machinery(path[::-1])
-
-
-def without_machinery(path: list[Frame]) -> list[Frame]:
-    """A path without the frames that decide nothing of the user's (see ``_MACHINERY``)."""
-    return [f for f in path if not any(m in f[0] for m in _MACHINERY)]
 
 
 def find_parting(

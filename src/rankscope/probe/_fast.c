@@ -42,6 +42,23 @@
 
 #include "_tensor_meta.h"
 
+/* CPython 3.11's frames, read where they lie: a call's path is compared with the last one seen
+ * by walking the interpreter's own frame chain, without making a frame object for a frame that
+ * has none (PyFrame_GetBack would). Other versions use the public calls. */
+#if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030C0000
+#define RAW_FRAMES 1
+#ifndef Py_BUILD_CORE
+#define Py_BUILD_CORE 1
+#define RANKSCOPE_UNDEF_BUILD_CORE
+#endif
+#include "internal/pycore_frame.h"
+#ifdef RANKSCOPE_UNDEF_BUILD_CORE
+#undef Py_BUILD_CORE
+#endif
+#else
+#define RAW_FRAMES 0
+#endif
+
 /* A call made while a recorded call is running on the same thread (a collective that calls
  * another, a hook) is passed straight through, as in the Python wrapper. */
 #if defined(__GNUC__)
@@ -85,7 +102,10 @@ count_next(PyObject *counter)
 
 /* The facts of a call: what repeats from call to call at a call site, and their id
  * (Probe._facts_id). A _Call is (cid, seq, t, tid, *facts). */
-enum { F_OP, F_PG, F_DESC, F_RANKS, F_PEER, F_SHAPES, F_DTYPES, F_ASYNC, F_SITE, F_FID, N_FACTS };
+enum {
+    F_OP, F_PG, F_DESC, F_RANKS, F_PEER, F_SHAPES, F_DTYPES, F_ASYNC, F_SITE, F_PATH, F_FID,
+    N_FACTS
+};
 #define FACT(facts, i) PyTuple_GET_ITEM(facts, i)
 #define CALL_HEAD 4
 
@@ -122,6 +142,27 @@ typedef struct {
  * microseconds. */
 #define KEEP_BUFFER (8 << 20)
 
+/* Call paths: a frame of the chain from a call's caller outwards, as the cache compares it
+ * (its code object and instruction). */
+typedef struct {
+    const void *code, *at;
+} RawFrame;
+
+/* Raw frames a path's key holds; a deeper chain asks Probe._path_id at every call. */
+#define PATH_KEY_MAX 256
+#define PATH_SLOTS 64
+
+/* A call path seen lately: its raw frames (the code objects held, so that none is freed and its
+ * address taken by another while the entry names it) and its id from Probe._path_id, valid
+ * while the State's facts_epoch is the entry's (the probe forgets paths with its facts). */
+typedef struct {
+    RawFrame *key; /* n raw frames, innermost first (PyMem) */
+    Py_ssize_t n;
+    uint64_t hash;
+    PyObject *id;
+    long long facts_epoch;
+} PathEntry;
+
 /* What the wrappers and the probe thread share: Probe._state. */
 typedef struct {
     PyObject_HEAD
@@ -142,6 +183,7 @@ typedef struct {
     Py_buffer ring;     /* the ring file's map (ring.obj NULL: none) */
     RingSlot *slots;
     uint64_t nslots;
+    PathEntry paths[PATH_SLOTS]; /* by the raw frames' hash */
 } State;
 
 static PyTypeObject StateType;
@@ -185,7 +227,7 @@ static int
 record_of_call(PyObject *call, Record *r)
 {
     if (!PyTuple_Check(call) || PyTuple_GET_SIZE(call) != CALL_HEAD + N_FACTS) {
-        PyErr_SetString(PyExc_TypeError, "a call record must be a 14-field _Call");
+        PyErr_SetString(PyExc_TypeError, "a call record must be a 15-field _Call");
         return -1;
     }
     r->cid = PyLong_AsLongLong(PyTuple_GET_ITEM(call, 0));
@@ -269,6 +311,7 @@ typedef struct {
     PyObject *enter;
     State *state;
     PyObject *pg_cache, *describe_group, *seqs, *sites, *call_site, *facts_id, *ids;
+    PyObject *path_id;         /* Probe._path_id */
     PyObject *tensor_type;
     PyObject *before, *after;  /* hooks: before(args, kwargs) and after(), or NULL */
     PyObject *returned;        /* probe._returned: (cid, result, async_op) of calls that
@@ -291,6 +334,112 @@ frame_lasti(PyFrameObject *frame)
     Py_XDECREF(v);
     return at;
 #endif
+}
+
+/* --- Call paths -------------------------------------------------------------------------------- */
+
+static uint64_t
+mix(uint64_t h, const void *code, const void *at)
+{
+    h = (h ^ (uint64_t)(uintptr_t)code) * 0x100000001b3ULL;
+    return (h ^ (uint64_t)(uintptr_t)at) * 0x100000001b3ULL;
+}
+
+/* The raw frames from frame outwards into raw, and their hash into *hash: their number, -1 for
+ * a chain deeper than PATH_KEY_MAX (the hash is of its first frames), or -2 with an exception
+ * set. No object is made: on 3.11 the interpreter's frames are read as they lie (the frames
+ * of a running chain are complete: it is the caller's, which has started). */
+static Py_ssize_t
+raw_path(PyFrameObject *frame, RawFrame *raw, uint64_t *hash)
+{
+    uint64_t h = 0xcbf29ce484222325ULL;
+    Py_ssize_t n = 0;
+#if RAW_FRAMES
+    for (_PyInterpreterFrame *f = frame->f_frame; f != NULL; f = f->previous) {
+        if (n == PATH_KEY_MAX) {
+            *hash = h;
+            return -1;
+        }
+        raw[n].code = f->f_code;
+        raw[n].at = f->prev_instr;
+        h = mix(h, raw[n].code, raw[n].at);
+        n++;
+    }
+#else
+    Py_INCREF(frame);
+    for (PyFrameObject *f = frame; f != NULL;) {
+        if (n == PATH_KEY_MAX) {
+            Py_DECREF(f);
+            *hash = h;
+            return -1;
+        }
+        PyCodeObject *code = PyFrame_GetCode(f);
+        Py_DECREF(code); /* the running frame holds it */
+        long at = frame_lasti(f);
+        if (at == -1 && PyErr_Occurred()) {
+            Py_DECREF(f);
+            return -2;
+        }
+        raw[n].code = code;
+        raw[n].at = (const void *)(intptr_t)at;
+        h = mix(h, raw[n].code, raw[n].at);
+        n++;
+        PyFrameObject *back = PyFrame_GetBack(f);
+        Py_DECREF(f);
+        f = back;
+    }
+#endif
+    *hash = h;
+    return n;
+}
+
+static void
+path_entry_clear(PathEntry *e)
+{
+    for (Py_ssize_t i = 0; i < e->n; i++)
+        Py_DECREF((PyObject *)e->key[i].code);
+    PyMem_Free(e->key);
+    e->key = NULL;
+    e->n = 0;
+    Py_CLEAR(e->id);
+}
+
+/* The id of the call path that leads to frame (a new reference; None without a frame), and
+ * the hash of its raw frames in *hash; NULL with an exception set. The raw frames are compared
+ * with the State's entry of their hash: where they are the same, the entry's id, with no object
+ * made; else Probe._path_id works it out (writing the path's line if it is new), and the entry
+ * keeps it. */
+static PyObject *
+path_of(Wrapper *w, PyFrameObject *frame, uint64_t *hash)
+{
+    RawFrame raw[PATH_KEY_MAX];
+    State *st = w->state;
+    *hash = 0;
+    if (frame == NULL)
+        Py_RETURN_NONE;
+    Py_ssize_t n = raw_path(frame, raw, hash);
+    if (n == -2)
+        return NULL;
+    PathEntry *e = n >= 0 ? &st->paths[*hash % PATH_SLOTS] : NULL;
+    if (e != NULL && e->id != NULL && e->hash == *hash && e->n == n &&
+        e->facts_epoch == st->facts_epoch && memcmp(e->key, raw, n * sizeof(RawFrame)) == 0)
+        return Py_NewRef(e->id);
+    PyObject *id = PyObject_CallOneArg(w->path_id, (PyObject *)frame);
+    if (id == NULL || e == NULL)
+        return id;
+    RawFrame *key = PyMem_Malloc((n ? n : 1) * sizeof(RawFrame));
+    if (key == NULL) /* not kept: asked again next time */
+        return id;
+    for (Py_ssize_t i = 0; i < n; i++)
+        Py_INCREF((PyObject *)raw[i].code);
+    path_entry_clear(e); /* (another thread may have filled it meanwhile) */
+    memcpy(key, raw, n * sizeof(RawFrame));
+    e->key = key;
+    e->n = n;
+    e->hash = *hash;
+    e->id = Py_NewRef(id);
+    e->facts_epoch = st->facts_epoch;
+    return id;
 }
 
 /* The C getter behind type.name, when it is a plain getset descriptor. */
@@ -425,14 +574,14 @@ group_info(Wrapper *w, SiteSlot *slot, PyObject *group, int *cached)
 /* Does the slot's last call have these facts, under an id the probe still has? (The op is the
  * wrapper's own.) */
 static int
-slot_matches(State *st, SiteSlot *slot, PyObject *code, long at, PyObject *info, PyObject *peer,
-             int sized, PyObject *shape, PyObject *dtype, int async_op)
+slot_matches(State *st, SiteSlot *slot, PyObject *code, long at, PyObject *info, PyObject *path,
+             PyObject *peer, int sized, PyObject *shape, PyObject *dtype, int async_op)
 {
     if (slot == NULL || slot->facts == NULL || slot->code != code || slot->lasti != at ||
         slot->info != info || slot->facts_epoch != st->facts_epoch)
         return 0;
     PyObject *facts = slot->facts;
-    if ((FACT(facts, F_ASYNC) == Py_True) != async_op ||
+    if ((FACT(facts, F_ASYNC) == Py_True) != async_op || !same(path, FACT(facts, F_PATH)) ||
         !same(peer ? peer : Py_None, FACT(facts, F_PEER)))
         return 0;
     if (sized) /* the tensor's sizes and dtype are known to be the slot's (fast_enter) */
@@ -453,8 +602,8 @@ slot_matches(State *st, SiteSlot *slot, PyObject *code, long at, PyObject *info,
  * cached values, and no cycle can run through them. */
 static PyObject *
 new_facts(Wrapper *w, SiteSlot *slot, PyFrameObject *frame, PyObject *code, long at,
-          PyObject *info, PyObject *peer, PyObject *shape, PyObject *dtype, int async_op,
-          PyObject **counter)
+          PyObject *info, PyObject *path, PyObject *peer, PyObject *shape, PyObject *dtype,
+          int async_op, PyObject **counter)
 {
     PyObject *site = NULL, *shapes = NULL, *dtypes = NULL, *facts = NULL;
     PyObject *pg = PyTuple_GET_ITEM(info, 0);
@@ -521,7 +670,7 @@ new_facts(Wrapper *w, SiteSlot *slot, PyFrameObject *frame, PyObject *code, long
     PyObject_GC_UnTrack(dtypes);
     PyObject *args[] = {w->name, pg, PyTuple_GET_ITEM(info, 1), PyTuple_GET_ITEM(info, 2),
                         peer ? peer : Py_None, shapes, dtypes, async_op ? Py_True : Py_False,
-                        site};
+                        site, path};
     /* the facts' id, and their facts line written, before this call goes on */
     PyObject *fid = PyObject_Vectorcall(w->facts_id, args, F_FID, NULL);
     if (fid == NULL)
@@ -532,7 +681,7 @@ new_facts(Wrapper *w, SiteSlot *slot, PyFrameObject *frame, PyObject *code, long
         goto fail;
     }
     facts = PyTuple_Pack(N_FACTS, args[0], args[1], args[2], args[3], args[4], args[5], args[6],
-                         args[7], args[8], fid);
+                         args[7], args[8], args[9], fid);
     Py_DECREF(fid);
     if (facts == NULL)
         goto fail;
@@ -560,7 +709,8 @@ static int
 fast_enter(Wrapper *w, Args *args, PyFrameObject *frame, Record *r)
 {
     PyObject *group, *peer, *tensor, *info = NULL, *code = NULL, *shape = NULL, *dtype = NULL;
-    PyObject *counter = NULL;
+    PyObject *counter = NULL, *path = NULL;
+    uint64_t path_hash = 0;
     SiteSlot *slot = NULL;
     TensorMeta meta;
     long at = -1;
@@ -587,13 +737,17 @@ fast_enter(Wrapper *w, Args *args, PyFrameObject *frame, Record *r)
     }
 
     /* The call site's slot: a few per wrapper, compared by identity (hashing a code object
-     * hashes its constants and names). */
+     * hashes its constants and names), chosen by the call's path too: a helper's line called
+     * from two places keeps the facts of both. */
+    if ((path = path_of(w, frame, &path_hash)) == NULL)
+        goto done;
     if (frame != NULL) {
         code = (PyObject *)PyFrame_GetCode(frame);
         at = frame_lasti(frame);
         if (at == -1 && PyErr_Occurred())
             goto done;
-        slot = &w->sites_seen[(((uintptr_t)code >> 4) ^ (uintptr_t)at) % SITE_SLOTS];
+        uintptr_t h = ((uintptr_t)code >> 4) ^ (uintptr_t)at ^ (uintptr_t)(path_hash >> 29);
+        slot = &w->sites_seen[h % SITE_SLOTS];
     }
     if ((info = group_info(w, slot, group, &cached)) == NULL)
         goto done;
@@ -620,7 +774,7 @@ fast_enter(Wrapper *w, Args *args, PyFrameObject *frame, Record *r)
         }
     }
 
-    if (slot_matches(w->state, slot, code, at, info, peer, sized, shape, dtype, async_op)) {
+    if (slot_matches(w->state, slot, code, at, info, path, peer, sized, shape, dtype, async_op)) {
         r->what = Py_NewRef(slot->facts);
         counter = Py_NewRef(slot->counter);
     }
@@ -629,8 +783,8 @@ fast_enter(Wrapper *w, Args *args, PyFrameObject *frame, Record *r)
             shape = Py_NewRef(PyTuple_GET_ITEM(FACT(slot->facts, F_SHAPES), 0));
             dtype = Py_NewRef(PyTuple_GET_ITEM(FACT(slot->facts, F_DTYPES), 0));
         }
-        if ((r->what = new_facts(w, slot, frame, code, at, info, peer, shape, dtype, async_op,
-                                 &counter)) == NULL)
+        if ((r->what = new_facts(w, slot, frame, code, at, info, path, peer, shape, dtype,
+                                 async_op, &counter)) == NULL)
             goto done;
     }
     if (slot != NULL) {
@@ -653,6 +807,7 @@ done:
     Py_XDECREF(shape);
     Py_XDECREF(dtype);
     Py_XDECREF(counter);
+    Py_XDECREF(path);
     return bad;
 }
 
@@ -1282,6 +1437,8 @@ state_traverse(State *st, visitproc visit, void *arg)
 {
     Py_VISIT(st->call_type);
     Py_VISIT(st->lines);
+    for (int i = 0; i < PATH_SLOTS; i++)
+        Py_VISIT(st->paths[i].id);
     for (Py_ssize_t i = 0; i < st->len; i++) {
         Py_VISIT(st->records[i].what);
         Py_VISIT(st->records[i].error);
@@ -1306,6 +1463,8 @@ state_clear(State *st)
     st->out.len = st->out.cap = 0;
     Py_CLEAR(st->call_type);
     Py_CLEAR(st->lines);
+    for (int i = 0; i < PATH_SLOTS; i++)
+        path_entry_clear(&st->paths[i]);
     st->slots = NULL;
     if (st->ring.obj != NULL)
         PyBuffer_Release(&st->ring);
@@ -1351,7 +1510,8 @@ static PyMethodDef state_methods[] = {
 /* Every object a wrapper holds (its site slots too): its traverse and clear walk this list. */
 #define WRAPPER_REFS(X)                                                                        \
     X(fn) X(spec) X(name) X(peer) X(state) X(enter) X(pg_cache) X(describe_group) X(seqs)      \
-    X(sites) X(call_site) X(facts_id) X(ids) X(tensor_type) X(before) X(after) X(returned)    \
+    X(sites) X(call_site) X(facts_id) X(ids) X(path_id) X(tensor_type) X(before) X(after)     \
+    X(returned)                                                                                \
     X(dict)                                                                                    \
     for (int i = 0; i < SITE_SLOTS; i++) {                                                     \
         X(sites_seen[i].code) X(sites_seen[i].info) X(sites_seen[i].counter)                   \
@@ -1439,6 +1599,7 @@ wrapper_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
         {&w->sites, "_sites"},
         {&w->call_site, "_call_site"},
         {&w->facts_id, "_facts_id"},
+        {&w->path_id, "_path_id"},
         {&w->ids, "_ids"},
         {&w->returned, "_returned"},
     };
@@ -1573,9 +1734,9 @@ PyInit__fast(void)
         return NULL;
     /* The field layouts this module reads by position: the Python side uses the module only
      * where its _Call and _Spec have these fields in this order. */
-    PyObject *call_fields = Py_BuildValue("(ssssssssssssss)", "cid", "seq", "t", "tid", "op",
+    PyObject *call_fields = Py_BuildValue("(sssssssssssssss)", "cid", "seq", "t", "tid", "op",
                                           "pg", "pg_desc", "pg_ranks", "peer", "shapes", "dtypes",
-                                          "async_op", "site", "fid");
+                                          "async_op", "site", "path", "fid");
     PyObject *spec_fields = Py_BuildValue("(ssssssss)", "name", "group_at", "peer", "peer_at",
                                           "async_at", "always_async", "one_tensor", "p2p");
     int added = call_fields != NULL && spec_fields != NULL &&

@@ -96,6 +96,7 @@ class _Call(NamedTuple):
     dtypes: tuple[Any, ...]  # torch.dtype objects
     async_op: bool
     site: tuple[str | None, int | None, str | None]  # file, line, function
+    path: int | None  # the id of the call's path (Probe._path_id), None without a frame
     fid: int  # the facts' id (Probe._facts_id)
 
 
@@ -304,6 +305,16 @@ def _facts_line(rank: int, fid: int, facts: tuple[Any, ...], t: float) -> str:
     return f'{{"ev":"facts","facts":{fid},{_fragment(*facts)},"t":{_seconds(t)},"rank":{rank}}}\n'
 
 
+def _path_line(rank: int, pid: int, frames: list[tuple[str, str, int]], cut: int, t: float) -> str:
+    """The ``path`` line of a call path new to the probe (``Probe._path_id``): its frames
+    ``(file, func, line)`` from the outermost, and how many outer ones were cut."""
+    body = json.dumps(frames, separators=(",", ":"), default=str)
+    return (
+        f'{{"ev":"path","path":{pid},"frames":{body},"cut":{cut},"t":{_seconds(t)},'
+        f'"rank":{rank}}}\n'
+    )
+
+
 def _fragment(
     op: str,
     pg: str | None,
@@ -314,6 +325,7 @@ def _fragment(
     dtypes: tuple[Any, ...],
     async_op: bool,
     site: tuple[str | None, int | None, str | None],
+    path: int | None,
 ) -> str:
     """The JSON fields of a call's facts, without braces: its ``facts`` line's."""
     return json.dumps(
@@ -329,6 +341,7 @@ def _fragment(
             "file": site[0],
             "line": site[1],
             "func": site[2],
+            "path": path,
         },
         separators=(",", ":"),
         default=str,
