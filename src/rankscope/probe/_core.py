@@ -47,7 +47,11 @@ a ring of fixed-size slots in a file the probe maps shared (``calls-<pid>.ring``
 file keeps it however the process ends (SIGKILL, an abort in a C++ thread, a segfault a
 microsecond later). A slot holds numbers only: ids, times, the thread and the id of the call's
 facts, whose ``facts`` line is written to ``events.jsonl`` (one ``write``) before the first call
-that has them proceeds. The thread's batches stay the history; the ring is the last calls,
+that has them proceeds. The facts hold the id of the call's path (``Probe._path_id``: its
+frames from the outermost, without ``rankscope.rundir.MACHINERY``'s), whose ``path`` line is
+written once, before them; the C wrapper compares the raw frames (code object and instruction
+of each) with the ones a path was last seen with, and asks for it only when they change. The
+thread's batches stay the history; the ring is the last calls,
 whatever happened to the batches. A SIGTERM (torchrun tearing the job down because another rank
 failed, or a stop) is a capture: stacks of all threads and the flight recorder are written, then
 the process dies of the signal as it would have; a thread that waits in ``os.read`` on Python's

@@ -44,8 +44,9 @@
 
 /* CPython 3.11's frames, read where they lie: a call's path is compared with the last one seen
  * by walking the interpreter's own frame chain, without making a frame object for a frame that
- * has none (PyFrame_GetBack would). Other versions use the public calls. */
-#if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030C0000
+ * has none (PyFrame_GetBack would). Other versions, or a build with RANKSCOPE_PUBLIC_FRAMES
+ * defined (to try them on 3.11), use the public calls. */
+#if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030C0000 && !defined(RANKSCOPE_PUBLIC_FRAMES)
 #define RAW_FRAMES 1
 #ifndef Py_BUILD_CORE
 #define Py_BUILD_CORE 1
@@ -148,9 +149,15 @@ typedef struct {
     const void *code, *at;
 } RawFrame;
 
+typedef RawFrame code_and_at_t;
+
 /* Raw frames a path's key holds; a deeper chain asks Probe._path_id at every call. */
 #define PATH_KEY_MAX 256
-#define PATH_SLOTS 64
+/* Paths kept: PATH_WAYS for each of PATH_SETS sets, a set chosen by the caller's code and
+ * instruction (a helper called from a few places keeps each of its paths). */
+#define PATH_SETS 16
+#define PATH_WAYS 4
+#define PATH_SLOTS (PATH_SETS * PATH_WAYS)
 
 /* A call path seen lately: its raw frames (the code objects held, so that none is freed and its
  * address taken by another while the entry names it) and its id from Probe._path_id, valid
@@ -158,7 +165,6 @@ typedef struct {
 typedef struct {
     RawFrame *key; /* n raw frames, innermost first (PyMem) */
     Py_ssize_t n;
-    uint64_t hash;
     PyObject *id;
     long long facts_epoch;
 } PathEntry;
@@ -183,7 +189,8 @@ typedef struct {
     Py_buffer ring;     /* the ring file's map (ring.obj NULL: none) */
     RingSlot *slots;
     uint64_t nslots;
-    PathEntry paths[PATH_SLOTS]; /* by the raw frames' hash */
+    PathEntry paths[PATH_SLOTS]; /* see path_of */
+    unsigned path_victim;        /* which way of a full set a new path takes */
 } State;
 
 static PyTypeObject StateType;
@@ -338,59 +345,83 @@ frame_lasti(PyFrameObject *frame)
 
 /* --- Call paths -------------------------------------------------------------------------------- */
 
-static uint64_t
-mix(uint64_t h, const void *code, const void *at)
+/* The chain of frames from a call's caller outwards, one raw frame at a time, making no object:
+ * on 3.11 the interpreter's frames are read as they lie (every frame of a running chain has
+ * started: it holds the caller's); elsewhere the public calls, which may make a frame object
+ * for a frame that has none. */
+typedef struct {
+#if RAW_FRAMES
+    _PyInterpreterFrame *f;
+#else
+    PyFrameObject *f; /* owned */
+#endif
+} FrameWalk;
+
+static void
+walk_start(FrameWalk *walk, PyFrameObject *frame)
 {
-    h = (h ^ (uint64_t)(uintptr_t)code) * 0x100000001b3ULL;
-    return (h ^ (uint64_t)(uintptr_t)at) * 0x100000001b3ULL;
+#if RAW_FRAMES
+    walk->f = frame->f_frame;
+#else
+    walk->f = (PyFrameObject *)Py_NewRef(frame);
+#endif
 }
 
-/* The raw frames from frame outwards into raw, and their hash into *hash: their number, -1 for
- * a chain deeper than PATH_KEY_MAX (the hash is of its first frames), or -2 with an exception
- * set. No object is made: on 3.11 the interpreter's frames are read as they lie (the frames
- * of a running chain are complete: it is the caller's, which has started). */
-static Py_ssize_t
-raw_path(PyFrameObject *frame, RawFrame *raw, uint64_t *hash)
+/* The next raw frame into *raw: 1, 0 at the end of the chain, or -1 with an exception set. */
+static inline int
+walk_next(FrameWalk *walk, RawFrame *raw)
 {
-    uint64_t h = 0xcbf29ce484222325ULL;
-    Py_ssize_t n = 0;
 #if RAW_FRAMES
-    for (_PyInterpreterFrame *f = frame->f_frame; f != NULL; f = f->previous) {
-        if (n == PATH_KEY_MAX) {
-            *hash = h;
-            return -1;
-        }
-        raw[n].code = f->f_code;
-        raw[n].at = f->prev_instr;
-        h = mix(h, raw[n].code, raw[n].at);
-        n++;
-    }
+    _PyInterpreterFrame *f = walk->f;
+    if (f == NULL)
+        return 0;
+    raw->code = f->f_code;
+    raw->at = f->prev_instr;
+    walk->f = f->previous;
+    return 1;
 #else
-    Py_INCREF(frame);
-    for (PyFrameObject *f = frame; f != NULL;) {
-        if (n == PATH_KEY_MAX) {
-            Py_DECREF(f);
-            *hash = h;
-            return -1;
-        }
-        PyCodeObject *code = PyFrame_GetCode(f);
-        Py_DECREF(code); /* the running frame holds it */
-        long at = frame_lasti(f);
-        if (at == -1 && PyErr_Occurred()) {
-            Py_DECREF(f);
-            return -2;
-        }
-        raw[n].code = code;
-        raw[n].at = (const void *)(intptr_t)at;
-        h = mix(h, raw[n].code, raw[n].at);
-        n++;
-        PyFrameObject *back = PyFrame_GetBack(f);
-        Py_DECREF(f);
-        f = back;
-    }
+    PyFrameObject *f = walk->f;
+    if (f == NULL)
+        return 0;
+    PyCodeObject *code = PyFrame_GetCode(f);
+    Py_DECREF(code); /* the running frame holds it */
+    long at = frame_lasti(f);
+    if (at == -1 && PyErr_Occurred())
+        return -1;
+    raw->code = code;
+    raw->at = (const void *)(intptr_t)at;
+    walk->f = PyFrame_GetBack(f);
+    Py_DECREF(f);
+    return 1;
 #endif
-    *hash = h;
-    return n;
+}
+
+static void
+walk_end(FrameWalk *walk)
+{
+#if !RAW_FRAMES
+    Py_CLEAR(walk->f);
+#endif
+    walk->f = NULL;
+}
+
+/* Does the chain from frame outwards have the entry's raw frames? 1, 0, or -1 with an exception
+ * set. One pass, stopping at the first frame that differs. */
+static int
+entry_matches(PathEntry *e, PyFrameObject *frame)
+{
+    FrameWalk walk;
+    RawFrame raw;
+    Py_ssize_t i = 0;
+    int more;
+    walk_start(&walk, frame);
+    while ((more = walk_next(&walk, &raw)) == 1) {
+        if (i == e->n || e->key[i].code != raw.code || e->key[i].at != raw.at)
+            break;
+        i++;
+    }
+    walk_end(&walk);
+    return more < 0 ? -1 : more == 0 && i == e->n;
 }
 
 static void
@@ -404,41 +435,80 @@ path_entry_clear(PathEntry *e)
     Py_CLEAR(e->id);
 }
 
-/* The id of the call path that leads to frame (a new reference; None without a frame), and
- * the hash of its raw frames in *hash; NULL with an exception set. The raw frames are compared
- * with the State's entry of their hash: where they are the same, the entry's id, with no object
- * made; else Probe._path_id works it out (writing the path's line if it is new), and the entry
- * keeps it. */
-static PyObject *
-path_of(Wrapper *w, PyFrameObject *frame, uint64_t *hash)
+/* Keep the raw frames from frame outwards, and id, in e; nothing where the chain is deeper
+ * than PATH_KEY_MAX (asked again at every call). 0, or -1 with an exception set. */
+static int
+path_entry_fill(State *st, PathEntry *e, PyFrameObject *frame, PyObject *id)
 {
     RawFrame raw[PATH_KEY_MAX];
-    State *st = w->state;
-    *hash = 0;
-    if (frame == NULL)
-        Py_RETURN_NONE;
-    Py_ssize_t n = raw_path(frame, raw, hash);
-    if (n == -2)
-        return NULL;
-    PathEntry *e = n >= 0 ? &st->paths[*hash % PATH_SLOTS] : NULL;
-    if (e != NULL && e->id != NULL && e->hash == *hash && e->n == n &&
-        e->facts_epoch == st->facts_epoch && memcmp(e->key, raw, n * sizeof(RawFrame)) == 0)
-        return Py_NewRef(e->id);
-    PyObject *id = PyObject_CallOneArg(w->path_id, (PyObject *)frame);
-    if (id == NULL || e == NULL)
-        return id;
+    FrameWalk walk;
+    Py_ssize_t n = 0;
+    int more;
+    walk_start(&walk, frame);
+    while (n <= PATH_KEY_MAX && (more = walk_next(&walk, &raw[n < PATH_KEY_MAX ? n : 0])) == 1)
+        n++;
+    walk_end(&walk);
+    if (more < 0)
+        return -1;
+    if (n > PATH_KEY_MAX)
+        return 0;
     RawFrame *key = PyMem_Malloc((n ? n : 1) * sizeof(RawFrame));
     if (key == NULL) /* not kept: asked again next time */
-        return id;
+        return 0;
     for (Py_ssize_t i = 0; i < n; i++)
         Py_INCREF((PyObject *)raw[i].code);
-    path_entry_clear(e); /* (another thread may have filled it meanwhile) */
+    path_entry_clear(e);
     memcpy(key, raw, n * sizeof(RawFrame));
     e->key = key;
     e->n = n;
-    e->hash = *hash;
     e->id = Py_NewRef(id);
     e->facts_epoch = st->facts_epoch;
+    return 0;
+}
+
+/* The id of the call path that leads to frame (a new reference; None without a frame), and in
+ * *entry the State's entry that holds it (NULL: none). The entries of the set of the caller's
+ * code and instruction are compared with the chain, frame by frame: where one has the same raw
+ * frames, its id, with no object made; else Probe._path_id works it out (writing the path's
+ * line if it is new) and an entry of the set keeps it. NULL with an exception set. */
+static PyObject *
+path_of(Wrapper *w, PyFrameObject *frame, code_and_at_t where, PathEntry **entry)
+{
+    State *st = w->state;
+    *entry = NULL;
+    if (frame == NULL)
+        Py_RETURN_NONE;
+    uint64_t h = ((uint64_t)(uintptr_t)where.code >> 4) * 0x9E3779B97F4A7C15ULL ^
+                 (uint64_t)(uintptr_t)where.at;
+    PathEntry *set = &st->paths[(h >> 32) % PATH_SETS * PATH_WAYS];
+    for (int i = 0; i < PATH_WAYS; i++) {
+        PathEntry *e = &set[i];
+        if (e->id == NULL || e->facts_epoch != st->facts_epoch)
+            continue;
+        int m = entry_matches(e, frame);
+        if (m < 0)
+            return NULL;
+        if (m) {
+            *entry = e;
+            return Py_NewRef(e->id);
+        }
+    }
+    PyObject *id = PyObject_CallOneArg(w->path_id, (PyObject *)frame);
+    if (id == NULL)
+        return NULL;
+    PathEntry *e = &set[st->path_victim++ % PATH_WAYS];
+    for (int i = 0; i < PATH_WAYS; i++) {
+        if (set[i].id == NULL || set[i].facts_epoch != st->facts_epoch) {
+            e = &set[i];
+            break;
+        }
+    }
+    if (path_entry_fill(st, e, frame, id) < 0) {
+        Py_DECREF(id);
+        return NULL;
+    }
+    if (e->id == id)
+        *entry = e;
     return id;
 }
 
@@ -710,7 +780,7 @@ fast_enter(Wrapper *w, Args *args, PyFrameObject *frame, Record *r)
 {
     PyObject *group, *peer, *tensor, *info = NULL, *code = NULL, *shape = NULL, *dtype = NULL;
     PyObject *counter = NULL, *path = NULL;
-    uint64_t path_hash = 0;
+    PathEntry *path_entry = NULL;
     SiteSlot *slot = NULL;
     TensorMeta meta;
     long at = -1;
@@ -739,14 +809,18 @@ fast_enter(Wrapper *w, Args *args, PyFrameObject *frame, Record *r)
     /* The call site's slot: a few per wrapper, compared by identity (hashing a code object
      * hashes its constants and names), chosen by the call's path too: a helper's line called
      * from two places keeps the facts of both. */
-    if ((path = path_of(w, frame, &path_hash)) == NULL)
-        goto done;
     if (frame != NULL) {
         code = (PyObject *)PyFrame_GetCode(frame);
         at = frame_lasti(frame);
         if (at == -1 && PyErr_Occurred())
             goto done;
-        uintptr_t h = ((uintptr_t)code >> 4) ^ (uintptr_t)at ^ (uintptr_t)(path_hash >> 29);
+    }
+    code_and_at_t where = {code, (const void *)(intptr_t)at};
+    if ((path = path_of(w, frame, where, &path_entry)) == NULL)
+        goto done;
+    if (frame != NULL) {
+        uintptr_t h = (((uintptr_t)code >> 4) ^ (uintptr_t)at) +
+                      (path_entry ? (uintptr_t)(path_entry - w->state->paths) : 0);
         slot = &w->sites_seen[h % SITE_SLOTS];
     }
     if ((info = group_info(w, slot, group, &cached)) == NULL)
