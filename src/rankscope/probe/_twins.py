@@ -17,6 +17,8 @@ C (``_fast.c``)                        Python (here)
 ``put_seconds``                        :func:`_seconds`
 ``ring_enter``, ``ring_exit``          :meth:`_Ring.enter`, :meth:`_Ring.exit`
 ``RingSlot``                           :data:`rankscope.rundir.RING_SLOT_FIELDS`
+``path_of`` (``entry_matches``,        ``Probe._path_id`` (its dict of raw frames; the C
+``path_entry_fill``)                   calls it where its own entries miss)
 ``Counter``                            :func:`itertools.count` (:data:`_Counter`)
 ``Record`` (read from a ``_Call``,     :class:`_Call`, :class:`_Spec` (the C reads them by
 ``CALL_FIELDS``, ``SPEC_FIELDS``)      position: it serves only where their fields match)
