@@ -253,7 +253,7 @@ class Probe:
         # Call paths: their id by their frames, and by the raw frames (code, instruction) that
         # gave them; forgotten with the facts (see _path_id).
         self._paths: dict[tuple[Any, ...], int] = {}
-        self._path_keys: dict[tuple[Any, ...], int] = {}
+        self._path_keys: dict[tuple[int, ...], tuple[int, list[Any]]] = {}
         self._pids = _Counter(1)
         self._machinery: dict[Any, bool] = {}  # code object -> its file is MACHINERY's
         self._stop = threading.Event()
@@ -850,29 +850,29 @@ class Probe:
         (``_facts_id``), whose key holds the path's id."""
         if frame is None:
             return None
-        raw = []
+        # By the code objects' ids (a code object's hash hashes its names and constants, at
+        # every call); the entry holds the code objects, so that no id is reused meanwhile.
+        codes = []
+        lastis = []
         f = frame
         while f is not None:
-            raw.append(f.f_code)
-            raw.append(f.f_lasti)
+            codes.append(f.f_code)
+            lastis.append(f.f_lasti)
             f = f.f_back
-        key = tuple(raw)
-        pid = self._path_keys.get(key)
-        if pid is not None:
-            return pid
+        key = (*map(id, codes), *lastis)
+        known = self._path_keys.get(key)
+        if known is not None:
+            return known[0]
         frames = []
         machinery = self._machinery
-        f = frame
-        while f is not None:
-            code = f.f_code
+        for code, f_lineno in zip(codes, _linenos(frame), strict=True):
             drop = machinery.get(code)
             if drop is None:
                 if len(machinery) > 50_000:  # generated code that never repeats
                     machinery.clear()
                 drop = machinery[code] = is_machinery(code.co_filename)
             if not drop:
-                frames.append((code.co_filename, code.co_name, f.f_lineno))
-            f = f.f_back
+                frames.append((code.co_filename, code.co_name, f_lineno))
         cut = max(0, len(frames) - PATH_DEPTH)
         frames = frames[:PATH_DEPTH][::-1]
         value = (tuple(frames), cut)
@@ -884,12 +884,19 @@ class Probe:
                 os.write(self._fd, line.encode())
         if len(self._path_keys) >= FACTS_KEPT:  # raw frames that never repeat: stay bounded
             self._path_keys.clear()
-        self._path_keys[key] = pid
+        self._path_keys[key] = (pid, codes)
         return pid
 
     def step(self, n: int | None = None) -> None:
         self._step = (self._step or 0) + 1 if n is None else int(n)
         self.emit("step", step=self._step)
+
+
+def _linenos(frame: Any) -> Iterator[int | None]:
+    """The line each frame from ``frame`` outwards is at."""
+    while frame is not None:
+        yield frame.f_lineno
+        frame = frame.f_back
 
 
 #: Parameters of torch.distributed's functions that hold tensors or lists of tensors.
