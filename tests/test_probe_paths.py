@@ -171,6 +171,7 @@ CALL = '{"id":%d,"seq":%d,"tid":1,"facts":%d,"dur_s":0.001,"ok":true,"ev":"call"
         '{"ev":"path","path":2,"frames":"t.py","cut":0,"t":1.0,"rank":0}',
         '{"ev":"path","path":"2","frames":[],"cut":0,"t":1.0,"rank":0}',
         '{"ev":"path","path":2,"frames":[[1,2,3]],"cut":-1,"t":1.0,"rank":0}',
+        f'{{"ev":"path","path":{2**70},"frames":[],"cut":0,"t":1.0,"rank":0}}',
         '{"ev":"path","path":2,"frames":[["t.py","<mod',  # torn by a kill
     ],
 )

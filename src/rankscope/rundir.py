@@ -439,7 +439,7 @@ def read_path(
     line)`` from the outermost; None where the line is not one the probe writes (a torn or
     garbled line: its id, a frame's file or function is not what it should be)."""
     pid, frames, cut = ev.get("path"), ev.get("frames"), ev.get("cut", 0)
-    if type(pid) is not int or not isinstance(frames, list) or type(cut) is not int or cut < 0:
+    if not (valid_id(pid) and isinstance(frames, list) and valid_id(cut)):
         return None
     out = []
     for frame in frames:
@@ -451,8 +451,13 @@ def read_path(
         ):
             return None
         line = frame[2]
-        out.append((frame[0], frame[1], line if type(line) is int else None))
+        out.append((frame[0], frame[1], line if valid_id(line) else None))
     return pid, cut, tuple(out)
+
+
+def valid_id(value: Any) -> bool:
+    """An int that a table's Int64 column holds with room to spare (ids, counts, lines)."""
+    return type(value) is int and 0 <= value < 1 << 48
 
 
 #: A call line's fields that its enter event has.
@@ -876,7 +881,7 @@ def _call_facts(ev: dict[str, Any]) -> tuple[Any, ...]:
         ev.get("dtypes"),
         ev.get("async_op"),
         _site(ev.get("file"), as_int(ev.get("line"))),
-        path if type(path) is int else None,
+        path if valid_id(path) else None,
     )
 
 

@@ -43,6 +43,7 @@ from rankscope.rundir import (
     RING_VERSION,
     as_enter_exit,
     read_path,
+    valid_id,
 )
 
 READER = "events"
@@ -404,6 +405,7 @@ def _enter(ev: dict[str, Any], rank: Any, life: _Life) -> tuple[Any, ...]:
     path = ev.get("path")
     ranks = [r for r in ranks if type(r) is int] if isinstance(ranks, list) else None
     file, line = as_str(ev.get("file")), as_int(ev.get("line"))
+    line = line if valid_id(line) else None  # (a number past Int64 would fail the table)
     return (
         rank,
         life.number,
@@ -422,7 +424,7 @@ def _enter(ev: dict[str, Any], rank: Any, life: _Life) -> tuple[Any, ...]:
         line,
         as_str(ev.get("func")),
         None if file is None else f"{_basename(file)}:{line}",
-        path + life.path_base if type(path) is int else None,
+        path + life.path_base if valid_id(path) else None,
         _thread(ev.get("tid")),
         as_float(ev.get("t")),
     )
