@@ -75,7 +75,7 @@ def play(folder: Path, *, ranks: int, calls_per_s: float, steady_s: float, culpr
     run = RunDir(folder)
     # one call site's facts, as a rank's probe records them: the world group, every member
     facts = ("all_reduce", "0", "default_pg", list(range(ranks)), None)
-    facts += (((4096,),), ("float32",), False, ("t.py", 9, "step"))
+    facts += (((4096,),), ("float32",), False, ("t.py", 9, "step"), None)  # no path line
     statics: dict = {}  # the exit lines' fragments, as the probe keeps them
 
     def call_at(n: int, t: float) -> _Call:

@@ -144,6 +144,7 @@ def make_ring(folder: Path) -> Path:
             (),
             False,
             (None,) * 3,
+            None,
             1,
         )
         ring.enter(call)

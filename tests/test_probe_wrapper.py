@@ -128,17 +128,21 @@ def test_a_call_is_one_line_naming_its_facts_and_one_in_flight_at_a_flush_two(pr
     head = ("id", "seq", "tid", "facts")
     facts = {e["facts"]: e for e in evs if e["ev"] == "facts"}
     assert [(e["ev"], e.get("id")) for e in evs] == [
+        ("path", None),
         ("facts", None),
+        ("path", None),
         ("facts", None),
         ("call", 1),
         ("enter", 2),
+        ("path", None),
         ("facts", None),
         ("exit", 2),
         ("enter", 3),
         ("exit", 3),
     ]
-    assert lines_before == evs[:4]  # the facts lines, the call line, the one in flight
-    call, flying, _, returned, raised, failed = evs[2:]
+    # the path and facts lines, the call line, the one in flight
+    assert lines_before == evs[:6]
+    call, flying, _, _, returned, raised, failed = evs[4:]
     assert list(call) == [*head, "dur_s", "ok", "ev", "t", "rank"] and call["ok"] is True
     assert list(flying) == [*head, "ev", "t", "rank"]
     assert facts[call["facts"]]["line"] == line_of("# site: first")
@@ -164,16 +168,19 @@ def test_past_facts_kept_the_probe_names_calls_by_new_ids_only(probe, monkeypatc
     at_one_site(x)
     for n in (2, 3, 4, 5):  # new facts elsewhere: ids 2, 3, then forgotten: 4, 5
         reduce(torch.ones(n))
-    at_one_site(x)  # the same facts as the first call's, after they were forgotten
-    at_one_site(x)
+    for _ in range(2):  # the same facts as the first call's, after they were forgotten
+        at_one_site(x)
     evs = lines(probe)
     facts = {e["facts"]: e for e in evs if e["ev"] == "facts"}
     calls = [e for e in evs if e["ev"] == "call"]
     assert [e["facts"] for e in calls] == [1, 2, 3, 4, 5, 6, 6]
-    assert {k: v for k, v in facts[6].items() if k not in ("facts", "t")} == {
-        k: v for k, v in facts[1].items() if k not in ("facts", "t")
+    assert {k: v for k, v in facts[6].items() if k not in ("facts", "t", "path")} == {
+        k: v for k, v in facts[1].items() if k not in ("facts", "t", "path")
     }
     assert facts[6]["line"] == line_of("# site: repeats")
+    # the paths were forgotten with the facts: the loop's path has an id issued since
+    paths = [e["path"] for e in evs if e["ev"] == "path"]
+    assert paths == sorted(set(paths)) and facts[6]["path"] == paths[-1] > facts[5]["path"]
 
 
 class Work(torch.distributed.Work):
@@ -394,9 +401,35 @@ def test_c_probe_records_what_the_python_probe_records(tmp_path, monkeypatch):
         for p in probes:
             some_calls(p)
         c, python = ([_timeless(e) for e in records(p)] for p in probes)
-        assert c == python and len([e for e in c if e["ev"] != "facts"]) == 20 * 9
+        assert c == python
+        assert len([e for e in c if e["ev"] not in ("facts", "path")]) == 20 * 9
         # each distinct call's facts written once: 3 shapes of all_reduce, 1 failing, send, gather
-        assert [e["facts"] for e in c if e["ev"] == "facts"] == [1, 2, 3, 4, 5, 6]
+        facts = [e for e in c if e["ev"] == "facts"]
+        assert [e["facts"] for e in facts] == [1, 2, 3, 4, 5, 6]
+        # each of some_calls' four lines is a path of its own, written once
+        assert [e["path"] for e in facts] == [1, 2, 3, 4, 1, 1]
+        paths = [e for e in c if e["ev"] == "path"]
+        assert [e["path"] for e in paths] == [1, 2, 3, 4]
+        lines = inspect.getsource(some_calls).splitlines()
+        first = some_calls.__code__.co_firstlineno
+        for e in paths:
+            file, func, line = e["frames"][-1]
+            assert (file, func) == (__file__, "some_calls") and e["cut"] == 0
+            assert "p._wrap" not in lines[line - first] and "(" in lines[line - first]
+            assert e["frames"][-2][:2] == [
+                __file__,
+                "test_c_probe_records_what_the_python_probe_records",
+            ]
+        # the lines the probes wrote themselves (path, facts) are the same bytes but the times
+        written = [
+            [
+                re.sub(rb',"t":[0-9.]+,', b",", line)
+                for line in p.run.events(p.rank).read_bytes().splitlines()
+                if line.startswith((b'{"ev":"path"', b'{"ev":"facts"'))
+            ]
+            for p in probes
+        ]
+        assert written[0] == written[1] and len(written[0]) == 10
     finally:
         close_probes(*probes)
 
@@ -528,7 +561,7 @@ def test_c_state_refuses_records_of_unknown_shapes():
         with pytest.raises(TypeError):
             state.append(bad)
     call = _core._Call(
-        0, 1, 0.0, 1, "all_reduce", None, None, None, None, (), (), False, (None,) * 3, 1
+        0, 1, 0.0, 1, "all_reduce", None, None, None, None, (), (), False, (None,) * 3, None, 1
     )
     with pytest.raises(ValueError, match="positive"):
         state.append((call, 1.0, True, None))

@@ -68,8 +68,13 @@ EVENT_KINDS = {
     "thread's CPU seconds), at ([file, line, function] of the main thread's innermost user "
     "frame)",
     "facts": "facts (their id, in the ring and in call and enter lines), op, pg, pg_desc, pg_ranks "
-    "(every member of the group), peer, shapes, dtypes, async_op, file, line, func; written at "
-    "once, before the first call that has them proceeds",
+    "(every member of the group), peer, shapes, dtypes, async_op, file, line, func, path (the id "
+    "of the call's path line; older probes: none); written at once, before the first call that "
+    "has them proceeds",
+    "path": "path (its id, in facts lines), frames ([file, func, line] of each frame from the "
+    "outermost to the one that called torch.distributed, MACHINERY left out), cut (how many "
+    "outer frames were left out past PATH_DEPTH); written at once, before the first facts line "
+    "that names it",
     "call": "id, seq (the n-th collective of the rank on the group, from 1; point-to-point calls "
     "are numbered apart), tid, facts, dur_s, ok (true): a call that returned before the flush that "
     "writes it, in one line; t is its enter time, t + dur_s its end. A call that raised is "
@@ -432,6 +437,34 @@ def keep_facts(kept: dict[int, Any], fid: int, value: Any) -> None:
         del kept[next(iter(kept))]
 
 
+def read_path(
+    ev: dict[str, Any],
+) -> tuple[int, int, tuple[tuple[str, str, int | None], ...]] | None:
+    """A ``path`` line's id, cut (outer frames left out) and frames, each ``(file, func,
+    line)`` from the outermost; None where the line is not one the probe writes (a torn or
+    garbled line: its id, a frame's file or function is not what it should be)."""
+    pid, frames, cut = ev.get("path"), ev.get("frames"), ev.get("cut", 0)
+    if not (valid_id(pid) and isinstance(frames, list) and valid_id(cut)):
+        return None
+    out = []
+    for frame in frames:
+        if not (
+            isinstance(frame, list)
+            and len(frame) == 3
+            and isinstance(frame[0], str)
+            and isinstance(frame[1], str)
+        ):
+            return None
+        line = frame[2]
+        out.append((frame[0], frame[1], line if valid_id(line) else None))
+    return pid, cut, tuple(out)
+
+
+def valid_id(value: Any) -> bool:
+    """An int that a table's Int64 column holds with room to spare (ids, counts, lines)."""
+    return type(value) is int and 0 <= value < 1 << 48
+
+
 #: A call line's fields that its enter event has.
 _CALL_ENTER = ("id", "seq", "tid", "facts", "t", "rank")
 
@@ -572,6 +605,9 @@ class RankRecord:
     pg: str | None = None
     seq: int | None = None
     site: str | None = None
+    path: tuple[tuple[str, str, int | None], ...] | None = None
+    """Its latest call's path: ``(file, func, line)`` of each frame from the outermost (see
+    the ``path`` event); None where its probe wrote none or the line is unknown."""
     in_collective_since: float | None = None
     """When it entered the (blocking) collective it has not returned from yet."""
     last_done: str | None = None
@@ -613,6 +649,8 @@ class RankRecord:
     _facts: dict[int, tuple[Any, ...]] = dataclasses.field(default_factory=dict, repr=False)
     """Its facts lines by id, as :func:`_call_facts` reads them (the latest, see
     :func:`keep_facts`)."""
+    _paths: dict[int, tuple[Any, ...]] = dataclasses.field(default_factory=dict, repr=False)
+    """Its path lines' frames by id (the latest, as ``_facts``)."""
     _members_of: dict[Any, Any] = dataclasses.field(default_factory=dict, repr=False)
     """Per group, the members its last facts line gave: the facts of its calls on a group
     share one list while the members are the same, which a call compares by identity."""
@@ -675,6 +713,11 @@ class RankRecord:
         if kind == "exit":
             self._exit(ev)
             return True
+        if kind == "path":
+            read = read_path(ev)
+            if read is not None:
+                keep_facts(self._paths, read[0], read[2])
+            return False
         if kind == "facts":
             fid = ev.get("facts")
             if type(fid) is int:
@@ -754,9 +797,10 @@ class RankRecord:
 
     def _enter(self, ev: dict[str, Any], t: float | None, facts: tuple[Any, ...]) -> None:
         """A call entered: ``ev`` its line (id, seq, tid), ``facts`` as :func:`_call_facts`."""
-        op, pg, ranks, peer, shapes, dtypes, async_op, site = facts
+        op, pg, ranks, peer, shapes, dtypes, async_op, site, path = facts
         seq = ev.get("seq")
         self.op, self.pg, self.peer, self.site = op, pg, peer, site
+        self.path = None if path is None else self._paths.get(path)
         self.seq = seq = seq if type(seq) is int else as_int(seq)
         self.in_collective_since = None if async_op else t
         if op in P2P_OPS:
@@ -829,14 +873,14 @@ class RankRecord:
 
 
 #: The facts of a call whose facts line is unknown (or names none that can be read).
-_NO_FACTS: tuple[Any, ...] = (None,) * 8
+_NO_FACTS: tuple[Any, ...] = (None,) * 9
 
 
 def _call_facts(ev: dict[str, Any]) -> tuple[Any, ...]:
     """What :meth:`RankRecord._enter` takes of a call's facts, from its facts line (or an older
     probe's enter line): op, pg, pg_ranks (a list, unchecked), peer (an int), shapes, dtypes,
-    async_op, site (``train.py:14``)."""
-    op, pg, peer = ev.get("op"), ev.get("pg"), ev.get("peer")
+    async_op, site (``train.py:14``), path (the id of its path line)."""
+    op, pg, peer, path = ev.get("op"), ev.get("pg"), ev.get("peer"), ev.get("path")
     return (
         op if type(op) is str else as_str(op),
         pg if type(pg) is str else as_str(pg),
@@ -846,6 +890,7 @@ def _call_facts(ev: dict[str, Any]) -> tuple[Any, ...]:
         ev.get("dtypes"),
         ev.get("async_op"),
         _site(ev.get("file"), as_int(ev.get("line"))),
+        path if valid_id(path) else None,
     )
 
 

@@ -80,6 +80,7 @@ COLLECTIVES: Columns = {
     "line": "Int64",
     "func": "string",
     "site": "string",  # "train.py:12"
+    "path": "Int64",  # the call's path: its frames are the paths table's rows of (rank, path)
     "thread": "string",  # the calling thread's ident as faulthandler prints it: "0x00007f..."
     "t_start_s": "Float64",
     "t_end_s": "Float64",  # when the call returned; null while in flight
@@ -90,12 +91,11 @@ COLLECTIVES: Columns = {
     "error": "string",
 }
 
-#: The call paths the probe interned, one row per frame: a call of the ``collectives`` table
-#: names its path by ``path`` (the rank's id), whose frames run from the outermost (depth 0) to
-#: the one that called torch.distributed, without rankscope's and torch.distributed's own.
+#: The call paths the probe recorded: one row per frame of each (rank, path), from the
+#: outermost (depth 0; a path cut to its innermost frames starts at the depth of its first).
 PATHS: Columns = {
     "rank": "Int64",
-    "path": "Int64",
+    "path": "Int64",  # the collectives table's path
     "depth": "Int64",
     "file": "string",
     "func": "string",
@@ -316,6 +316,7 @@ TABLES: dict[str, Columns] = {
     "ranks": RANKS,
     "events": EVENTS,
     "collectives": COLLECTIVES,
+    "paths": PATHS,
     "logs": LOGS,
     "nccl": NCCL,
     "nccl_comms": NCCL_COMMS,

@@ -19,7 +19,6 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from rankscope import schema
 from rankscope.analyze import align
 from rankscope.analyze.activity import Activity, rank_activity
 from rankscope.analyze.calls import (
@@ -97,7 +96,7 @@ class Context(Phrasing):
     def call_paths(self) -> CallPaths:
         """The path of each of the probe's calls and of the recorder's entries, coded alike
         across ranks and sources."""
-        paths = self.ev.table("paths") if "paths" in schema.TABLES else None
+        paths = self.ev.table("paths")
         fr = self.fr.get("path")
         return CallPaths(self.ev.table("collectives"), paths, fr)
 

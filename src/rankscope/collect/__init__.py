@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from rankscope.collect._common import Problems, Source, code_type, first_rows
     from rankscope.collect.errors import find_errors, read_errors
-    from rankscope.collect.events import read_collectives, read_events
+    from rankscope.collect.events import read_collectives, read_events, read_paths
     from rankscope.collect.flight_recorder import (
         read_flight_recorder,
         read_fr_frames,
@@ -49,6 +49,7 @@ _LAZY = {
     "find_errors": "rankscope.collect.errors",
     "read_errors": "rankscope.collect.errors",
     "read_collectives": "rankscope.collect.events",
+    "read_paths": "rankscope.collect.events",
     "read_events": "rankscope.collect.events",
     "read_flight_recorder": "rankscope.collect.flight_recorder",
     "read_fr_frames": "rankscope.collect.flight_recorder",
@@ -92,6 +93,7 @@ __all__ = [
     "read_logs",
     "read_nccl",
     "read_nccl_comms",
+    "read_paths",
     "read_pg_status",
     "read_stacks",
     "read_values",

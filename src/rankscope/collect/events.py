@@ -6,6 +6,8 @@ the ring holds and the events do not is added from the ring, with its facts from
 lines, which the probe writes before the first call that has them goes on. Its ``call`` and
 ``enter`` lines name their facts by id (``rankscope.rundir.EVENT_KINDS``): a call line gives
 the events table an enter row and an exit row, as an older probe's enter and exit lines did.
+A call's facts name its call path by id (its ``path`` line, written before them): the
+``collectives`` table's ``path``, whose frames are the ``paths`` table's rows.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -40,6 +42,8 @@ from rankscope.rundir import (
     RING_SLOT_FIELDS,
     RING_VERSION,
     as_enter_exit,
+    read_path,
+    valid_id,
 )
 
 READER = "events"
@@ -48,11 +52,20 @@ RING_READER = "ring"
 _EVENT_COLUMNS = ("rank", "ev", "t_s", "coll_id", "op", "pg", "seq", "step", "done", "ok")
 _EVENT_COLUMNS += ("code", "message", "capture_id")
 _ENTER_COLUMNS = ("rank", "life", "coll_id", "pg", "pg_desc", "pg_ranks", "pg_size", "seq", "op")
-_ENTER_COLUMNS += ("peer", "shapes", "dtypes", "async_op", "file", "line", "func", "site")
+_ENTER_COLUMNS += ("peer", "shapes", "dtypes", "async_op", "file", "line", "func", "site", "path")
 _ENTER_COLUMNS += ("thread", "t_start_s")
 _EXIT_COLUMNS = ("rank", "life", "coll_id", "x_op", "x_pg", "x_seq", "duration_s", "t_end_s")
 _EXIT_COLUMNS += ("ok", "error")
 _DONE_COLUMNS = ("rank", "life", "coll_id", "t_done_s", "done_ok")
+_PATH_COLUMNS = tuple(schema.PATHS)
+
+
+class EventTables(NamedTuple):
+    """What :func:`parse_events` reads: the tables of :mod:`rankscope.schema` of those names."""
+
+    events: pd.DataFrame
+    collectives: pd.DataFrame
+    paths: pd.DataFrame
 
 
 def read_events(sources: Iterable[SourceLike], *, problems: Problems | None = None) -> pd.DataFrame:
@@ -84,7 +97,19 @@ def read_collectives(
         0     0        2  0  default_pg      0,1        2    1  all_reduce  <NA>  [[4]]  ["float32"]  False  /home/user/train.py     9  <module>  train.py:9  1.795290e+09  1.795290e+09    0.003585       True  True  <NA>
         1     0        7  0  default_pg      0,1        2    6     barrier  <NA>     []       []     False  /home/user/train.py    13  <module> train.py:13  1.795290e+09          <NA>        <NA>      False  <NA>  <NA>
     """
-    return parse_events(sources, problems=problems)[1]
+    return parse_events(sources, problems=problems).collectives
+
+
+def read_paths(sources: Iterable[SourceLike], *, problems: Problems | None = None) -> pd.DataFrame:
+    """The call paths the probe recorded, one row per frame, from the outermost. Example::
+
+           rank  path  depth                  file      func  line
+        0     0     1      0  /home/user/train.py  <module>    20
+        1     0     1      1  /home/user/train.py      sync     9
+
+    A call's ``path`` in the collectives table is its frames' ``path`` here (with its rank).
+    """
+    return parse_events(sources, problems=problems).paths
 
 
 def parse_events(
@@ -92,24 +117,29 @@ def parse_events(
     *,
     rings: Iterable[SourceLike] = (),
     problems: Problems | None = None,
-) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Both tables from one pass over the files: (events, collectives).
+) -> EventTables:
+    """The three tables from one pass over the files: events, collectives and paths.
 
     ``rings`` are the probe's ring files (``calls-<pid>.ring``): calls they hold that the events
     files lack (a rank that died before its thread wrote them) are added, as ``enter`` and
     ``exit`` events of the process (``life``) whose ``start`` event has the ring's pid.
+
+    A process numbers its paths from 1: a rank's later process (a restart) has its numbers
+    moved past its earlier ones', in both tables, so that a rank's path names one path.
     """
     problems = problem_list(problems)
     events: list[tuple[Any, ...]] = []
     enters: list[tuple[Any, ...]] = []
     exits: list[tuple[Any, ...]] = []
     dones: list[tuple[Any, ...]] = []
+    paths: list[tuple[Any, ...]] = []
     lives: dict[int | None, list[_Life]] = {}
     for source in as_sources(sources):
         data = read_bytes(source, problems, READER)
         if data is None:
             continue
         bad: list[int] = []
+        bad_paths: list[int] = []
         mine = lives.setdefault(source.rank, [])
         life = _Life(number=0) if not mine else mine[-1]
         for no, line in enumerate(split_lines(decode_text(data, source, problems, READER)), 1):
@@ -126,9 +156,23 @@ def parse_events(
             rank = as_int(ev.get("rank"))
             rank = source.rank if rank is None else rank
             if kind == "start":
+                base = life.path_base + life.path_max
                 life = _Life(number=life.number + 1, pid=as_int(ev.get("pid")), rank=rank)
                 life.works = ev.get("works") is True
+                life.path_base = base
                 lives.setdefault(source.rank, []).append(life)
+            if kind == "path":
+                read = read_path(ev)
+                if read is None:
+                    bad_paths.append(no)
+                else:
+                    pid, cut, frames = read
+                    life.path_max = max(life.path_max, pid)
+                    pid += life.path_base
+                    paths.extend(
+                        (rank, pid, cut + depth, *frame) for depth, frame in enumerate(frames)
+                    )
+                continue
             if kind == "facts":
                 fid = as_int(ev.get("facts"))
                 if fid is not None:
@@ -141,7 +185,7 @@ def parse_events(
                 kind = one["ev"] if one is not ev else kind
                 events.append(_event(one, kind, rank))
                 if kind == "enter":
-                    enters.append(_enter(one, rank, life.number))
+                    enters.append(_enter(one, rank, life))
                     life.entered.add(as_int(one.get("id")))
                 elif kind == "exit":
                     exits.append(_exit(one, rank, life.number))
@@ -153,6 +197,13 @@ def parse_events(
                 f"{len(bad)} line(s) are not JSON objects and were skipped "
                 f"(first: line {bad[0]}; a write torn by a kill, or not an events file)",
             )
+        if bad_paths:
+            problems.add(
+                source,
+                READER,
+                f"{len(bad_paths)} path line(s) are malformed and were skipped (first: line "
+                f"{bad_paths[0]}): the calls that name them have a path without frames",
+            )
     for source in as_sources(rings):
         ring = read_ring(source, problems)
         if ring is None:
@@ -162,11 +213,11 @@ def parse_events(
             kind = ev["ev"]
             events.append(_event(ev, kind, ev["rank"]))
             if kind == "enter":
-                enters.append(_enter(ev, ev["rank"], life.number))
+                enters.append(_enter(ev, ev["rank"], life))
             else:
                 exits.append(_exit(ev, ev["rank"], life.number))
     follows = {(life.rank, life.number) for mine in lives.values() for life in mine if life.works}
-    return (
+    return EventTables(
         finish("events", columns(_EVENT_COLUMNS, events)),
         _pair(
             columns(_ENTER_COLUMNS, enters),
@@ -174,6 +225,7 @@ def parse_events(
             columns(_DONE_COLUMNS, dones),
             follows,
         ),
+        finish("paths", columns(_PATH_COLUMNS, paths)) if paths else schema.empty("paths"),
     )
 
 
@@ -189,6 +241,10 @@ class _Life:
     exited: set[int | None] = field(default_factory=set)
     works: bool = False
     """Its probe follows async calls' Works to completion (``done`` events)."""
+    path_base: int = 0
+    """Added to its path ids: the highest of its rank's earlier processes (see parse_events)."""
+    path_max: int = 0
+    """The highest path id it wrote."""
 
 
 #: A ring slot as NumPy reads it (``rankscope.rundir.RING_SLOT_FIELDS``).
@@ -344,13 +400,15 @@ def _dones(ev: dict[str, Any], rank: Any, life: int) -> list[tuple[Any, ...]]:
     return [(rank, life, cid, t, cid not in failed) for cid in ids if type(cid) is int]
 
 
-def _enter(ev: dict[str, Any], rank: Any, life: int) -> tuple[Any, ...]:
+def _enter(ev: dict[str, Any], rank: Any, life: _Life) -> tuple[Any, ...]:
     ranks = ev.get("pg_ranks")
+    path = ev.get("path")
     ranks = [r for r in ranks if type(r) is int] if isinstance(ranks, list) else None
     file, line = as_str(ev.get("file")), as_int(ev.get("line"))
+    line = line if valid_id(line) else None  # (a number past Int64 would fail the table)
     return (
         rank,
-        life,
+        life.number,
         as_int(ev.get("id")),
         as_str(ev.get("pg")),
         as_str(ev.get("pg_desc")),
@@ -366,6 +424,7 @@ def _enter(ev: dict[str, Any], rank: Any, life: int) -> tuple[Any, ...]:
         line,
         as_str(ev.get("func")),
         None if file is None else f"{_basename(file)}:{line}",
+        path + life.path_base if valid_id(path) else None,
         _thread(ev.get("tid")),
         as_float(ev.get("t")),
     )

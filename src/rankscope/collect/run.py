@@ -37,7 +37,7 @@ class Run:
     """The tables of one run directory or artifact folder; each loads on first use and is kept.
 
     Attributes (all ``pandas.DataFrame``, schemas in :mod:`rankscope.schema`): ``events``,
-    ``collectives``, ``logs``, ``nccl``, ``nccl_comms``, ``flight_recorder``, ``fr_frames``,
+    ``collectives``, ``paths``, ``logs``, ``nccl``, ``nccl_comms``, ``flight_recorder``, ``fr_frames``,
     ``pg_status``, ``stacks``, ``stack_summary``, ``values``, ``errors``, ``ranks`` and ``problems`` (which
     loads every other table first, so that it lists every file that could not be read).
     ``info`` is ``run.json`` (empty for a plain folder) and ``inventory`` the files found.
@@ -129,8 +129,8 @@ class Run:
         inv, problems = self.inventory, self._problems
 
         def events() -> dict[str, pd.DataFrame]:
-            ev, coll = parse_events(inv.events, rings=inv.rings, problems=problems)
-            return {"events": ev, "collectives": coll}
+            tables = parse_events(inv.events, rings=inv.rings, problems=problems)
+            return tables._asdict()
 
         def logs() -> dict[str, pd.DataFrame]:
             return {
@@ -176,8 +176,9 @@ class Run:
             return {"ranks": _with_ends(ranks, inv, self.table("stack_summary"), self.logs)}
 
         return {
-            "events": (events, ("events", "collectives")),
-            "collectives": (events, ("events", "collectives")),
+            "events": (events, ("events", "collectives", "paths")),
+            "collectives": (events, ("events", "collectives", "paths")),
+            "paths": (events, ("events", "collectives", "paths")),
             "logs": (logs, ("logs",)),
             "nccl": (nccl, ("nccl", "nccl_comms")),
             "nccl_comms": (nccl, ("nccl", "nccl_comms")),
@@ -224,6 +225,7 @@ class Run:
     # One property per table, so that ``run.events`` reads as the table it is.
     events = property(lambda self: self.table("events"), doc="The probe's events.")
     collectives = property(lambda self: self.table("collectives"), doc="Calls, enter+exit.")
+    paths = property(lambda self: self.table("paths"), doc="The calls' paths, frame by frame.")
     logs = property(lambda self: self.table("logs"), doc="Every log line.")
     nccl = property(lambda self: self.table("nccl"), doc="NCCL_DEBUG lines.")
     nccl_comms = property(lambda self: self.table("nccl_comms"), doc="NCCL communicators.")

@@ -47,7 +47,11 @@ a ring of fixed-size slots in a file the probe maps shared (``calls-<pid>.ring``
 file keeps it however the process ends (SIGKILL, an abort in a C++ thread, a segfault a
 microsecond later). A slot holds numbers only: ids, times, the thread and the id of the call's
 facts, whose ``facts`` line is written to ``events.jsonl`` (one ``write``) before the first call
-that has them proceeds. The thread's batches stay the history; the ring is the last calls,
+that has them proceeds. The facts hold the id of the call's path (``Probe._path_id``: its
+frames from the outermost, without ``rankscope.rundir.MACHINERY``'s), whose ``path`` line is
+written once, before them; the C wrapper compares the raw frames (code object and instruction
+of each) with the ones a path was last seen with, and asks for it only when they change. The
+thread's batches stay the history; the ring is the last calls,
 whatever happened to the batches. A SIGTERM (torchrun tearing the job down because another rank
 failed, or a stop) is a capture: stacks of all threads and the flight recorder are written, then
 the process dies of the signal as it would have; a thread that waits in ``os.read`` on Python's
@@ -95,6 +99,7 @@ from rankscope.probe._twins import (
     _fast,
     _line,
     _Lines,
+    _path_line,
     _python_wrapper,
     _Ring,
     _Spec,
@@ -105,8 +110,10 @@ from rankscope.rundir import (
     ENV_RUN_DIR,
     FACTS_KEPT,
     P2P_OPS,
+    PATH_DEPTH,
     RunDir,
     atomic_write_bytes,
+    is_machinery,
 )
 
 
@@ -244,6 +251,12 @@ class Probe:
         self._facts: dict[Any, int] = {}  # facts id by the facts' value, see _facts_id
         self._fids = _Counter(1)
         self._fids_kept = 0  # ids issued since the probe last forgot them
+        # Call paths: their id by their frames, and by the raw frames (code, instruction) that
+        # gave them; forgotten with the facts (see _path_id).
+        self._paths: dict[tuple[Any, ...], int] = {}
+        self._path_keys: dict[tuple[int, ...], tuple[int, list[Any]]] = {}
+        self._pids = _Counter(1)
+        self._machinery: dict[Any, bool] = {}  # code object -> its file is MACHINERY's
         self._stop = threading.Event()
         self._ids = _Counter(1)  # call ids; per-group sequence numbers in _seqs
         self._step: int | None = None
@@ -293,10 +306,10 @@ class Probe:
         issued since it last did, the probe forgets them all, and the C wrappers' call sites
         ask anew (``facts_epoch``), so a call names an id among the latest its process issued
         (a reader keeps as many: ``rankscope.rundir.FACTS_KEPT``)."""
-        op, pg, pg_desc, pg_ranks, peer, shapes, dtypes, async_op, site = facts
+        op, pg, pg_desc, pg_ranks, peer, shapes, dtypes, async_op, site, path = facts
         peer_key = peer if isinstance(peer, (int, str, type(None))) else repr(peer)
         ranks_key = tuple(pg_ranks) if isinstance(pg_ranks, list) else pg_ranks
-        key: Any = (op, pg, pg_desc, ranks_key, peer_key, shapes, dtypes, async_op, site)
+        key: Any = (op, pg, pg_desc, ranks_key, peer_key, shapes, dtypes, async_op, site, path)
         try:
             fid = self._facts.get(key)
         except TypeError:  # an unhashable part: new facts every time
@@ -306,6 +319,8 @@ class Probe:
         if self._fids_kept >= FACTS_KEPT:
             self._facts.clear()
             self._static.clear()
+            self._paths.clear()
+            self._path_keys.clear()
             self._state.facts_epoch += 1
             self._fids_kept = 0
         fid = next(self._fids) & 0xFFFFFFFF  # a u32 in the ring
@@ -772,9 +787,10 @@ class Probe:
         if async_op is None and spec.async_at is not None and len(args) > spec.async_at:
             async_op = args[spec.async_at]
         site = self._sites.get((frame.f_code, frame.f_lasti)) or self._call_site(frame)
+        path = self._path_id(frame)
         async_op = spec.always_async or bool(async_op)
         fid = self._facts_id(
-            spec.name, pg, pg_desc, pg_ranks, peer_val, shapes, dtypes, async_op, site
+            spec.name, pg, pg_desc, pg_ranks, peer_val, shapes, dtypes, async_op, site, path
         )
         # next() on a counter is atomic under the GIL: ids stay unique across calling threads.
         return tuple.__new__(
@@ -793,6 +809,7 @@ class Probe:
                 dtypes,
                 async_op,
                 site,
+                path,
                 fid,
             ),
         )
@@ -850,9 +867,65 @@ class Probe:
             frame = frame.f_back
         return None, None, None
 
+    def _path_id(self, frame: Any) -> int | None:
+        """The id of the call path that leads to ``frame`` (None: no frame). A path new to the
+        probe gets the next id and its ``path`` line is written at once, before the facts line
+        that names it: the frames from the outermost to ``frame``, each ``(file, func, line)``,
+        without MACHINERY's (``rankscope.rundir``), the innermost ``PATH_DEPTH`` of them.
+
+        The raw frames (code object and instruction of each) are looked up first, so a path
+        that repeats is not filtered again; ``_fast.c`` keeps the raw frames it last saw and
+        calls this only when they change. Paths are forgotten together with the facts
+        (``_facts_id``), whose key holds the path's id."""
+        if frame is None:
+            return None
+        # By the code objects' ids (a code object's hash hashes its names and constants, at
+        # every call); the entry holds the code objects, so that no id is reused meanwhile.
+        codes = []
+        lastis = []
+        f = frame
+        while f is not None:
+            codes.append(f.f_code)
+            lastis.append(f.f_lasti)
+            f = f.f_back
+        key = (*map(id, codes), *lastis)
+        known = self._path_keys.get(key)
+        if known is not None:
+            return known[0]
+        frames = []
+        machinery = self._machinery
+        for code, f_lineno in zip(codes, _linenos(frame), strict=True):
+            drop = machinery.get(code)
+            if drop is None:
+                if len(machinery) > 50_000:  # generated code that never repeats
+                    machinery.clear()
+                drop = machinery[code] = is_machinery(code.co_filename)
+            if not drop:
+                frames.append((code.co_filename, code.co_name, f_lineno))
+        cut = max(0, len(frames) - PATH_DEPTH)
+        frames = frames[:PATH_DEPTH][::-1]
+        value = (tuple(frames), cut)
+        pid = self._paths.get(value)
+        if pid is None:
+            pid = self._paths[value] = next(self._pids)
+            line = _path_line(self.rank, pid, frames, cut, time.time())
+            with contextlib.suppress(OSError):
+                os.write(self._fd, line.encode())
+        if len(self._path_keys) >= FACTS_KEPT:  # raw frames that never repeat: stay bounded
+            self._path_keys.clear()
+        self._path_keys[key] = (pid, codes)
+        return pid
+
     def step(self, n: int | None = None) -> None:
         self._step = (self._step or 0) + 1 if n is None else int(n)
         self.emit("step", step=self._step)
+
+
+def _linenos(frame: Any) -> Iterator[int | None]:
+    """The line each frame from ``frame`` outwards is at."""
+    while frame is not None:
+        yield frame.f_lineno
+        frame = frame.f_back
 
 
 #: Parameters of torch.distributed's functions that hold tensors or lists of tensors.

@@ -42,6 +42,24 @@
 
 #include "_tensor_meta.h"
 
+/* CPython 3.11's frames, read where they lie: a call's path is compared with the last one seen
+ * by walking the interpreter's own frame chain, without making a frame object for a frame that
+ * has none (PyFrame_GetBack would). Other versions, or a build with RANKSCOPE_PUBLIC_FRAMES
+ * defined (to try them on 3.11), use the public calls. */
+#if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030C0000 && !defined(RANKSCOPE_PUBLIC_FRAMES)
+#define RAW_FRAMES 1
+#ifndef Py_BUILD_CORE
+#define Py_BUILD_CORE 1
+#define RANKSCOPE_UNDEF_BUILD_CORE
+#endif
+#include "internal/pycore_frame.h"
+#ifdef RANKSCOPE_UNDEF_BUILD_CORE
+#undef Py_BUILD_CORE
+#endif
+#else
+#define RAW_FRAMES 0
+#endif
+
 /* A call made while a recorded call is running on the same thread (a collective that calls
  * another, a hook) is passed straight through, as in the Python wrapper. */
 #if defined(__GNUC__)
@@ -85,7 +103,10 @@ count_next(PyObject *counter)
 
 /* The facts of a call: what repeats from call to call at a call site, and their id
  * (Probe._facts_id). A _Call is (cid, seq, t, tid, *facts). */
-enum { F_OP, F_PG, F_DESC, F_RANKS, F_PEER, F_SHAPES, F_DTYPES, F_ASYNC, F_SITE, F_FID, N_FACTS };
+enum {
+    F_OP, F_PG, F_DESC, F_RANKS, F_PEER, F_SHAPES, F_DTYPES, F_ASYNC, F_SITE, F_PATH, F_FID,
+    N_FACTS
+};
 #define FACT(facts, i) PyTuple_GET_ITEM(facts, i)
 #define CALL_HEAD 4
 
@@ -122,6 +143,32 @@ typedef struct {
  * microseconds. */
 #define KEEP_BUFFER (8 << 20)
 
+/* Call paths: a frame of the chain from a call's caller outwards, as the cache compares it
+ * (its code object and instruction). */
+typedef struct {
+    const void *code, *at;
+} RawFrame;
+
+typedef RawFrame code_and_at_t;
+
+/* Raw frames a path's key holds; a deeper chain asks Probe._path_id at every call. */
+#define PATH_KEY_MAX 256
+/* Paths kept: PATH_WAYS for each of PATH_SETS sets, a set chosen by the caller's code and
+ * instruction (a helper called from a few places keeps each of its paths). */
+#define PATH_SETS 16
+#define PATH_WAYS 4
+#define PATH_SLOTS (PATH_SETS * PATH_WAYS)
+
+/* A call path seen lately: its raw frames (the code objects held, so that none is freed and its
+ * address taken by another while the entry names it) and its id from Probe._path_id, valid
+ * while the State's facts_epoch is the entry's (the probe forgets paths with its facts). */
+typedef struct {
+    RawFrame *key; /* n raw frames, innermost first (PyMem) */
+    Py_ssize_t n;
+    PyObject *id;
+    long long facts_epoch;
+} PathEntry;
+
 /* What the wrappers and the probe thread share: Probe._state. */
 typedef struct {
     PyObject_HEAD
@@ -142,6 +189,8 @@ typedef struct {
     Py_buffer ring;     /* the ring file's map (ring.obj NULL: none) */
     RingSlot *slots;
     uint64_t nslots;
+    PathEntry paths[PATH_SLOTS]; /* see path_of */
+    unsigned path_victim;        /* which way of a full set a new path takes */
 } State;
 
 static PyTypeObject StateType;
@@ -185,7 +234,7 @@ static int
 record_of_call(PyObject *call, Record *r)
 {
     if (!PyTuple_Check(call) || PyTuple_GET_SIZE(call) != CALL_HEAD + N_FACTS) {
-        PyErr_SetString(PyExc_TypeError, "a call record must be a 14-field _Call");
+        PyErr_SetString(PyExc_TypeError, "a call record must be a 15-field _Call");
         return -1;
     }
     r->cid = PyLong_AsLongLong(PyTuple_GET_ITEM(call, 0));
@@ -269,6 +318,7 @@ typedef struct {
     PyObject *enter;
     State *state;
     PyObject *pg_cache, *describe_group, *seqs, *sites, *call_site, *facts_id, *ids;
+    PyObject *path_id;         /* Probe._path_id */
     PyObject *tensor_type;
     PyObject *before, *after;  /* hooks: before(args, kwargs) and after(), or NULL */
     PyObject *returned;        /* probe._returned: (cid, result, async_op) of calls that
@@ -291,6 +341,175 @@ frame_lasti(PyFrameObject *frame)
     Py_XDECREF(v);
     return at;
 #endif
+}
+
+/* --- Call paths -------------------------------------------------------------------------------- */
+
+/* The chain of frames from a call's caller outwards, one raw frame at a time, making no object:
+ * on 3.11 the interpreter's frames are read as they lie (every frame of a running chain has
+ * started: it holds the caller's); elsewhere the public calls, which may make a frame object
+ * for a frame that has none. */
+typedef struct {
+#if RAW_FRAMES
+    _PyInterpreterFrame *f;
+#else
+    PyFrameObject *f; /* owned */
+#endif
+} FrameWalk;
+
+static void
+walk_start(FrameWalk *walk, PyFrameObject *frame)
+{
+#if RAW_FRAMES
+    walk->f = frame->f_frame;
+#else
+    walk->f = (PyFrameObject *)Py_NewRef(frame);
+#endif
+}
+
+/* The next raw frame into *raw: 1, 0 at the end of the chain, or -1 with an exception set. */
+static inline int
+walk_next(FrameWalk *walk, RawFrame *raw)
+{
+#if RAW_FRAMES
+    _PyInterpreterFrame *f = walk->f;
+    if (f == NULL)
+        return 0;
+    raw->code = f->f_code;
+    raw->at = f->prev_instr;
+    walk->f = f->previous;
+    return 1;
+#else
+    PyFrameObject *f = walk->f;
+    if (f == NULL)
+        return 0;
+    PyCodeObject *code = PyFrame_GetCode(f);
+    Py_DECREF(code); /* the running frame holds it */
+    long at = frame_lasti(f);
+    if (at == -1 && PyErr_Occurred())
+        return -1;
+    raw->code = code;
+    raw->at = (const void *)(intptr_t)at;
+    walk->f = PyFrame_GetBack(f);
+    Py_DECREF(f);
+    return 1;
+#endif
+}
+
+static void
+walk_end(FrameWalk *walk)
+{
+#if !RAW_FRAMES
+    Py_CLEAR(walk->f);
+#endif
+    walk->f = NULL;
+}
+
+/* Does the chain from frame outwards have the entry's raw frames? 1, 0, or -1 with an exception
+ * set. One pass, stopping at the first frame that differs. */
+static int
+entry_matches(PathEntry *e, PyFrameObject *frame)
+{
+    FrameWalk walk;
+    RawFrame raw;
+    Py_ssize_t i = 0;
+    int more;
+    walk_start(&walk, frame);
+    while ((more = walk_next(&walk, &raw)) == 1) {
+        if (i == e->n || e->key[i].code != raw.code || e->key[i].at != raw.at)
+            break;
+        i++;
+    }
+    walk_end(&walk);
+    return more < 0 ? -1 : more == 0 && i == e->n;
+}
+
+static void
+path_entry_clear(PathEntry *e)
+{
+    for (Py_ssize_t i = 0; i < e->n; i++)
+        Py_DECREF((PyObject *)e->key[i].code);
+    PyMem_Free(e->key);
+    e->key = NULL;
+    e->n = 0;
+    Py_CLEAR(e->id);
+}
+
+/* Keep the raw frames from frame outwards, and id, in e; nothing where the chain is deeper
+ * than PATH_KEY_MAX (asked again at every call). 0, or -1 with an exception set. */
+static int
+path_entry_fill(State *st, PathEntry *e, PyFrameObject *frame, PyObject *id)
+{
+    RawFrame raw[PATH_KEY_MAX];
+    FrameWalk walk;
+    Py_ssize_t n = 0;
+    int more;
+    walk_start(&walk, frame);
+    while (n <= PATH_KEY_MAX && (more = walk_next(&walk, &raw[n < PATH_KEY_MAX ? n : 0])) == 1)
+        n++;
+    walk_end(&walk);
+    if (more < 0)
+        return -1;
+    if (n > PATH_KEY_MAX)
+        return 0;
+    RawFrame *key = PyMem_Malloc((n ? n : 1) * sizeof(RawFrame));
+    if (key == NULL) /* not kept: asked again next time */
+        return 0;
+    for (Py_ssize_t i = 0; i < n; i++)
+        Py_INCREF((PyObject *)raw[i].code);
+    path_entry_clear(e);
+    memcpy(key, raw, n * sizeof(RawFrame));
+    e->key = key;
+    e->n = n;
+    e->id = Py_NewRef(id);
+    e->facts_epoch = st->facts_epoch;
+    return 0;
+}
+
+/* The id of the call path that leads to frame (a new reference; None without a frame), and in
+ * *entry the State's entry that holds it (NULL: none). The entries of the set of the caller's
+ * code and instruction are compared with the chain, frame by frame: where one has the same raw
+ * frames, its id, with no object made; else Probe._path_id works it out (writing the path's
+ * line if it is new) and an entry of the set keeps it. NULL with an exception set. */
+static PyObject *
+path_of(Wrapper *w, PyFrameObject *frame, code_and_at_t where, PathEntry **entry)
+{
+    State *st = w->state;
+    *entry = NULL;
+    if (frame == NULL)
+        Py_RETURN_NONE;
+    uint64_t h = ((uint64_t)(uintptr_t)where.code >> 4) * 0x9E3779B97F4A7C15ULL ^
+                 (uint64_t)(uintptr_t)where.at;
+    PathEntry *set = &st->paths[(h >> 32) % PATH_SETS * PATH_WAYS];
+    for (int i = 0; i < PATH_WAYS; i++) {
+        PathEntry *e = &set[i];
+        if (e->id == NULL || e->facts_epoch != st->facts_epoch)
+            continue;
+        int m = entry_matches(e, frame);
+        if (m < 0)
+            return NULL;
+        if (m) {
+            *entry = e;
+            return Py_NewRef(e->id);
+        }
+    }
+    PyObject *id = PyObject_CallOneArg(w->path_id, (PyObject *)frame);
+    if (id == NULL)
+        return NULL;
+    PathEntry *e = &set[st->path_victim++ % PATH_WAYS];
+    for (int i = 0; i < PATH_WAYS; i++) {
+        if (set[i].id == NULL || set[i].facts_epoch != st->facts_epoch) {
+            e = &set[i];
+            break;
+        }
+    }
+    if (path_entry_fill(st, e, frame, id) < 0) {
+        Py_DECREF(id);
+        return NULL;
+    }
+    if (e->id == id)
+        *entry = e;
+    return id;
 }
 
 /* The C getter behind type.name, when it is a plain getset descriptor. */
@@ -425,14 +644,14 @@ group_info(Wrapper *w, SiteSlot *slot, PyObject *group, int *cached)
 /* Does the slot's last call have these facts, under an id the probe still has? (The op is the
  * wrapper's own.) */
 static int
-slot_matches(State *st, SiteSlot *slot, PyObject *code, long at, PyObject *info, PyObject *peer,
-             int sized, PyObject *shape, PyObject *dtype, int async_op)
+slot_matches(State *st, SiteSlot *slot, PyObject *code, long at, PyObject *info, PyObject *path,
+             PyObject *peer, int sized, PyObject *shape, PyObject *dtype, int async_op)
 {
     if (slot == NULL || slot->facts == NULL || slot->code != code || slot->lasti != at ||
         slot->info != info || slot->facts_epoch != st->facts_epoch)
         return 0;
     PyObject *facts = slot->facts;
-    if ((FACT(facts, F_ASYNC) == Py_True) != async_op ||
+    if ((FACT(facts, F_ASYNC) == Py_True) != async_op || !same(path, FACT(facts, F_PATH)) ||
         !same(peer ? peer : Py_None, FACT(facts, F_PEER)))
         return 0;
     if (sized) /* the tensor's sizes and dtype are known to be the slot's (fast_enter) */
@@ -453,8 +672,8 @@ slot_matches(State *st, SiteSlot *slot, PyObject *code, long at, PyObject *info,
  * cached values, and no cycle can run through them. */
 static PyObject *
 new_facts(Wrapper *w, SiteSlot *slot, PyFrameObject *frame, PyObject *code, long at,
-          PyObject *info, PyObject *peer, PyObject *shape, PyObject *dtype, int async_op,
-          PyObject **counter)
+          PyObject *info, PyObject *path, PyObject *peer, PyObject *shape, PyObject *dtype,
+          int async_op, PyObject **counter)
 {
     PyObject *site = NULL, *shapes = NULL, *dtypes = NULL, *facts = NULL;
     PyObject *pg = PyTuple_GET_ITEM(info, 0);
@@ -521,7 +740,7 @@ new_facts(Wrapper *w, SiteSlot *slot, PyFrameObject *frame, PyObject *code, long
     PyObject_GC_UnTrack(dtypes);
     PyObject *args[] = {w->name, pg, PyTuple_GET_ITEM(info, 1), PyTuple_GET_ITEM(info, 2),
                         peer ? peer : Py_None, shapes, dtypes, async_op ? Py_True : Py_False,
-                        site};
+                        site, path};
     /* the facts' id, and their facts line written, before this call goes on */
     PyObject *fid = PyObject_Vectorcall(w->facts_id, args, F_FID, NULL);
     if (fid == NULL)
@@ -532,7 +751,7 @@ new_facts(Wrapper *w, SiteSlot *slot, PyFrameObject *frame, PyObject *code, long
         goto fail;
     }
     facts = PyTuple_Pack(N_FACTS, args[0], args[1], args[2], args[3], args[4], args[5], args[6],
-                         args[7], args[8], fid);
+                         args[7], args[8], args[9], fid);
     Py_DECREF(fid);
     if (facts == NULL)
         goto fail;
@@ -560,7 +779,8 @@ static int
 fast_enter(Wrapper *w, Args *args, PyFrameObject *frame, Record *r)
 {
     PyObject *group, *peer, *tensor, *info = NULL, *code = NULL, *shape = NULL, *dtype = NULL;
-    PyObject *counter = NULL;
+    PyObject *counter = NULL, *path = NULL;
+    PathEntry *path_entry = NULL;
     SiteSlot *slot = NULL;
     TensorMeta meta;
     long at = -1;
@@ -587,13 +807,21 @@ fast_enter(Wrapper *w, Args *args, PyFrameObject *frame, Record *r)
     }
 
     /* The call site's slot: a few per wrapper, compared by identity (hashing a code object
-     * hashes its constants and names). */
+     * hashes its constants and names), chosen by the call's path too: a helper's line called
+     * from two places keeps the facts of both. */
     if (frame != NULL) {
         code = (PyObject *)PyFrame_GetCode(frame);
         at = frame_lasti(frame);
         if (at == -1 && PyErr_Occurred())
             goto done;
-        slot = &w->sites_seen[(((uintptr_t)code >> 4) ^ (uintptr_t)at) % SITE_SLOTS];
+    }
+    code_and_at_t where = {code, (const void *)(intptr_t)at};
+    if ((path = path_of(w, frame, where, &path_entry)) == NULL)
+        goto done;
+    if (frame != NULL) {
+        uintptr_t h = (((uintptr_t)code >> 4) ^ (uintptr_t)at) +
+                      (path_entry ? (uintptr_t)(path_entry - w->state->paths) : 0);
+        slot = &w->sites_seen[h % SITE_SLOTS];
     }
     if ((info = group_info(w, slot, group, &cached)) == NULL)
         goto done;
@@ -620,7 +848,7 @@ fast_enter(Wrapper *w, Args *args, PyFrameObject *frame, Record *r)
         }
     }
 
-    if (slot_matches(w->state, slot, code, at, info, peer, sized, shape, dtype, async_op)) {
+    if (slot_matches(w->state, slot, code, at, info, path, peer, sized, shape, dtype, async_op)) {
         r->what = Py_NewRef(slot->facts);
         counter = Py_NewRef(slot->counter);
     }
@@ -629,8 +857,8 @@ fast_enter(Wrapper *w, Args *args, PyFrameObject *frame, Record *r)
             shape = Py_NewRef(PyTuple_GET_ITEM(FACT(slot->facts, F_SHAPES), 0));
             dtype = Py_NewRef(PyTuple_GET_ITEM(FACT(slot->facts, F_DTYPES), 0));
         }
-        if ((r->what = new_facts(w, slot, frame, code, at, info, peer, shape, dtype, async_op,
-                                 &counter)) == NULL)
+        if ((r->what = new_facts(w, slot, frame, code, at, info, path, peer, shape, dtype,
+                                 async_op, &counter)) == NULL)
             goto done;
     }
     if (slot != NULL) {
@@ -653,6 +881,7 @@ done:
     Py_XDECREF(shape);
     Py_XDECREF(dtype);
     Py_XDECREF(counter);
+    Py_XDECREF(path);
     return bad;
 }
 
@@ -1282,6 +1511,8 @@ state_traverse(State *st, visitproc visit, void *arg)
 {
     Py_VISIT(st->call_type);
     Py_VISIT(st->lines);
+    for (int i = 0; i < PATH_SLOTS; i++)
+        Py_VISIT(st->paths[i].id);
     for (Py_ssize_t i = 0; i < st->len; i++) {
         Py_VISIT(st->records[i].what);
         Py_VISIT(st->records[i].error);
@@ -1306,6 +1537,8 @@ state_clear(State *st)
     st->out.len = st->out.cap = 0;
     Py_CLEAR(st->call_type);
     Py_CLEAR(st->lines);
+    for (int i = 0; i < PATH_SLOTS; i++)
+        path_entry_clear(&st->paths[i]);
     st->slots = NULL;
     if (st->ring.obj != NULL)
         PyBuffer_Release(&st->ring);
@@ -1351,7 +1584,8 @@ static PyMethodDef state_methods[] = {
 /* Every object a wrapper holds (its site slots too): its traverse and clear walk this list. */
 #define WRAPPER_REFS(X)                                                                        \
     X(fn) X(spec) X(name) X(peer) X(state) X(enter) X(pg_cache) X(describe_group) X(seqs)      \
-    X(sites) X(call_site) X(facts_id) X(ids) X(tensor_type) X(before) X(after) X(returned)    \
+    X(sites) X(call_site) X(facts_id) X(ids) X(path_id) X(tensor_type) X(before) X(after)     \
+    X(returned)                                                                                \
     X(dict)                                                                                    \
     for (int i = 0; i < SITE_SLOTS; i++) {                                                     \
         X(sites_seen[i].code) X(sites_seen[i].info) X(sites_seen[i].counter)                   \
@@ -1439,6 +1673,7 @@ wrapper_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
         {&w->sites, "_sites"},
         {&w->call_site, "_call_site"},
         {&w->facts_id, "_facts_id"},
+        {&w->path_id, "_path_id"},
         {&w->ids, "_ids"},
         {&w->returned, "_returned"},
     };
@@ -1573,9 +1808,9 @@ PyInit__fast(void)
         return NULL;
     /* The field layouts this module reads by position: the Python side uses the module only
      * where its _Call and _Spec have these fields in this order. */
-    PyObject *call_fields = Py_BuildValue("(ssssssssssssss)", "cid", "seq", "t", "tid", "op",
+    PyObject *call_fields = Py_BuildValue("(sssssssssssssss)", "cid", "seq", "t", "tid", "op",
                                           "pg", "pg_desc", "pg_ranks", "peer", "shapes", "dtypes",
-                                          "async_op", "site", "fid");
+                                          "async_op", "site", "path", "fid");
     PyObject *spec_fields = Py_BuildValue("(ssssssss)", "name", "group_at", "peer", "peer_at",
                                           "async_at", "always_async", "one_tensor", "p2p");
     int added = call_fields != NULL && spec_fields != NULL &&

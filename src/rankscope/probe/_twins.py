@@ -17,6 +17,8 @@ C (``_fast.c``)                        Python (here)
 ``put_seconds``                        :func:`_seconds`
 ``ring_enter``, ``ring_exit``          :meth:`_Ring.enter`, :meth:`_Ring.exit`
 ``RingSlot``                           :data:`rankscope.rundir.RING_SLOT_FIELDS`
+``path_of`` (``entry_matches``,        ``Probe._path_id`` (its dict of raw frames; the C
+``path_entry_fill``)                   calls it where its own entries miss)
 ``Counter``                            :func:`itertools.count` (:data:`_Counter`)
 ``Record`` (read from a ``_Call``,     :class:`_Call`, :class:`_Spec` (the C reads them by
 ``CALL_FIELDS``, ``SPEC_FIELDS``)      position: it serves only where their fields match)
@@ -96,6 +98,7 @@ class _Call(NamedTuple):
     dtypes: tuple[Any, ...]  # torch.dtype objects
     async_op: bool
     site: tuple[str | None, int | None, str | None]  # file, line, function
+    path: int | None  # the id of the call's path (Probe._path_id), None without a frame
     fid: int  # the facts' id (Probe._facts_id)
 
 
@@ -304,6 +307,16 @@ def _facts_line(rank: int, fid: int, facts: tuple[Any, ...], t: float) -> str:
     return f'{{"ev":"facts","facts":{fid},{_fragment(*facts)},"t":{_seconds(t)},"rank":{rank}}}\n'
 
 
+def _path_line(rank: int, pid: int, frames: list[tuple[str, str, int]], cut: int, t: float) -> str:
+    """The ``path`` line of a call path new to the probe (``Probe._path_id``): its frames
+    ``(file, func, line)`` from the outermost, and how many outer ones were cut."""
+    body = json.dumps(frames, separators=(",", ":"), default=str)
+    return (
+        f'{{"ev":"path","path":{pid},"frames":{body},"cut":{cut},"t":{_seconds(t)},'
+        f'"rank":{rank}}}\n'
+    )
+
+
 def _fragment(
     op: str,
     pg: str | None,
@@ -314,6 +327,7 @@ def _fragment(
     dtypes: tuple[Any, ...],
     async_op: bool,
     site: tuple[str | None, int | None, str | None],
+    path: int | None,
 ) -> str:
     """The JSON fields of a call's facts, without braces: its ``facts`` line's."""
     return json.dumps(
@@ -329,6 +343,7 @@ def _fragment(
             "file": site[0],
             "line": site[1],
             "func": site[2],
+            "path": path,
         },
         separators=(",", ":"),
         default=str,
