@@ -245,7 +245,7 @@ def _decide(
         node, arm = cc[k]
         return _arm_decision(file, node, arm, c, i), True, True
     if diverged:
-        found = _first_apart(file, (cc, c, True), (oc, o, False), k, i)
+        found = _first_apart(file, cc, c, k, i)
         if found is not None:
             return found
     c_first = k < len(cc) and (k >= len(oc) or cc[k][0].lineno < oc[k][0].lineno)
@@ -280,31 +280,30 @@ Chain = list[tuple[ast.AST, str]]
 
 def _first_apart(
     file: str,
-    culprit: tuple[Chain, list[Frame], bool],
-    other: tuple[Chain, list[Frame], bool],
+    chain: Chain,
+    path: list[Frame],
     k: int,
     i: int,
 ) -> tuple[_Decision, bool, bool] | None:
-    """At the first divergence, the statement beyond the shared ones that sent a side's line
-    another way, the culprits' side first: the outermost arm its line is in (``if``,
-    ``except``, ``case``), else a branch it took in the functions it called from there (a
-    guard that exited), else a loop it is still in (one more iteration than the other
-    side)."""
-    for chain, path, is_culprit in (culprit, other):
-        for n, (node, arm) in enumerate(chain[k:], k):
-            elif_ = n + 1 < len(chain) and _is_elif_arm(node, arm, chain[n + 1][0])
-            if _is_arm(node, arm) and not elif_:
-                return _arm_decision(file, node, arm, path, i), is_culprit, False
-        branch = _innermost_branch(file, chain[k:], path, i)
-        if branch is not None:
-            return branch, is_culprit, False
-    for chain, path, is_culprit in (culprit, other):
-        for n, (node, _arm) in enumerate(chain[k:]):
-            if isinstance(node, _LOOPS):
-                loop = _outermost_loop(file, chain[k + n :], path, i)
-                if loop is not None:
-                    return loop, is_culprit == (loop.kind in _LOOP_KINDS), False
-    return None
+    """At the first divergence, the statement beyond the shared ones that sent the culprits'
+    line another way: the outermost arm it is in (``if``, ``except``, ``case``), else a branch
+    it took in the functions it called from there (a guard that exited), else a loop it is
+    still in (one more iteration than the other side); None where the culprits' line lies past
+    the others' with nothing of its own (the others are still inside what the culprits left:
+    :func:`_decide`'s reading of the two lines' order)."""
+    for n, (node, arm) in enumerate(chain[k:], k):
+        elif_ = n + 1 < len(chain) and _is_elif_arm(node, arm, chain[n + 1][0])
+        if _is_arm(node, arm) and not elif_:
+            return _arm_decision(file, node, arm, path, i), True, False
+    branch = _innermost_branch(file, chain[k:], path, i)
+    if branch is not None:
+        return branch, True, False
+    for n, (node, _arm) in enumerate(chain[k:]):
+        if isinstance(node, _LOOPS):
+            loop = _outermost_loop(file, chain[k + n :], path, i)
+            if loop is not None:
+                return loop, loop.kind in _LOOP_KINDS, False
+    return None  # the culprits' line is past the others': the order of the lines decides
 
 
 def _looping(chain: Chain, outer: list[Frame]) -> bool:
