@@ -35,6 +35,8 @@ def fewer_calls(
     ours = sorted({int(counts.get(r, 0)) for r in culprits})
     if theirs < 2 or not ours or min(ours) < 1 or max(ours) >= theirs:
         return None
+    if _kept_pace(ctx, culprits, ref):
+        return None
     who = who_of(peers)
     made = (
         f"is making its {_nth(theirs)}"
@@ -42,6 +44,34 @@ def fewer_calls(
         else (f"are making their {_nth(theirs)}" if current else f"made {theirs}")
     )
     return f"{'/'.join(map(str, ours))} calls of {ref['op']} at {site} where {who} {made}"
+
+
+def _kept_pace(ctx: Context, culprits: list[int], ref: pd.Series) -> bool:
+    """Whether the culprits made, on another group, as many calls from the function of the call
+    ``ref`` as that group's other members did: they went through every pass of the loop and
+    skipped a call of ``ref``'s group, they did not run out of iterations."""
+    paths = ctx.call_paths
+    own = paths.of(int(ref["path"]))
+    if not own:
+        return False
+    where = own[-1][:2]  # the file and function of the call
+    calls = ctx.calls[ctx.calls["seq"].notna() & (ctx.calls["pg"].astype(str) != str(ref["pg"]))]
+    codes = calls["path"].to_numpy()
+    same = pd.Series(
+        [bool(paths.of(int(c))) and paths.of(int(c))[-1][:2] == where for c in codes],
+        index=calls.index,
+        dtype=bool,
+    )
+    calls = calls[same]
+    for rank in culprits:
+        mine = calls[calls["rank"] == rank]
+        for pg, rows in mine.groupby(mine["pg"].astype(str)):
+            others = set(ctx.members.get(pg, ())) - set(culprits)
+            theirs = calls[(calls["pg"].astype(str) == pg) & calls["rank"].isin(others)]
+            counts = theirs.groupby("rank").size()
+            if len(rows) >= 2 and len(counts) and int(counts.max()) == len(rows):
+                return True
+    return False
 
 
 def left_the_loop(
