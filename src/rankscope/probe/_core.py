@@ -375,6 +375,7 @@ class Probe:
         reason: str = "exit",
         how: str | None = None,
         stack: list[list[Any]] | None = None,
+        frame: Any = None,
         dying: bool = False,
     ) -> None:
         """Final dump and end event; runs once (bootstrap, atexit, ``os._exit`` or a teardown
@@ -387,7 +388,9 @@ class Probe:
         cannot tell apart: atexit without the bootstrap) and ``stack`` where (:func:`tb_stack`,
         :func:`frame_stack`): the end event carries both, and the stack is also written to
         ``stacks.txt`` as the calling thread's, a capture of its own with ``how`` as its
-        reason, after the capture of every thread."""
+        reason, after the capture of every thread. ``frame``: the innermost frame of that
+        stack while it is still alive (a traceback's), whose values the capture reads for the
+        calling thread (the condition that decided the exit)."""
         if os.getpid() != self._pid:
             return
         if how is None and reason != "exit":
@@ -399,7 +402,7 @@ class Probe:
             self._ending = threading.get_ident()
             # Evidence first: a rank that fails is often sent SIGTERM by torchrun moments later.
             ending = (how or reason, threading.get_ident(), stack) if stack else None
-            self.capture(reason=reason, ending=ending)
+            self.capture(reason=reason, ending=ending, ending_frame=frame)
             self._stop.set()  # no heartbeat after the end event
             if self._thread.is_alive() and self._thread is not threading.current_thread():
                 self._thread.join(timeout=2)
@@ -639,6 +642,7 @@ class Probe:
         reason: str,
         capture_id: int | None = None,
         ending: tuple[str, int, list[list[Any]]] | None = None,
+        ending_frame: Any = None,
     ) -> list[str]:
         """Write every thread's Python stack and the flight-recorder dump(s); return the files.
         ``ending``: (how, thread ident, stack) of a rank's end (see :meth:`end`), written after
@@ -662,7 +666,8 @@ class Probe:
             except (OSError, ValueError):
                 pass
             with contextlib.suppress(Exception):  # never let the values cost the stacks
-                line = _values.capture_line(capture_id, reason, _values.own_threads())
+                where = {ending[1]: ending_frame} if ending and ending_frame is not None else None
+                line = _values.capture_line(capture_id, reason, _values.own_threads(), where)
                 with open(self.run.values(self.rank), "a") as f:
                     f.write(line)
                 files.append(self.run.values(self.rank).name)
@@ -707,7 +712,8 @@ class Probe:
 
         def _exit(code: int) -> None:
             with contextlib.suppress(Exception):
-                self.end(code, reason="os._exit", stack=frame_stack(sys._getframe(1)))
+                caller = sys._getframe(1)
+                self.end(code, reason="os._exit", stack=frame_stack(caller), frame=caller)
             real_exit(code)
 
         os._exit = _exit

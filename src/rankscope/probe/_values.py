@@ -39,12 +39,18 @@ _STDLIB = tuple(
 _SKIP = ("/torch/", "/rankscope/probe/", "/rankscope/launch/", "/rankscope/collect/")
 
 
-def capture_line(capture_id: int | None, reason: str, own: set[int]) -> str:
+def capture_line(
+    capture_id: int | None,
+    reason: str,
+    own: set[int],
+    where: dict[int, FrameType] | None = None,
+) -> str:
     """The JSON line of one capture: ``{"id", "t", "reason", "threads": [{"thread", "frames":
     [[file, func, line, {name: value}], ...]}]}``, frames outermost first; threads in ``own``
-    (the probe's) are left out."""
+    (the probe's) are left out. ``where``: a thread's frame to read instead of its current one
+    (a rank's end: the frame that called ``sys.exit``, still alive in its traceback)."""
     threads = []
-    for tid, frame in sys._current_frames().items():
+    for tid, frame in {**sys._current_frames(), **(where or {})}.items():
         if tid in own:
             continue
         frames = _frames(frame)

@@ -13,7 +13,7 @@ import runpy
 import sys
 import time
 import traceback
-from types import TracebackType
+from types import FrameType, TracebackType
 
 from rankscope.probe import _core
 from rankscope.probe._core import install, tb_stack
@@ -42,6 +42,13 @@ def _user_frames(tb: TracebackType | None) -> TracebackType | None:
     for t in reversed(kept):
         out = TracebackType(out, t.tb_frame, t.tb_lasti, t.tb_lineno)
     return out
+
+
+def _innermost(tb: TracebackType | None) -> FrameType | None:
+    """The frame where a traceback was raised (alive while the traceback is)."""
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb.tb_frame if tb is not None else None
 
 
 def _strip(exc: BaseException | None, seen: set[int]) -> None:
@@ -98,10 +105,15 @@ def main(argv: list[str] | None = None) -> None:
         code = _exit_code(exc.code)
         if code != 0:  # sys.exit(1) or sys.exit("message"): the rank failed on purpose
             probe.on_exception(exc)
-        probe.end(code, how="sys_exit", stack=tb_stack(exc.__traceback__))
+        probe.end(
+            code,
+            how="sys_exit",
+            stack=tb_stack(exc.__traceback__),
+            frame=_innermost(exc.__traceback__),
+        )
         raise
     except BaseException as exc:
-        stack = tb_stack(exc.__traceback__)
+        stack, frame = tb_stack(exc.__traceback__), _innermost(exc.__traceback__)
         _strip(exc, set())
         text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
         sys.stderr.write(text)
@@ -109,7 +121,7 @@ def main(argv: list[str] | None = None) -> None:
         probe.on_exception(exc)
         _record_error_file(exc, text)
         code = 130 if isinstance(exc, KeyboardInterrupt) else 1
-        probe.end(code, reason="exception", stack=stack)
+        probe.end(code, reason="exception", stack=stack, frame=frame)
         raise SystemExit(code) from None
     probe.end(0, how="returned")
 
