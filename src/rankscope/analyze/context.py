@@ -228,6 +228,34 @@ class Context(Phrasing):
             d = replace(d, step=step)
         return d
 
+    def made_before(self, row: int) -> bool:
+        """Whether the call at ``calls.loc[row]`` is one its rank made before on its group,
+        from the same path."""
+        calls, call = self.calls, self.calls.loc[row]
+        before = calls[
+            (calls["rank"] == call["rank"])
+            & (calls["pg"] == call["pg"])
+            & (calls["order"] < call["order"])
+            & (calls["key"] == call["key"])
+            & (calls["path"] == call["path"])
+        ]
+        return not before.empty
+
+    def went_further(self, fd: FirstDivergence) -> bool:
+        """Whether the culprits of ``fd`` made one more of a call they had made before where
+        the others went on to a call they too had made before: an inner loop's extra pass (the
+        final snapshot would take the others for the ones that ran short). Others that moved
+        on to something new (the barrier after the loop) did run short of the loop."""
+        own, other = fd.culprit_class(), fd.other_class()
+        return (
+            fd.extra > 0
+            and own is not None
+            and own.row is not None
+            and other.row is not None
+            and self.made_before(own.row)
+            and self.made_before(other.row)
+        )
+
     @cached_property
     def raised_in_call(self) -> set[int]:
         """Ranks whose own recorded call raised (the probe's: a collective that failed)."""

@@ -153,6 +153,15 @@ def _told_by_paths(ctx: Context, d: align.Divergence) -> list[int] | None:
     fd = ctx.first_divergence
     if fd is None or (fd.pg, fd.seq) != (d.pg, d.seq) or fd.decided_by not in ("fewer", "new"):
         return None
+    own, other = fd.culprit_class(), fd.other_class()
+    if (
+        own is not None
+        and own.row is not None
+        and other.row is not None
+        and ctx.made_before(own.row)
+        and not ctx.made_before(other.row)
+    ):  # the culprits repeat a call while the others moved on: the others ran short of it
+        return None
     present = set(d.rows["rank"].tolist())
     told = sorted(set(fd.culprits) & present)
     return told if told and set(told) != present else None

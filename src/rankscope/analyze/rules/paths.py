@@ -43,19 +43,6 @@ def _doing(c: PathClass, *, extra: int) -> str:
     return f"called {what} from " + " → ".join(x for x in (c.via, c.site) if x)
 
 
-def _again(ctx: Context, c: PathClass) -> bool:
-    """Whether the class's call is one its rank made before on the group, from the same path."""
-    calls, row = ctx.calls, ctx.calls.loc[c.row]
-    before = calls[
-        (calls["rank"] == row["rank"])
-        & (calls["pg"] == row["pg"])
-        & (calls["order"] < row["order"])
-        & (calls["key"] == row["key"])
-        & (calls["path"] == row["path"])
-    ]
-    return not before.empty
-
-
 def decide(ctx: Context, fd: FirstDivergence) -> Decided | None:
     """The cause at a first divergence whose culprits made a call there: a call the others do
     not make (an extra call, D21), a call they make fewer times in a loop the others are still
@@ -87,17 +74,18 @@ def earlier_divergence(ctx: Context) -> Finding | None:
     if fd is None or not fd.culprits or fd.kind != "collective":
         return None
     hang = hang_of(ctx, fd)
-    own = fd.culprit_class()
-    went_further = fd.extra > 0 and own is not None and own.op is not None and _again(ctx, own)
+    own, other = fd.culprit_class(), fd.other_class()
+    went_further = ctx.went_further(fd)
     if hang is not None and hang.seq <= fd.seq and not went_further:
         # they part where they stopped: the snapshot's rules read it, unless the culprits
-        # made one more of a call they had made before (a loop's extra pass: the snapshot
-        # would take the others for the ones that ran short)
+        # made one more of a call they had made before where the others went on to a call
+        # they too had made before (an inner loop's extra pass: the snapshot would take the
+        # others for the ones that ran short; others that moved on to something new, such as
+        # the barrier after the loop, did run short of the loop)
         return None
     decided = decide(ctx, fd)
     if decided is None:
         return None
-    other = fd.other_class()
     waiting = ctx.blocked(exclude=set(fd.culprits))
     later = (
         f"; the job hung {hang.seq - fd.seq} collectives later on that group, in "
