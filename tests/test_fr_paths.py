@@ -114,17 +114,23 @@ def _dump_with(frames: list) -> bytes:
     return pickle.dumps({"version": "2.10", "entries": entries})
 
 
-def test_malformed_frames_cost_the_entry_its_path_and_are_said_once_per_file(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    (tmp_path / "nccl_trace_rank_0").write_bytes(_dump_with(list(MALFORMED.values())))
-    items = [(0, str(tmp_path / "nccl_trace_rank_0"))]
+def _read_both_ways(items: list[tuple[int, str]], monkeypatch: pytest.MonkeyPatch) -> dict:
+    """The entries of ``items`` as the compiled scanner reads them, checked equal (meta and
+    paths) to what the Python reader makes of them."""
     scanned = _fr_parse.parse_entries(items)
     with monkeypatch.context() as m:
         m.setattr(_fr_parse, "_fr_scan", None)
         python = _fr_parse.parse_entries(items)
     assert scanned["meta"] == python["meta"]
     assert np.array_equal(scanned["arrays"]["code:path"], python["arrays"]["code:path"])
+    return scanned
+
+
+def test_malformed_frames_cost_the_entry_its_path_and_are_said_once_per_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "nccl_trace_rank_0").write_bytes(_dump_with(list(MALFORMED.values())))
+    scanned = _read_both_ways([(0, str(tmp_path / "nccl_trace_rank_0"))], monkeypatch)
     [(index, reason)] = scanned["meta"]["problems"]
     assert index == 0 and reason.startswith(f"{len(MALFORMED)} entries have malformed frames")
     # the good entry has its path, outermost first; the rest none (the last: only machinery)
@@ -152,13 +158,7 @@ def test_a_frames_list_of_any_size_or_sharing_reads_alike(
     )
     (tmp_path / "d").write_bytes(data)
     assert _fr_parse._scan(data) is not None
-    items = [(0, str(tmp_path / "d"))]
-    scanned = _fr_parse.parse_entries(items)
-    with monkeypatch.context() as m:
-        m.setattr(_fr_parse, "_fr_scan", None)
-        python = _fr_parse.parse_entries(items)
-    assert scanned["meta"] == python["meta"]
-    assert np.array_equal(scanned["arrays"]["code:path"], python["arrays"]["code:path"])
+    scanned = _read_both_ways([(0, str(tmp_path / "d"))], monkeypatch)
     assert scanned["arrays"]["code:path"].tolist() == [0, 0, 1, 2, -1, 0]
     deep_path = json.loads(scanned["meta"]["categories"]["path"][2])
     assert len(deep_path) == 64 and deep_path[-1] == ["/srv/job/b.py", "g0", 0]
