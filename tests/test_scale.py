@@ -13,6 +13,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from rankscope import rundir
 from rankscope.collect.flight_recorder import read_flight_recorder, read_fr_frames
 from rankscope.launch import tracker as tracker_module
 from rankscope.launch.tracker import RankTracker
@@ -24,7 +25,14 @@ def _line_by_line(data: bytes) -> list[dict]:
     return event_lines(data.split(b"\n")[:-1])
 
 
-def test_the_events_tail_reads_a_batch_as_it_reads_each_line(tmp_path: Path) -> None:
+@pytest.mark.parametrize("orjson", [True, False], ids=["orjson", "without orjson"])
+def test_the_events_tail_reads_a_batch_as_it_reads_each_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, orjson: bool
+) -> None:
+    """With orjson, and where it is not installed (a machine that cannot install it: the
+    probe's rundir must still import and read)."""
+    if not orjson:
+        monkeypatch.setattr(rundir, "orjson", None)
     good = b'{"ev":"heartbeat","t":1.0}\n{"ev":"step","t":2.0,"step":3}\n'
     damaged = [
         b'{"ev":"enter","t":1}\n{"ev":\n{"ev":"exit","t":2}\n',  # a torn line
