@@ -3,7 +3,8 @@
 Each job runs under rankscope (torchrun, the probe, the stall watchdog, stopped after its
 capture) on gloo, then ``diagnose()`` answers from its run directory. Printed: one row per case
 with what was expected and what came out (verdict, cause, recipe, culprits, the parting line
-and the values that decided it, where the case names them) and how long the
+and the values that decided it, where the ranks' paths first parted (the call's number and the
+culprit class there), where the case names them) and how long the
 answer took: from the start of the job to the verdict (``to verdict``, stall timeout included),
 and ``diagnose()`` alone, and how the stall was called (``proven`` at once, ``no_progress`` after
 the stall timeout, or none: the job ended on its own). Then the median time to verdict by that
@@ -79,10 +80,16 @@ def run_case(
         # the catalogue names the parting line by its text, the corpus by its file:line
         "parting": parting.get("source" if kind == "catalogue" else "site"),
         "values": sorted(set(parting.get("values", {})) & set(want.get("values") or [])) or None,
+        # where the paths first parted: the call's number and the culprit class there
+        "first": _first(d.first_divergence),
     }
     stalls = job.info()["stalls"]
     stall = stalls[0]["kind"] if stalls else "none"
     return Row(name, kind, want, got, check(d), done - start, done - t0, stall)
+
+
+def _first(fd: dict[str, Any] | None) -> tuple[int, list[int]] | None:
+    return (fd["seq"], fd["culprits"]) if fd else None
 
 
 def catalogue_cases(only: set[str]) -> list[tuple[str, JobSpec, dict[str, Any], Any]]:
@@ -100,6 +107,9 @@ def catalogue_cases(only: set[str]) -> list[tuple[str, JobSpec, dict[str, Any], 
             "culprits": s.expected.get("culprit_ranks"),
             "parting": s.expected.get("parting"),
             "values": None,
+            "first": (s.expected["first_seq"], s.expected["culprit_ranks"])
+            if s.expected.get("first_seq")
+            else None,
         }
         out.append((s.id, s.spec(on_stall="stop"), want, s.wrong))
     return out
@@ -125,6 +135,7 @@ def corpus_cases(only: set[str]) -> list[tuple[str, JobSpec, dict[str, Any], Any
             "culprits": c.culprits,
             "parting": c.line(c.parting) if c.parting else None,
             "values": sorted(c.values) or None,
+            "first": (c.first["seq"], c.culprits) if c.first else None,
         }
         out.append((c.name, spec, want, lambda d, c=c: corpus.check(c, d)))
     return out
@@ -165,7 +176,7 @@ def main() -> None:
     print()
     right = sum(not r.wrong for r in rows)
     print(f"cases right: {right}/{len(rows)}")
-    for field in ("verdict", "cause", "recipe", "culprits", "parting", "values"):
+    for field in ("verdict", "cause", "recipe", "culprits", "parting", "values", "first"):
         print(f"  {field:9} {score(rows, field)}")
     times = sorted(r.to_verdict_s for r in rows)
     diag = sorted(r.diagnose_s for r in rows)
