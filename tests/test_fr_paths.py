@@ -12,20 +12,17 @@ from __future__ import annotations
 import importlib.util
 import json
 import pickle
-import sys
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 
-sys.modules["ipywidgets"] = None  # type: ignore[assignment]  (the layers below widgets only)
-
-from rankscope.analyze import diagnose  # noqa: E402
-from rankscope.analyze.paths import CallPaths  # noqa: E402
-from rankscope.collect import _fr_parse, load_run  # noqa: E402
-from rankscope.collect.flight_recorder import load_flight_recorder  # noqa: E402
-from rankscope.rundir import MACHINERY  # noqa: E402
+from rankscope.analyze import diagnose
+from rankscope.analyze.paths import CallPaths
+from rankscope.collect import _fr_parse, load_run
+from rankscope.collect.flight_recorder import load_flight_recorder
+from rankscope.rundir import MACHINERY
 
 DATA = Path(__file__).parent / "data" / "nccl_fr"
 USER = "/srv/job/train.py"
