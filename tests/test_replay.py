@@ -250,7 +250,8 @@ def test_fixture_matches_its_generator(tmp_path):
     for path in written:
         assert path.read_bytes() == (FR64 / "dumps" / path.name).read_bytes(), path.name
     assert sorted(p.name for p in (FR64 / "dumps").iterdir()) == sorted(p.name for p in written)
-    assert sum(p.stat().st_size for p in written) < 300_000
+    # small enough to keep in the repository, though every entry keeps its stack as torch's do
+    assert sum(p.stat().st_size for p in written) < 500_000
 
 
 def test_a_copy_of_the_dumps_elsewhere_replays_the_same(tmp_path):
