@@ -610,13 +610,17 @@ def p2p_divergence(
 
 
 def earliest(divs: Iterable[FirstDivergence], calls: pd.DataFrame) -> FirstDivergence | None:
-    """Of the groups' first divergences, the one that came first in time (the start of its
-    earliest call; one without a call at all, last)."""
+    """Of the groups' first divergences, the one whose culprits did something there (made a
+    call: where one rank called on another group than its own, that call says what it did,
+    its absence on its own group does not), then the first in time (the start of its earliest
+    call; one without a call at all, last). The first rule keeps the choice independent of
+    the timing of two groups that part at once."""
 
-    def when(d: FirstDivergence) -> float:
+    def when(d: FirstDivergence) -> tuple[bool, float]:
+        own = d.culprit_class()
         rows = [c.row for c in d.classes if c.row is not None]
         t = calls.loc[rows, "t_start_s"].min() if rows else np.nan
-        return np.inf if pd.isna(t) else float(t)
+        return (own is None or own.op is None, np.inf if pd.isna(t) else float(t))
 
     divs = list(divs)
     return min(divs, key=when) if divs else None
