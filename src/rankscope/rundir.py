@@ -443,9 +443,10 @@ def keep_facts(kept: dict[int, Any], fid: int, value: Any) -> None:
 def read_path(
     ev: dict[str, Any],
 ) -> tuple[int, int, tuple[tuple[str, str, int | None], ...]] | None:
-    """A ``path`` line's id, cut (outer frames left out) and frames, each ``(file, func,
-    line)`` from the outermost; None where the line is not one the probe writes (a torn or
-    garbled line: its id, a frame's file or function is not what it should be)."""
+    """A ``path`` line's id, cut (outer frames left out) and frames from the outermost.
+
+    Each frame is ``(file, func, line)``. None where the line is not one the probe writes (a
+    torn or garbled line: its id, a frame's file or function is not what it should be)."""
     pid, frames, cut = ev.get("path"), ev.get("frames"), ev.get("cut", 0)
     if not (valid_id(pid) and isinstance(frames, list) and valid_id(cut)):
         return None

@@ -101,7 +101,9 @@ def read_collectives(
 
 
 def read_paths(sources: Iterable[SourceLike], *, problems: Problems | None = None) -> pd.DataFrame:
-    """The call paths the probe recorded, one row per frame, from the outermost. Example::
+    """The call paths the probe recorded, one row per frame, from the outermost.
+
+    Example::
 
            rank  path  depth                  file      func  line
         0     0     1      0  /home/user/train.py  <module>    20

@@ -16,12 +16,16 @@ The order (:func:`rules_for`; the first that answers decides). Each rule says it
    rank raised).
 3. ``reported_failure`` (:mod:`.failures`): a rank reported a failure of its own (an exception
    outside any collective, an OOM, a NaN, DDP's reduction error) and left the others waiting.
-3.5 ``earlier_divergence`` (:mod:`.paths`): the ranks' paths parted before the place where
-   they stopped (a retry branch that added a call, one more micro-batch on one rank): the class
-   that left the shared path there is the culprit, whatever the final snapshot shows.
+   Then, at 35, ``earlier_divergence`` (:mod:`.paths`): the ranks' paths parted before the
+   place where they stopped (a retry branch that added a call, one more micro-batch on one
+   rank): the class that left the shared path there is the culprit, whatever the final
+   snapshot shows.
 4. ``mismatch`` (:mod:`.mismatch`): ranks called different collectives (op, shapes, dtype) where
    their sequences first part. This comes before any death: a mismatch can kill a rank (gloo
-   aborts one that receives more bytes than it expects), which is then its victim.
+   aborts one that receives more bytes than it expects), which is then its victim. Then, at 45,
+   ``peer_mismatch`` (:mod:`.paths`): point-to-point calls that do not meet (a rank sent to a
+   peer more or fewer times than that peer received from it); the rank whose call left its own
+   pattern is the culprit.
 5. ``signal_death`` (:mod:`.failures`): a rank died of a signal (SIGKILL, SIGSEGV, SIGABRT, ...)
    that no text of its own blames on a peer.
 6. ``stream_stuck`` (:mod:`.stream`): a collective that some ranks' devices started and others'
@@ -55,6 +59,7 @@ ddp_unused_parameters
 op/shape/dtype/root_mismatch                        :data:`.mismatch.DIFFERENT_CALL`
 rank_conditional_collective                         :func:`.mismatch.took_a_branch`
 swallowed_errors                                    :func:`.paths.swallowed`
+p2p_peer_mismatch                                   :func:`.paths.peer_mismatch`
 uneven_inputs                                       :func:`.mismatch.ran_out`
 stream_stuck                                        :func:`.stream.stream_stuck`
 early_exit, busy_outside                            :func:`.waits._decide_root_cause`
