@@ -374,9 +374,10 @@ def _frames_text(node: _Node, *, shared: bool) -> tuple[str, str]:
     # a branch says how many ranks took it; the frames every rank shares need not
     count = "" if shared else f"<br>{_count(len(node.ranks))}"
     if len(node.frames) == 1:
+        # the file's name, not its folder: a figure saved in a notebook or on a page must not
+        # carry the folders of the machine that ran the job
         label = html.escape(_frame(node.frames[0])) + count
-        full = f"{html.escape(node.frames[0][0])}:{node.frames[0][2]}"
-        return label, f"{whole}<br>{full}<br>{_ranks_hover(node.ranks)}"
+        return label, f"{whole}<br>{_ranks_hover(node.ranks)}"
     kind = "shared " if shared else ""
     if not shared and not any(is_user_file(f[0]) for f in node.frames):
         kind = "library "
