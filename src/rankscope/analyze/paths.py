@@ -242,6 +242,7 @@ def first_divergences(
     if not _sorted(pg_codes, rank, seq):
         order = np.lexsort((seq, rank, pg_codes))
         where, seq, rank, pg_codes, token = (a[order] for a in (where, seq, rank, pg_codes, token))
+    stuck = _stuck(calls, pg_all)
     out = []
     bounds = np.flatnonzero(np.diff(pg_codes)) + 1
     for lo, hi in zip(np.r_[0, bounds], np.r_[bounds, len(pg_codes)], strict=True):
@@ -254,6 +255,7 @@ def first_divergences(
             members,
             ranks,
             complete,
+            {r: ps - {int(pg_codes[lo])} for r, ps in stuck.items()},
         )
         if found is not None:
             out.append(found)
@@ -269,6 +271,17 @@ class _Group:
     seq: np.ndarray
     rank: np.ndarray
     token: np.ndarray
+
+
+def _stuck(calls: pd.DataFrame, pg_codes: np.ndarray) -> dict[int, set[int]]:
+    """Of each rank with an unfinished call, the groups (codes) it waits in."""
+    open_ = np.flatnonzero((calls["state"] != "completed").to_numpy(dtype=bool) & (pg_codes >= 0))
+    out: dict[int, set[int]] = {}
+    for r, p in zip(
+        calls["rank"].to_numpy()[open_].tolist(), pg_codes[open_].tolist(), strict=True
+    ):
+        out.setdefault(int(r), set()).add(int(p))
+    return out
 
 
 def _pg_codes(pg: pd.Series) -> tuple[np.ndarray, list[Any]]:
@@ -336,7 +349,9 @@ def _group_divergence(
     members: Mapping[str, Sequence[int]],
     ranks: Collection[int],
     complete: Collection[int],
+    stuck: Mapping[int, set[int]],
 ) -> FirstDivergence | None:
+    """``stuck``: of each rank with an unfinished call on another group, those groups."""
     bounds = np.flatnonzero(np.diff(g.rank)) + 1
     starts = np.r_[0, bounds].astype(np.int64)
     start = int(g.seq[starts].max())
@@ -412,6 +427,13 @@ def _group_divergence(
         )
     prefix = ref[0][:pos]
     culprit, decided_by = _culprit(made, at, prefix)
+    if culprit is not None and len(culprit) > 1:
+        # ranks that made no call here because they wait in another group's call did not
+        # leave this path: the call they wait in says what they did (a class that made a
+        # call here is named in their place)
+        away = {c.ranks for c in made if c.op is None and all(stuck.get(r) for r in c.ranks)}
+        if away and culprit - away:
+            culprit -= away
     made = [
         replace(c, culprit=culprit is not None and c.ranks in culprit, via=_via(c, made))
         for c in made
