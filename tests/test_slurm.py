@@ -197,11 +197,19 @@ def test_a_node_that_fails_ends_the_job_with_slurm_s_reason(start_slurm, cluster
         cluster.resume("node2")
     info = job.info()
     assert info["slurm"]["state"] == "NODE_FAIL"
+    # SLURM's reason where the node was seen down, else srun's word (it may be back already)
+    assert list(info["slurm"]["lost_nodes"]) == ["node2"], info["slurm"]
     assert "NODE_FAIL" in info["error"] and "NodeDown" in info["error"]
-    # the hang it was in when the node went down, and how it ended
+    assert "node node2 went down" in info["error"], info["error"]
+    # The ranks on the lost node are the cause, the others wait for them: whatever the moment
+    # the node went down caught them doing (the first all_reduce on a loaded machine, the hang).
     d = diagnose(job.run.path)
     records = rank_records(job.run)
-    culprit = next(r for r in records.values() if r.node == "node2" and r.local_rank == 1)
-    assert d.verdict == "hang" and d.culprit_ranks == [culprit.rank], d.render()
+    lost = sorted(r.rank for r in records.values() if r.node == "node2")
+    assert len(lost) == 2 and len(records) == 4
+    assert d.verdict == "crash" and d.cause == "node_lost", d.render()
+    assert d.culprit_ranks == lost, d.render()
+    assert set(d.waiting_ranks) <= set(records) - set(lost), d.render()
+    assert "node2" in d.reason and "NodeDown" in d.reason, d.reason
     assert any("NODE_FAIL" in note for note in d.notes), d.notes
     assert not leftover_processes(job.run.path.parent)

@@ -23,6 +23,7 @@ RANKS: Columns = {
     "rank": "Int64",
     "pid": "Int64",
     "host": "string",
+    "node": "string",  # the SLURM node it ran on (SLURMD_NODENAME); null outside SLURM
     "local_rank": "Int64",
     "group_rank": "Int64",
     "world_size": "Int64",

@@ -59,6 +59,7 @@ class Cause(StrEnum):
     stream_stuck = "stream_stuck"
     rank_crashed = "rank_crashed"
     rank_killed = "rank_killed"
+    node_lost = "node_lost"
     nan = "nan"
     oom = "oom"
     ddp_unused_parameters = "ddp_unused_parameters"
@@ -250,6 +251,17 @@ ENTRIES: Mapping[Cause, Entry] = {
         "Killed process <pid>'), a scheduler enforcing a memory or time limit, or a kill -9. "
         "Host memory is the usual suspect: data-loader workers, pinned buffers, a rank that "
         "loads more than the others.",
+    ),
+    Cause.node_lost: Entry(
+        verdict="crash",
+        recipe=None,
+        title="a node went down",
+        reason="{culprits} ran on {nodes}, which SLURM lost ({lost}), and it ended the job "
+        "{state}, leaving {others} {left}",
+        fix="The ranks on that node did nothing wrong of their own: the node did (power, "
+        "network, a kernel panic, a health check). Ask SLURM what it knows (scontrol show node "
+        "{nodes}; the slurmctld log) and rerun without it (sbatch --exclude={nodes}) until it is "
+        "repaired.",
     ),
     Cause.nan: Entry(
         verdict="crash",

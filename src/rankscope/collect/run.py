@@ -370,6 +370,7 @@ def _ranks_table(
                 "rank": rank,
                 "pid": record.pid,
                 "host": record.host,
+                "node": record.node,
                 "local_rank": record.local_rank,
                 "group_rank": record.group_rank,
                 "world_size": record.world_size or world,

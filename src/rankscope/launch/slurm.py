@@ -219,6 +219,43 @@ def job_state(job_id: str) -> JobState:
     return JobState(state="UNKNOWN", reason=(proc.stderr or "").strip() or None)
 
 
+#: Node states (``scontrol show node``'s ``State``, flags after ``+``) that mean the node is lost.
+LOST_NODE_STATES = frozenset({"DOWN", "FAIL", "FAILING", "NOT_RESPONDING", "POWERED_DOWN"})
+
+
+def down_nodes(nodes: str) -> dict[str, str]:
+    """The nodes of ``nodes`` (a SLURM host list, ``node[1-2]``) that SLURM holds lost now
+    (down, failed, not responding), each with the reason SLURM gives (``Reason=``, else its
+    state): what a job that ended ``NODE_FAIL`` lost."""
+    proc = _call(["scontrol", "show", "node", "-o", nodes])
+    if proc.returncode != 0:
+        log.warning("scontrol show node %s: %s", nodes, (proc.stderr or proc.stdout).strip())
+        return {}
+    lost = {}
+    for line in proc.stdout.splitlines():
+        name = re.search(r"\bNodeName=(\S+)", line)
+        state = re.search(r"\bState=(\S+)", line)
+        if name is None or state is None:
+            continue
+        flags = set(re.split(r"[+*]", state.group(1).upper()))
+        if not flags & LOST_NODE_STATES:
+            continue
+        # The reason runs to its stamp ("[root@2024-05-01T10:00:00]") or to the next field.
+        why = re.search(r"\bReason=(.*?)(?:\s+\[[^\]]*\])?(?=\s+\w+=|\s*$)", line)
+        reason = why.group(1).strip() if why else ""
+        lost[name.group(1)] = reason if reason and reason != "(null)" else state.group(1)
+    return lost
+
+
+_NODE_FAILURE = re.compile(r"^srun: error: Node failure on (\S+)\s*$", re.MULTILINE)
+
+
+def failed_nodes_in(text: str) -> list[str]:
+    """The nodes srun reported lost in a job's output (``srun: error: Node failure on
+    node2``): what says which node failed after SLURM has already put it back in service."""
+    return sorted(set(_NODE_FAILURE.findall(text)))
+
+
 def cancel(job_id: str) -> None:
     """``scancel``: SLURM signals every step on every node (SIGTERM, SIGKILL after KillWait)."""
     proc = _call(["scancel", job_id])

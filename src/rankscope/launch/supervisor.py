@@ -252,6 +252,10 @@ class SlurmSupervisor(Supervisor):
         self.job_id: str | None = None
         self.last: slurm.JobState | None = None
         self.queue_error: str | None = None
+        self.nodes: str | None = None
+        """The job's nodes (a SLURM host list) while it ran."""
+        self.lost_nodes: dict[str, str] = {}
+        """The nodes SLURM lost under the job (NODE_FAIL), each with SLURM's reason."""
 
     def launch(self) -> bool:
         env = dict(os.environ)
@@ -326,10 +330,22 @@ class SlurmSupervisor(Supervisor):
             return state
         log.info("SLURM job %s: %s (%s) on %s", self.job_id, state.state, state.reason, state.nodes)
         self.last = state
+        if state.state == "RUNNING" and state.nodes:
+            self.nodes = state.nodes
+        # Which node SLURM lost, asked at once: the job's record does not say (while the job
+        # completes it lists the nodes left), and the node may be back in service soon.
+        nodes = self.nodes or state.nodes
+        failing = state.state == "NODE_FAIL" or state.reason == "NodeDown"
+        lost = slurm.down_nodes(nodes) if failing and nodes else {}
+        if lost:
+            log.info("SLURM job %s lost node(s) %s", self.job_id, lost)
+            self.lost_nodes.update(lost)
 
         def seen(d: dict[str, Any]) -> None:
             info = d.setdefault("slurm", {})
             info.update(state=state.state, reason=state.reason)
+            if self.lost_nodes:
+                info["lost_nodes"] = dict(self.lost_nodes)
             if state.nodes:
                 info["nodes"] = state.nodes
             if state.state in ("RUNNING", "COMPLETING") and d["state"] == "queued":
@@ -338,6 +354,25 @@ class SlurmSupervisor(Supervisor):
 
         self.run.update_run(seen)
         return state
+
+    def _read_node_failures(self) -> None:
+        """The nodes srun said it lost, from the job's output, where SLURM's node states did
+        not show them (a node back in service before the supervisor looked): into run.json."""
+        out = self.run.path / f"slurm-{self.job_id}.out"
+        try:
+            text = out.read_text(errors="replace")
+        except OSError:
+            return
+        found = {
+            node: f"srun: Node failure on {node}"
+            for node in slurm.failed_nodes_in(text)
+            if node not in self.lost_nodes
+        }
+        if not found:
+            return
+        self.lost_nodes.update(found)
+        lost = dict(self.lost_nodes)
+        self.run.update_run(lambda d: d.setdefault("slurm", {}).__setitem__("lost_nodes", lost))
 
     def finish(self) -> None:
         state = self.last or slurm.JobState(state="UNKNOWN")
@@ -349,8 +384,15 @@ class SlurmSupervisor(Supervisor):
                 failed += f" (exit code {state.exit_code}, signal {state.signal})"
             failed += " before any rank started"
         error = self.queue_error
+        if state.state == "NODE_FAIL":
+            self._read_node_failures()
         if error is None and state.state in ("NODE_FAIL", "BOOT_FAIL", "TIMEOUT", "PREEMPTED"):
             error = f"SLURM ended the job: {state.state} ({state.reason or 'no reason given'})"
+            if self.lost_nodes:
+                error += ": " + ", ".join(
+                    f"node {node} went down ({why})"
+                    for node, why in sorted(self.lost_nodes.items())
+                )
         self._finish(
             ok=ok,
             code=state.exit_code or (0 if ok else 1),

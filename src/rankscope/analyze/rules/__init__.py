@@ -10,7 +10,9 @@ The order (:func:`rules_for`; the first that answers decides). Each rule says it
    ranks' calls parted, or collectives raised errors the code caught) and ``straggler`` are
    asked (:data:`ON_CLEAN_EXIT`). Otherwise :data:`RULES`, in this order:
 1. ``launch_error`` (:mod:`.launch`): the ranks never formed a group (environment, port,
-   rendezvous, hostfile).
+   rendezvous, hostfile). Then, at 15, ``node_lost`` (:mod:`.failures`): SLURM ended the job
+   ``NODE_FAIL`` and named the nodes it lost; the ranks on them are the culprits, whatever the
+   moment it went down caught them doing.
 2. ``model_mismatch`` (:mod:`.failures`): DDP's constructor found models that differ across
    ranks; its texts name each rank's parameters, and the odd ones out are the culprits (every
    rank raised).
@@ -53,6 +55,7 @@ to build its finding from:
 cause                                               decided in
 ==================================================  ===========================================
 the launch causes (by error kind), launch_failed    :func:`.launch.launch_error`
+node_lost                                           :func:`.failures.node_lost`
 ddp_model_mismatch                                  :func:`.failures.model_mismatch`
 oom, nan, rank_crashed, rank_killed,                :func:`.failures.failure_cause`
 ddp_unused_parameters

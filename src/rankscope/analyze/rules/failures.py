@@ -1,5 +1,6 @@
-"""A rank's own failure: 2. ``model_mismatch`` (DDP's texts name the odd model), 3.
-``reported_failure`` (an exception or an error of its own), 5. ``signal_death`` (a signal no text
+"""A rank's own failure: 1b. ``node_lost`` (SLURM lost the node it ran on), 2.
+``model_mismatch`` (DDP's texts name the odd model), 3. ``reported_failure`` (an exception or an
+error of its own), 5. ``signal_death`` (a signal no text
 blames on a peer) and 9. ``bare_exit`` (a non-zero exit, nothing else). The last three share
 :func:`crash`: the earliest failure is the cause, and the ranks that failed alike its culprits."""
 
@@ -39,6 +40,39 @@ def failure_cause(
     if _NAN.search(text or ""):
         return Cause.nan
     return Cause.rank_crashed
+
+
+@rule(15)
+def node_lost(ctx: Context) -> Finding | None:
+    """SLURM ended the job ``NODE_FAIL`` and said which nodes it lost (``run.json``'s
+    ``slurm.lost_nodes``): the ranks that ran there are the culprits, whatever they were doing
+    when it went (the others' calls could only wait for theirs), the others are left waiting.
+    Asked before any rank's own failure: the teardown that follows a lost node kills every rank
+    at a moment that depends on the machine, and what they did then is not the cause."""
+    slurm = ctx.ev.info.get("slurm")
+    if not isinstance(slurm, dict) or slurm.get("state") != "NODE_FAIL":
+        return None
+    lost = slurm.get("lost_nodes")
+    if not isinstance(lost, dict) or not lost:
+        return None
+    ranks = ctx.ev.table("ranks")
+    on = ranks[ranks["node"].isin([str(n) for n in lost])]
+    culprits = sorted(on["rank"].dropna().astype(int).tolist())
+    if not culprits:
+        return None
+    nodes = sorted(str(n) for n in on["node"].dropna().unique())
+    waiting = ctx.blocked(exclude=set(culprits))
+    return Finding(
+        cause=Cause.node_lost,
+        culprits=culprits,
+        waiting=waiting,
+        facts={
+            "nodes": ",".join(nodes),
+            "lost": "; ".join(f"{n}: {short(str(lost[n]), 80)}" for n in nodes),
+            "state": f"NODE_FAIL ({slurm.get('reason') or 'no reason given'})",
+            "left": "waiting for them" if waiting else "to be ended with them",
+        },
+    )
 
 
 @rule(20)
