@@ -88,6 +88,9 @@ EVENT_KINDS = {
     "step": "step (the user's step marker)",
     "exception": "type, message, traceback",
     "capture": "id, reason, files (what the probe wrote for an evidence request)",
+    "dropped": "since (the time of the first write that failed), writes (how many failed), error "
+    "(the OS's word: No space left on device): what the probe could not write to this file and "
+    "dropped, said when it can write again; the line before it may be torn",
     "end": "code (the process exit code, when the probe saw it), reason (exit, exception, "
     "os._exit, or the name of the signal that ended the process: SIGTERM), how (returned: the "
     "script ran to its end; sys_exit: SystemExit, whatever its code; exception: uncaught; "

@@ -262,6 +262,16 @@ class Phrasing:
             if note:
                 early.setdefault(note, []).append(rank)
         notes += [f"{who_of(ranks)}: {note}" for note, ranks in early.items()]
+        events = self.ev.table("events")
+        dropped = events[events["ev"] == "dropped"]
+        rows = zip(dropped["rank"], dropped["t_s"], dropped["message"], strict=True)
+        for rank, t_s, message in rows:
+            back = clock(None if pd.isna(t_s) else float(t_s))
+            notes.append(
+                f"rank {rank}: its probe could not write part of its record ({message}; "
+                f"writing again from {back or 'an unknown time'}): its calls and events of "
+                "that time are unknown"
+            )
         if self.untimed_nccl:
             notes.append(
                 f"{who_of(self.untimed_nccl)}: the flight recorder kept no start times (nccl "

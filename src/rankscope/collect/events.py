@@ -12,6 +12,7 @@ A call's facts name its call path by id (its ``path`` line, written before them)
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -313,7 +314,19 @@ def read_ring(source: SourceLike, problems: Problems | None = None) -> Ring | No
             RING_READER,
             f"{torn} slot(s) torn (being written when the process ended); their call is unknown",
         )
-    slots = slots[used]
+    # A call's slot is its id modulo the slots (the probe's _Ring._at), and its state one of
+    # in flight, returned or raised: a slot that says otherwise was overwritten by something
+    # else, and the slots after it are still read.
+    place = np.arange(whole, dtype=np.uint64)
+    wrong = used & ((slots["cid"] % np.uint64(max(nslots, 1)) != place) | (slots["state"] > 2))
+    if wrong.any():
+        problems.add(
+            source,
+            RING_READER,
+            f"{int(wrong.sum())} slot(s) corrupted (an id that is not the slot's, or an unknown "
+            "state); skipped, the other slots read",
+        )
+    slots = slots[used & ~wrong]
     return Ring(pid=pid, rank=rank, created_s=created, slots=slots[np.argsort(slots["cid"])])
 
 
@@ -367,6 +380,14 @@ def _ring_events(ring: Ring, life: _Life) -> list[dict[str, Any]]:
     return out
 
 
+def _clock(t_s: float) -> str:
+    """``12:43:05.812`` (local time), as the diagnosis writes times."""
+    try:
+        return dt.datetime.fromtimestamp(t_s).strftime("%H:%M:%S.%f")[:-3]
+    except (OverflowError, ValueError, OSError):
+        return "an unknown time"
+
+
 def _event(ev: dict[str, Any], kind: str | None, rank: Any) -> tuple[Any, ...]:
     message = None
     if kind == "exception":
@@ -375,6 +396,13 @@ def _event(ev: dict[str, Any], kind: str | None, rank: Any) -> tuple[Any, ...]:
         message = as_str(ev.get("error"))
     elif kind in ("capture", "end"):
         message = as_str(ev.get("reason"))
+    elif kind == "dropped":
+        since = as_float(ev.get("since"))
+        when = _clock(since) if since is not None else "an unknown time"
+        message = (
+            f"{as_int(ev.get('writes')) or 0} write(s) dropped since {when}: "
+            f"{as_str(ev.get('error')) or 'unknown error'}"
+        )
     coll = ev.get("coll") if kind == "heartbeat" else ev.get("id")
     return (
         rank,

@@ -220,6 +220,17 @@ class Probe:
         self._ring = _Ring(run.ring(rank, os.getpid()), rank)
         self._local = threading.local()
         self._write_lock = threading.Lock()
+        self._drop_lock = threading.Lock()
+        # Writes to events.jsonl that failed and were dropped: (since, how many, why); see
+        # _write_failed.
+        self._dropped: tuple[float, int, str] | None = None
+        self._said: set[str] = set()  # see _say_once
+        self._unwritten: list[str] = []  # facts and path lines a failed write kept back
+        if self._ring.error is not None:
+            self._say_once(
+                f"no ring file ({self._ring.error.strerror or self._ring.error}): its calls are "
+                "kept in memory only, and a kill loses those not yet in events.jsonl"
+            )
         self._capture_lock = threading.Lock()
         self._end_lock = threading.RLock()  # a second end() waits for the first to finish
         self._entered: set[int] = set()  # calls whose enter line is written, exit not yet
@@ -284,8 +295,95 @@ class Probe:
 
     def flush(self) -> None:
         """Write everything queued, and the enter line of a call that is still in flight."""
-        with self._write_lock, contextlib.suppress(OSError):
-            self._state.write(self._fd)
+        with self._write_lock:
+            try:
+                self._resume_writing()
+                self._state.write(self._fd)
+            except OSError as exc:
+                self._write_failed(exc)
+
+    def _write_line(self, line: str) -> bool:
+        """Write one line at once (a facts or a path line); False where it was dropped."""
+        try:
+            self._resume_writing()
+            data = memoryview(line.encode())
+            while data:
+                data = data[os.write(self._fd, data) :]
+        except OSError as exc:
+            # Kept back, written first when it can write again: the ring names its facts.
+            if not self._write_failed(exc, keep=line):
+                self._forget_facts()  # too many kept back: the calls after name new facts
+            return False
+        return True
+
+    def _say_once(self, text: str) -> None:
+        """Say on the rank's stderr what the probe could not do, once for each thing."""
+        if text not in self._said:
+            self._said.add(text)
+            self._tell(text)
+
+    def _tell(self, text: str) -> None:
+        """A line on the rank's stderr, which may be a file on the disk that is full: what
+        cannot be written now stays in its buffer, and the rank is never stopped by it."""
+        with contextlib.suppress(OSError, ValueError):
+            print(f"rankscope: rank {self.rank}: {text}", file=sys.stderr, flush=True)
+
+    def _write_failed(self, exc: OSError, *, keep: str | None = None) -> bool:
+        """A write to ``events.jsonl`` failed (the disk is full, the file system went away):
+        the rank goes on, what that write held is dropped (but facts and path lines, which
+        wait: calls in the ring and after name them), and the probe says so once here and in
+        a ``dropped`` line when it can write again. ``keep``: a line to write then; False
+        where there were too many to keep."""
+        with self._drop_lock:
+            if self._dropped is None:
+                self._dropped = (time.time(), 0, f"{exc.strerror or exc}")
+                # Once per outage: the line that ends it says how much was lost.
+                self._tell(
+                    f"cannot write {self.run.events(self.rank)} ({exc.strerror or exc}); the "
+                    "rank goes on, and its probe drops what it cannot write until it can again"
+                )
+            since, n, error = self._dropped
+            self._dropped = (since, n + 1, error)
+            if keep is None:
+                return True
+            if len(self._unwritten) < FACTS_KEPT:
+                self._unwritten.append(keep)
+                return True
+            self._unwritten.clear()
+            return False
+
+    def _resume_writing(self) -> None:
+        """After dropped writes: end the line a write may have torn, then the ``dropped``
+        line saying since when, how many writes and why (raises OSError while it cannot)."""
+        if self._dropped is None:
+            return
+        with self._drop_lock:
+            if self._dropped is None:
+                return
+            since, n, error = self._dropped
+            fields = {"since": since, "writes": n, "error": error, "ev": "dropped"}
+            fields.update(t=time.time(), rank=self.rank)
+            data = memoryview("".join(["\n", *self._unwritten, _line(fields)]).encode())
+            while data:
+                data = data[os.write(self._fd, data) :]
+            self._dropped = None
+            self._unwritten.clear()
+        # Whole on its own: the line that said it could not write may have been lost with it
+        # (stderr is often a file on the same disk).
+        self._tell(
+            f"writes its record again after {time.time() - since:.1f} s in which it could not "
+            f"({error}); {n} write(s) dropped"
+        )
+
+    def _forget_facts(self) -> None:
+        """Forget every facts and path id: the C wrappers' call sites ask anew
+        (``facts_epoch``), and new lines are written for them."""
+        self._facts.clear()
+        self._static.clear()
+        self._paths.clear()
+        self._path_keys.clear()
+        self._state.facts_epoch += 1
+        self._fids_kept = 0
 
     def _in_flight_line(self) -> str | None:
         """The enter line of the call in flight, once (its exit line comes when it ends)."""
@@ -317,19 +415,12 @@ class Probe:
         if fid is not None:
             return fid
         if self._fids_kept >= FACTS_KEPT:
-            self._facts.clear()
-            self._static.clear()
-            self._paths.clear()
-            self._path_keys.clear()
-            self._state.facts_epoch += 1
-            self._fids_kept = 0
+            self._forget_facts()
         fid = next(self._fids) & 0xFFFFFFFF  # a u32 in the ring
         self._fids_kept += 1
         if key is not None:
             self._facts[key] = fid
-        line = _facts_line(self.rank, fid, facts, time.time())
-        with contextlib.suppress(OSError):
-            os.write(self._fd, line.encode())
+        self._write_line(_facts_line(self.rank, fid, facts, time.time()))
         return fid
 
     # --- lifecycle --------------------------------------------------------------------------
@@ -685,7 +776,11 @@ class Probe:
                     continue
                 if data:
                     path = self.run.fr_dump(self.rank, nccl=nccl)
-                    atomic_write_bytes(path, data)
+                    try:  # the dump before it stays whole where this one cannot be written
+                        atomic_write_bytes(path, data)
+                    except OSError as exc:
+                        self._say_once(f"cannot write {path.name} ({exc.strerror or exc})")
+                        continue
                     files.append(path.name)
                     written.append((fn, path))
             self.emit("capture", id=capture_id, reason=reason, files=files)
@@ -914,9 +1009,7 @@ class Probe:
         pid = self._paths.get(value)
         if pid is None:
             pid = self._paths[value] = next(self._pids)
-            line = _path_line(self.rank, pid, frames, cut, time.time())
-            with contextlib.suppress(OSError):
-                os.write(self._fd, line.encode())
+            self._write_line(_path_line(self.rank, pid, frames, cut, time.time()))
         if len(self._path_keys) >= FACTS_KEPT:  # raw frames that never repeat: stay bounded
             self._path_keys.clear()
         self._path_keys[key] = (pid, codes)

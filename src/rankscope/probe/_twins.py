@@ -29,6 +29,7 @@ Why the C is off, where it is, is :data:`C_OFF`; the probe says it once in the r
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import mmap
@@ -170,10 +171,19 @@ class _Ring:
 
     def __init__(self, path: Path, rank: int, slots: int = RING_SLOTS):
         size = RING_HEADER.size + slots * RING_SLOT.size
+        self.error: OSError | None = None
+        """Why the ring is in memory only (the disk was full): its calls are not durable."""
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
-            os.ftruncate(fd, size)
+            # Its blocks taken now: a page of a sparse file that the full disk cannot back
+            # would kill the rank with SIGBUS at the call that first touches it.
+            os.posix_fallocate(fd, 0, size)
             self.map = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        except OSError as exc:
+            self.error = exc
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+            self.map = mmap.mmap(-1, size)
         finally:
             os.close(fd)
         for at in range(0, size, mmap.PAGESIZE):  # fault every page in now, not at a call
