@@ -213,10 +213,40 @@ def test_ranks_that_disagree_on_the_root():
     assert (found.facts["culprit_root"], found.facts["other_root"]) == ("2", "0")
 
 
+@pytest.mark.parametrize("moment", ["first_call", "hung_on_rank_3"])
+def test_a_node_slurm_lost_names_its_ranks_whatever_moment_it_caught(moment):
+    """SLURM ended the job NODE_FAIL and named node2 lost: its ranks (2 and 3) are the cause,
+    the others wait, whether the node went down while every rank was in the first call (a
+    loaded machine) or while rank 3 was away from the second one that the others waited in."""
+    ranks = range(4)
+    four = "0,1,2,3"
+    if moment == "first_call":
+        rows = [call(r, 1, done=False, pg_ranks=four) for r in ranks]
+    else:
+        rows = [call(r, 1, pg_ranks=four) for r in ranks]
+        rows += [call(r, 2, done=False, pg_ranks=four) for r in (0, 1, 2)]
+    nodes = {0: "node1", 1: "node1", 2: "node2", 3: "node2"}
+    slurm = {"state": "NODE_FAIL", "reason": "NodeDown", "lost_nodes": {"node2": "power"}}
+    exits = dict.fromkeys(ranks, -15)
+    run = run_of(rows, exits=exits, world=4, nodes=nodes, info={"slurm": slurm})
+    found = rules.node_lost(context(run))
+    assert found is not None and found.cause == "node_lost"
+    assert (found.culprits, found.waiting) == ([2, 3], [0, 1])
+    d = diagnose(run)
+    assert (d.verdict, d.cause, d.culprit_ranks) == ("crash", "node_lost", [2, 3])
+    assert "node2" in d.reason and "power" in d.reason and "NodeDown" in d.reason, d.reason
+    # without the lost node named (an older run.json), the rule passes
+    blind = run_of(
+        rows, exits=exits, world=4, nodes=nodes, info={"slurm": {**slurm, "lost_nodes": {}}}
+    )
+    assert rules.node_lost(context(blind)) is None
+
+
 def test_the_rules_run_in_their_documented_order_and_can_be_replaced():
     names = [r.__name__ for r in rules.RULES]
     assert names == [
         "launch_error",
+        "node_lost",
         "model_mismatch",
         "reported_failure",
         "earlier_divergence",

@@ -66,8 +66,10 @@ def run_of(
     world: int = 3,
     info: dict[str, Any] | None = None,
     fr: list[dict[str, Any]] = (),
+    nodes: dict[int, str] | None = None,
 ) -> SimpleNamespace:
-    """A stand-in for a collect Run: the tables diagnose() reads, built with schema.conform."""
+    """A stand-in for a collect Run: the tables diagnose() reads, built with schema.conform.
+    ``nodes``: the SLURM node of each rank."""
     exits = {r: 0 for r in range(world)} if exits is None else exits
     ranks = [
         {
@@ -75,6 +77,7 @@ def run_of(
             "world_size": world,
             "exit_code": c,
             "ended_s": T0 + 100 if c is not None else None,
+            "node": (nodes or {}).get(r),
         }
         for r, c in exits.items()
     ]

@@ -130,6 +130,7 @@ from rankscope.analyze.rules.errors import errors_only
 from rankscope.analyze.rules.failures import (
     bare_exit,
     model_mismatch,
+    node_lost,
     reported_failure,
     signal_death,
 )
@@ -174,6 +175,7 @@ __all__ = [
     "launch_error",
     "mismatch",
     "model_mismatch",
+    "node_lost",
     "reported_failure",
     "rule",
     "rules_for",
