@@ -16,12 +16,25 @@ a field open (null), the table shows what came out without scoring it. The corpu
 (``tests/corpus``) states every field of each case.
 
     python bench/diagnosis_accuracy.py [--only NAME ...] [--skip-catalogue] [--skip-corpus]
+        [--load N] [--slow-disk] [--quiet-table FILE] [--save FILE]
+
+Under load (the answer must not depend on it): ``--load N`` runs N CPU-bound processes beside
+every case, and ``--slow-disk`` a writer that keeps the run directory's file system busy (large
+writes, each flushed to the disk with fsync, so the ranks' writes queue behind them and the
+page cache stays full of dirty pages; no FUSE, no privileges). Then each case runs quiet first
+(or its quiet row is read from ``--quiet-table``, a file ``--save`` wrote on a quiet run), then
+loaded, and a line per case says whether the loaded answer equals the quiet one (verdict,
+cause, culprits, parting line, first divergence), naming the fields that differ.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
+import json
+import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -88,6 +101,59 @@ def run_case(
     return Row(name, kind, want, got, check(d), done - start, done - t0, stall)
 
 
+#: The fields of a row that must not change with the machine's load.
+SAME_UNDER_LOAD = ("verdict", "cause", "culprits", "parting", "first")
+
+_SPIN = "while True: pass"
+# Writes 32 MB, flushes it to the disk, again and again, in the folder given: the ranks' own
+# writes to that file system queue behind it.
+_WRITER = """
+import os, sys
+path = os.path.join(sys.argv[1], ".rankscope-bench-disk-load")
+block = os.urandom(1 << 20)
+while True:
+    with open(path, "wb") as f:
+        for _ in range(32):
+            f.write(block)
+        f.flush()
+        os.fsync(f.fileno())
+"""
+
+
+@contextlib.contextmanager
+def load_beside(n: int, disk: Path | None):
+    """N CPU-bound processes, and a disk writer in ``disk`` when given, for the block's
+    duration; each stopped by its pid after."""
+    procs = [
+        subprocess.Popen([sys.executable, "-c", _SPIN], stdin=subprocess.DEVNULL) for _ in range(n)
+    ]
+    if disk is not None:
+        disk.mkdir(parents=True, exist_ok=True)
+        procs.append(
+            subprocess.Popen([sys.executable, "-c", _WRITER, str(disk)], stdin=subprocess.DEVNULL)
+        )
+    try:
+        yield
+    finally:
+        for proc in procs:
+            proc.kill()
+        for proc in procs:
+            proc.wait()
+        if disk is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(disk / ".rankscope-bench-disk-load")
+
+
+def differs(quiet: dict[str, Any], loaded: dict[str, Any]) -> list[str]:
+    """The fields of :data:`SAME_UNDER_LOAD` whose loaded answer is not the quiet one."""
+    return [f for f in SAME_UNDER_LOAD if _plain(quiet.get(f)) != _plain(loaded.get(f))]
+
+
+def _plain(value: Any) -> Any:
+    """A field as JSON keeps it (tuples as lists), so a saved quiet table compares alike."""
+    return json.loads(json.dumps(value, default=str))
+
+
 def _first(fd: dict[str, Any] | None) -> tuple[int, list[int]] | None:
     return (fd["seq"], fd["culprits"]) if fd else None
 
@@ -152,7 +218,19 @@ def main() -> None:
     ap.add_argument("--only", nargs="*", default=[], help="case names to run")
     ap.add_argument("--skip-catalogue", action="store_true")
     ap.add_argument("--skip-corpus", action="store_true")
+    ap.add_argument("--load", type=int, default=0, help="CPU-bound processes beside each case")
+    ap.add_argument(
+        "--slow-disk", action="store_true", help="keep the run directory's disk busy too"
+    )
+    ap.add_argument("--quiet-table", type=Path, help="quiet rows saved by --save, not rerun")
+    ap.add_argument("--save", type=Path, help="write the rows (what came out) as JSON here")
     args = ap.parse_args()
+    if args.load < 0:
+        ap.error("--load takes a number of processes, 0 or more")
+    loaded = args.load > 0 or args.slow_disk
+    quiet_rows: dict[str, Any] = {}
+    if args.quiet_table is not None:
+        quiet_rows = {r["name"]: r["got"] for r in json.loads(args.quiet_table.read_text())}
     only = set(args.only)
     cases = []
     if not args.skip_catalogue:
@@ -160,10 +238,31 @@ def main() -> None:
     if not args.skip_corpus:
         cases += [("corpus", *c) for c in corpus_cases(only)]
     rows: list[Row] = []
+    same: dict[str, list[str]] = {}
     with tempfile.TemporaryDirectory(prefix="rankscope-accuracy-") as tmp:
         for kind, name, spec, want, check in cases:
-            row = run_case(name, kind, spec, want, Path(tmp), check)
+            quiet = quiet_rows.get(name)
+            if loaded and quiet is None:
+                quiet = run_case(name, kind, spec, want, Path(tmp), check).got
+            disk = Path(tmp) if args.slow_disk else None
+            with load_beside(args.load, disk) if loaded else contextlib.nullcontext():
+                row = run_case(name, kind, spec, want, Path(tmp), check)
             rows.append(row)
+            if loaded:
+                same[name] = differs(quiet, row.got)
+                print(
+                    f"    {name}: "
+                    + (
+                        "same as quiet"
+                        if not same[name]
+                        else "DIFFERS from quiet in "
+                        + ", ".join(
+                            f"{f} ({quiet.get(f)!r} quiet, {row.got.get(f)!r} loaded)"
+                            for f in same[name]
+                        )
+                    ),
+                    flush=True,
+                )
             mark = "ok " if not row.wrong else "BAD"
             print(
                 f"{mark} {kind:9} {name:26} {row.got['verdict']:12} {row.got['cause'] or '-':28} "
@@ -174,8 +273,18 @@ def main() -> None:
                 flush=True,
             )
     print()
+    if args.save is not None:
+        args.save.write_text(
+            json.dumps([{"name": r.name, "got": r.got} for r in rows], indent=1, default=str)
+        )
     right = sum(not r.wrong for r in rows)
     print(f"cases right: {right}/{len(rows)}")
+    if loaded:
+        what = f"{args.load} CPU-bound process(es)" + (" and a busy disk" if args.slow_disk else "")
+        print(
+            f"  same as quiet under {what}: {sum(not d for d in same.values())}/{len(same)}"
+            + "".join(f"\n    differs: {n} ({', '.join(d)})" for n, d in same.items() if d)
+        )
     for field in ("verdict", "cause", "recipe", "culprits", "parting", "values", "first"):
         print(f"  {field:9} {score(rows, field)}")
     times = sorted(r.to_verdict_s for r in rows)
@@ -198,7 +307,7 @@ def main() -> None:
     print(" " * width + "".join(f"{g[:14]:>15}" for g in got))
     for e in expected:
         print(f"{e:<{width}}" + "".join(f"{pairs.get((e, g), 0) or '.':>15}" for g in got))
-    if right < len(rows):
+    if right < len(rows) or any(same.values()):
         sys.exit(1)
 
 
