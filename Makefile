@@ -8,6 +8,10 @@
 PYTHON ?= python3
 VENV ?= .venv
 TORCH ?= torch==2.13.0
+# make test's pytest workers (pytest-xdist): most of the suite's time is jobs waiting out stall
+# timeouts, so 3 workers share 2 cores well; tests that share something run on one worker
+# (tests/conftest.py's xdist groups). TEST_WORKERS=0 runs it in this one process.
+TEST_WORKERS ?= 3
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.rankscope-installed
 
@@ -42,7 +46,7 @@ test: install
 	-sh tests/debian_setup.sh browser
 	-sh tests/debian_setup.sh slurm
 	# the slowest tests' times, for keeping the suite under 30 minutes
-	$(PY) -m pytest --durations=40
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup --durations=40
 
 check: install
 	$(PY) -m ruff check src tests bench docs
