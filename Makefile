@@ -8,10 +8,11 @@
 PYTHON ?= python3
 VENV ?= .venv
 TORCH ?= torch==2.13.0
-# make test's pytest workers (pytest-xdist): most of the suite's time is jobs waiting out stall
-# timeouts, so 3 workers share 2 cores well; tests that share something run on one worker
-# (tests/conftest.py's xdist groups). TEST_WORKERS=0 runs it in this one process.
-TEST_WORKERS ?= 3
+# make test's pytest workers (pytest-xdist): a job's ranks spend much of the suite's time waiting
+# (stall timeouts, a capture), so 2 workers overlap one job's waiting with another's work; one a
+# core, so that no job's startup waits behind three others' imports of torch. Tests that share
+# something run on one worker (tests/conftest.py's xdist groups). TEST_WORKERS=0: one process.
+TEST_WORKERS ?= 2
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.rankscope-installed
 
