@@ -8,6 +8,11 @@
 PYTHON ?= python3
 VENV ?= .venv
 TORCH ?= torch==2.13.0
+# make test's pytest workers (pytest-xdist): a job's ranks spend much of the suite's time waiting
+# (stall timeouts, a capture), so 2 workers overlap one job's waiting with another's work; one a
+# core, so that no job's startup waits behind three others' imports of torch. Tests that share
+# something run on one worker (tests/conftest.py's xdist groups). TEST_WORKERS=0: one process.
+TEST_WORKERS ?= 2
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.rankscope-installed
 
@@ -42,7 +47,7 @@ test: install
 	-sh tests/debian_setup.sh browser
 	-sh tests/debian_setup.sh slurm
 	# the slowest tests' times, for keeping the suite under 30 minutes
-	$(PY) -m pytest --durations=40
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup --durations=40
 
 check: install
 	$(PY) -m ruff check src tests bench docs

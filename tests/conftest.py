@@ -1,5 +1,6 @@
 """Shared fixtures: real jobs in a temporary runs folder, and a check that none outlives its test;
-and the fast lane's rule: a test that starts a process is marked ``slow``."""
+the fast lane's rule: a test that starts a process is marked ``slow``; and the order and groups
+that let ``make test`` run the suite on several workers (pytest-xdist, ``--dist loadgroup``)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -23,6 +25,47 @@ if TYPE_CHECKING:
     from rankscope.probe import _core
 
 SCRIPTS = Path(__file__).parent / "scripts"
+#: This run of the suite, the same in every xdist worker (tests/test_site.py waits for the
+#: notebooks that this run executes, wherever they run).
+TEST_RUN = os.environ.get("PYTEST_XDIST_TESTRUNUID") or uuid.uuid4().hex
+
+#: Tests that share something that exists once (a session's cluster, a module's job, a folder of
+#: the checkout) run on one worker, one after another: xdist_group by a fixture they use or by
+#: their file.
+GROUP_BY_FIXTURE = {"slurm_cluster": "slurm", "hung_job": "debug_server"}
+GROUP_BY_FILE = {
+    # JupyterLab and Chromium, `make lab` in the checkout itself
+    "test_browser.py": "browser",
+    # the site's build into docs/_build/html, once for the module
+    "test_site.py": "site",
+    # the benchmarks, one at a time (their bounds allow for a loaded machine)
+    "test_bench.py": "bench",
+}
+
+
+def xdist_group_of(item: pytest.Item) -> str | None:
+    names = getattr(item, "fixturenames", ())
+    for fixture, group in GROUP_BY_FIXTURE.items():
+        if fixture in names:
+            return group
+    if runs_a_notebook(item) and "cluster" in item.name:
+        return "slurm"  # it asks for slurm_cluster by name, inside the test
+    return GROUP_BY_FILE.get(item.path.name)
+
+
+def runs_a_notebook(item: pytest.Item) -> bool:
+    return item.path.name == "test_notebooks.py" and item.name.startswith("test_notebook_runs[")
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Each test's xdist_group (above); and the notebooks first: they are the longest tests, so
+    workers that start them first end together, and the site's build finds them done."""
+    for item in items:
+        group = xdist_group_of(item)
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
+    items.sort(key=lambda item: not runs_a_notebook(item))  # stable: the rest keep their order
 
 
 def site_of(script: str, tag: str) -> str:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import nbformat
@@ -15,11 +16,32 @@ import pytest
 from docs.make_site import EXECUTED, META_KEY, digest
 from nbclient import NotebookClient
 
-from .conftest import leftover_processes
+from .conftest import TEST_RUN, leftover_processes
 
 NOTEBOOKS = sorted((Path(__file__).parent.parent / "notebooks").glob("*.ipynb"))
 #: mybinder.org gives a session 2 GB; the kernel and every job it starts must fit in it.
 BINDER_MEMORY = 2 * 1024**3
+#: A file per notebook that this file's test has ended (passed, failed or skipped) in a run of
+#: the suite, holding that run's id: tests/test_site.py waits for them on other workers.
+ENDED = EXECUTED.parent / "notebooks-ended"
+
+
+def ended_in_this_run(path: Path) -> bool:
+    mark = ENDED / path.stem
+    try:
+        return mark.read_text() == TEST_RUN
+    except OSError:
+        return False
+
+
+@pytest.fixture
+def says_when_it_ends(path: Path) -> Iterator[None]:
+    """Marks ``path``'s run as ended in this run of the suite, however it ends."""
+    try:
+        yield
+    finally:
+        ENDED.mkdir(parents=True, exist_ok=True)
+        (ENDED / path.stem).write_text(TEST_RUN)
 
 
 class PeakMemory:
@@ -58,6 +80,7 @@ class PeakMemory:
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
 @pytest.mark.slow
+@pytest.mark.usefixtures("says_when_it_ends")
 def test_notebook_runs(path: Path, tmp_path: Path, request: pytest.FixtureRequest) -> None:
     if "cluster" in path.stem:  # its SLURM part runs where the test cluster starts
         with contextlib.suppress(pytest.skip.Exception):

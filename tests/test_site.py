@@ -1,6 +1,7 @@
 """The documentation site (make docs): it builds from the notebooks the suite executed
-(tests/test_notebooks.py runs before this file), and a reader's browser shows real figures and
-cards with no kernel behind them; a broken internal link fails the build."""
+(tests/test_notebooks.py, which the suite runs first; on several workers the build waits for
+them), and a reader's browser shows real figures and cards with no kernel behind them; a broken
+internal link fails the build."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import functools
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -15,12 +17,29 @@ from pathlib import Path
 import pytest
 from docs.make_site import DOCS, HTML, ROOT
 
+from .conftest import runs_a_notebook
 from .test_browser import ARTIFACTS, _page, assert_legible
+from .test_notebooks import ended_in_this_run
+
+#: How long the build waits for the notebooks that other workers run (the longest takes a few
+#: minutes on 2 cores; the suite runs them first).
+NOTEBOOKS_WAIT_S = 1200.0
+
+
+def wait_for_the_notebooks(session: pytest.Session) -> None:
+    """Until every notebook that this run of the suite executes has ended (on any worker):
+    the build then takes their executed copies rather than running them again."""
+    paths = {item.callspec.params["path"] for item in session.items if runs_a_notebook(item)}
+    deadline = time.monotonic() + NOTEBOOKS_WAIT_S
+    while waiting := sorted(p.stem for p in paths if not ended_in_this_run(p)):
+        assert time.monotonic() < deadline, f"notebooks still running: {', '.join(waiting)}"
+        time.sleep(1.0)
 
 
 @pytest.fixture(scope="module")
-def site() -> Path:
+def site(request: pytest.FixtureRequest) -> Path:
     """``make docs``' build (it executes any notebook the suite has not, first)."""
+    wait_for_the_notebooks(request.session)
     done = subprocess.run(
         [sys.executable, str(DOCS / "make_site.py")], cwd=ROOT, capture_output=True, text=True
     )
