@@ -566,7 +566,7 @@ SIGNATURES: tuple[Signature, ...] = (
         literal="without `auto`",
         role="own",
         regex=_re(
-            r"`(?P<key>[\w.]+)` not found in kwargs\. Please specify `[\w.]+` without `auto`"
+            r"`(?P<key>[\w.]{1,200})` not found in kwargs\. Please specify `[\w.]+` without `auto`"
         ),
         doc='a DeepSpeed config value is "auto" and nothing fills it',
         title='an "auto" DeepSpeed value that nothing fills',
@@ -606,7 +606,7 @@ SIGNATURES: tuple[Signature, ...] = (
         literal="does not support containers",
         role="own",
         regex=_re(
-            r"(?P<api>\w+) does not support containers that do not implement forward: "
+            r"(?P<api>fully_shard|replicate) does not support containers that do not implement forward: "
             r"(?P<container>\w+)"
         ),
         doc="FSDP was applied to a ModuleList or ModuleDict, which has no forward",
@@ -638,7 +638,9 @@ SIGNATURES: tuple[Signature, ...] = (
         recipe="D13",
         literal="expects a 1D or 2D DeviceMesh",
         role="own",
-        regex=_re(r"(?P<api>\w+) expects a 1D or 2D DeviceMesh but got (?P<mesh>.+)"),
+        regex=_re(
+            r"(?P<api>fully_shard|replicate) expects a 1D or 2D DeviceMesh but got (?P<mesh>.{1,300})"
+        ),
         doc="fully_shard was given a device mesh of more than two dimensions",
         title="fully_shard on a mesh of more than two dimensions",
         values="{mesh}",
@@ -678,6 +680,31 @@ SIGNATURES: tuple[Signature, ...] = (
         fix="Each rank's batch is the global batch split over the ranks, and the last batch of a "
         "shard can hold one sample: drop_last=True on the sampler and the DataLoader, a larger "
         "batch per rank, or SyncBatchNorm (GPUs) so that the statistics span the ranks.",
+    ),
+    # RuntimeError: Error(s) in loading state_dict for Sequential:
+    # 	While copying the parameter named "0.weight", whose dimensions in the model are
+    # torch.Size([40, 16]) and whose dimensions in the checkpoint are torch.Size([40, 16]), an
+    # exception occurred : ('aten.copy_.default got mixed torch.Tensor and DTensor, need to
+    # convert all torch.Tensor to DTensor before calling distributed operators!',).
+    # (torch 2.13.0: load_state_dict of a sharded state dict into a plain model, or back)
+    Signature(
+        kind="state_dict_dtensor_mix",
+        recipe="D15",
+        literal="got mixed torch.Tensor and DTensor",
+        role="own",
+        regex=_re(
+            r'While copying the parameter named "(?P<name>[^"]{1,300})", whose dimensions in the '
+            r"model are torch\.Size\(\[[\d, ]{0,80}\]\) and whose dimensions in the checkpoint "
+            r"are torch\.Size\(\[[\d, ]{0,80}\]\), an exception occurred : \(?'?"
+            r"(?P<op>[\w.]{1,80}):? got mixed torch\.Tensor and DTensor"
+        ),
+        doc="a state dict of sharded DTensors was loaded into a model of plain tensors, or back",
+        title="a state dict saved in one layout loaded into another",
+        values='parameter "{name}": DTensor shards and plain tensors',
+        fix="Save and load a sharded model with torch.distributed.checkpoint (dcp.save and "
+        "dcp.load of get_model_state_dict, then set_model_state_dict): it reshards to any world "
+        "size. For one portable file, get_model_state_dict(model, options=StateDictOptions("
+        "full_state_dict=True, cpu_offload=True)) on every rank, saved by rank 0.",
     ),
     # --- known errors of the scenarios' own checks (rankscope.scenarios) -------------------------
     # These mistakes raise nothing on a CPU (a memory plan exceeded, a drift, a wrong split): the
@@ -740,7 +767,7 @@ SIGNATURES: tuple[Signature, ...] = (
         literal="the whole model is one FSDP unit",
         role="own",
         regex=_re(
-            r"(?P<gathered>[\d.]+ [KMGT]iB) of parameters gathered at once, over the "
+            r"(?P<gathered>[\d.]{1,20} [KMGT]iB) of parameters gathered at once, over the "
             r"(?P<planned>[\d.]+ [KMGT]iB) planned: the whole model is one FSDP unit"
         ),
         doc="the scenario's check: fully_shard on the root alone gathers the whole model",
@@ -757,7 +784,7 @@ SIGNATURES: tuple[Signature, ...] = (
         literal="keeps every block gathered until backward",
         role="own",
         regex=_re(
-            r"(?P<gathered>[\d.]+ [KMGT]iB) of parameters gathered at once, over the "
+            r"(?P<gathered>[\d.]{1,20} [KMGT]iB) of parameters gathered at once, over the "
             r"(?P<planned>[\d.]+ [KMGT]iB) planned: (?P<strategy>\w+) keeps every block"
         ),
         doc="the scenario's check: a sharding strategy that keeps parameters gathered went over "
@@ -776,7 +803,7 @@ SIGNATURES: tuple[Signature, ...] = (
         literal="the sharded weights are bf16",
         role="own",
         regex=_re(
-            r"(?P<tensor>\S+) ends (?P<drift>[\d.]+%) of its own training away from the fp32 "
+            r"rank \d+: (?P<tensor>\S{1,200}) ends (?P<drift>[\d.]{1,20}%) of its own training away from the fp32 "
             r"reference \(tolerance (?P<tolerance>[\d.]+%)\)"
         ),
         doc="the scenario's check: a model cast to bf16 before fully_shard drifted from fp32",
