@@ -147,7 +147,7 @@ def test_deepspeed_and_accelerate_texts_are_recognised():
     assert batch is not None and batch.signature.recipe == "D17"
     # the values of the text, not of one script: 24 != 4 * 2 * 1 on this one-rank group
     assert batch.values == "train_batch_size 24 != micro 4 * accumulation 2 * world 1"
-    assert "this job has 1 ranks" in batch.fix
+    assert "the world size here is 1" in batch.fix
     twice = recognise(texts["deepspeed_config_mismatch"])
     assert twice is not None
     assert twice.values == "gradient_accumulation_steps = 4 in the config, 1 in the kwargs"

@@ -463,7 +463,7 @@ SIGNATURES: tuple[Signature, ...] = (
         values="train_batch_size {train_batch} != micro {micro_batch} * accumulation {grad_acc} "
         "* world {world_size}",
         fix="DeepSpeed needs train_batch_size = train_micro_batch_size_per_gpu x "
-        "gradient_accumulation_steps x world size, and this job has {world_size} ranks. State "
+        "gradient_accumulation_steps x world size, and the world size here is {world_size}. State "
         "the global batch ({train_batch}) and the micro-batch ({micro_batch}) and leave "
         "gradient_accumulation_steps out: DeepSpeed derives it from the world size, once the "
         "global batch splits evenly into micro-batches on every rank.",
