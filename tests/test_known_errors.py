@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 
+import pandas as pd
 import pytest
 
 from rankscope.analyze.causes import CRASH_FIX, FAILURE_KINDS, Cause
@@ -235,3 +236,23 @@ def test_crash_story_names_the_recipe_only_for_a_known_text():
     # another cause keeps its own story, whatever the text
     other = crash_story(Cause.oom, "Expected more than 1 value per channel when training, got x")
     assert other.recipe == CAUSE_RECIPE and not other.facts
+
+
+def test_crash_story_reads_the_ranks_own_error_lines_when_the_exception_says_nothing():
+    """A rank whose exception the probe did not record (logs copied from elsewhere) still gets
+    its recipe from its lines of the errors table; another rank's lines, or a line with no rank,
+    do not lend it theirs."""
+    line = "ValueError: fully_shard does not support containers that do not implement forward: "
+    errors = pd.DataFrame(
+        {
+            "rank": pd.array([1, None, 0], dtype="Int64"),
+            "kind": ["fsdp_container", "fsdp_container", "deepspeed_batch_size"],
+            "message": [line + "ModuleDict(", line + "ModuleList(", "not a known text"],
+        }
+    )
+    story = crash_story(Cause.rank_crashed, "exit code 1 and no exception", errors=errors, rank=1)
+    assert story.recipe == "D12"
+    assert story.facts["known"].endswith("(fully_shard(ModuleDict))")
+    assert "inside the ModuleDict" in story.facts["crash_fix"]
+    alone = crash_story(Cause.rank_crashed, "exit code 1", errors=errors, rank=0)
+    assert alone.recipe == CAUSE_RECIPE and alone.facts["crash_fix"] == CRASH_FIX
