@@ -169,7 +169,7 @@ def catalogue_cases(only: set[str]) -> list[tuple[str, JobSpec, dict[str, Any], 
         want = {
             "verdict": s.expected["verdict"],
             "cause": s.expected.get("cause"),
-            "recipe": None,
+            "recipe": s.expected.get("recipe"),
             "culprits": s.expected.get("culprit_ranks"),
             "parting": s.expected.get("parting"),
             "values": None,

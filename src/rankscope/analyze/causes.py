@@ -21,6 +21,8 @@ from enum import StrEnum
 from string import Formatter
 from typing import Any, Literal
 
+from rankscope.collect.signatures import KNOWN
+
 Verdict = Literal["ok", "hang", "crash", "launch_error", "unknown"]
 #: ``unknown``: the evidence cannot tell (nothing readable, or ranks ended for reasons it does
 #: not show); never said of a job that is known to have failed, and never ``ok``.
@@ -236,10 +238,8 @@ ENTRIES: Mapping[Cause, Entry] = {
         verdict="crash",
         recipe="D20",
         title="a rank crashed",
-        reason="{culprits} failed with {error}{culprit_at}, leaving {others} waiting",
-        fix="Fix the failing rank, not the hang: its error is the cause and the others only "
-        "waited for it. With nccl, TORCH_NCCL_ASYNC_ERROR_HANDLING=1 makes the peers abort "
-        "promptly.",
+        reason="{culprits} failed with {error}{culprit_at}{known}, leaving {others} waiting",
+        fix="{crash_fix}",
     ),
     Cause.rank_killed: Entry(
         verdict="crash",
@@ -424,6 +424,11 @@ UNEVEN_FIX = (
     "Give every rank the same number of steps (DistributedSampler with the same drop_last "
     "everywhere), or wrap the loop in torch.distributed.algorithms.Join."
 )
+#: A crash's advice where its text is no known error (:func:`rankscope.collect.recognise`).
+CRASH_FIX = (
+    "Fix the failing rank, not the hang: its error is the cause and the others only waited for "
+    "it. With nccl, TORCH_NCCL_ASYNC_ERROR_HANDLING=1 makes the peers abort promptly."
+)
 #: The early exit's advice where the user's code asked for it (sys.exit, os._exit).
 ASKED_EXIT_FIX = (
     "The exit{exit_at} ends this rank alone, and the others wait for it in their next "
@@ -447,11 +452,13 @@ LAUNCH_KINDS: Mapping[str, Cause] = {
     "rendezvous_timeout": Cause.rendezvous_timeout,
 }
 
-#: Error kinds that are a primary failure of the rank that logged them, by cause.
+#: Error kinds that are a primary failure of the rank that logged them, by cause: a known
+#: error (a text that names a recipe's mistake) is a crash whose recipe is its own.
 FAILURE_KINDS: Mapping[str, Cause] = {
     "cuda_oom": Cause.oom,
     "cuda_error": Cause.rank_crashed,
     "ddp_unused_parameters": Cause.ddp_unused_parameters,
+    **{s.kind: Cause.rank_crashed for s in KNOWN},
 }
 
 

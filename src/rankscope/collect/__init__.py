@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from rankscope.collect._common import Problems, Source, code_type, first_rows
-    from rankscope.collect.errors import find_errors, read_errors
+    from rankscope.collect.errors import Known, find_errors, read_errors, recognise
     from rankscope.collect.events import read_collectives, read_events, read_paths
     from rankscope.collect.flight_recorder import (
         read_flight_recorder,
@@ -48,6 +48,8 @@ _LAZY = {
     "first_rows": "rankscope.collect._common",
     "find_errors": "rankscope.collect.errors",
     "read_errors": "rankscope.collect.errors",
+    "recognise": "rankscope.collect.errors",
+    "Known": "rankscope.collect.errors",
     "read_collectives": "rankscope.collect.events",
     "read_paths": "rankscope.collect.events",
     "read_events": "rankscope.collect.events",
@@ -74,6 +76,7 @@ _LAZY = {
 __all__ = [
     "SIGNATURES",
     "VICTIM_ROLES",
+    "Known",
     "Problems",
     "Run",
     "Signature",
@@ -97,6 +100,7 @@ __all__ = [
     "read_pg_status",
     "read_stacks",
     "read_values",
+    "recognise",
     "short_site",
     "summarize_stacks",
 ]

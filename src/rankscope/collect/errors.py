@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -19,7 +20,7 @@ import pyarrow.compute as pc
 
 from rankscope.collect._common import Problems, SourceLike, finish
 from rankscope.collect.logs import line_time, read_logs
-from rankscope.collect.signatures import INT_FIELDS, SIGNATURES, Signature
+from rankscope.collect.signatures import INT_FIELDS, KNOWN, SIGNATURES, Signature
 from rankscope.rundir import torchrun_failures
 
 _COLUMNS = ("rank", "t_s", "kind", "role", "recipe", "message", "fields", "source", "line_no")
@@ -73,6 +74,46 @@ def find_errors(
     if nccl is not None and len(nccl):
         rows += _nccl_warnings(nccl, signatures)
     return _dedupe(rows)
+
+
+@dataclass(frozen=True)
+class Known:
+    """A known error recognised in a text (:func:`recognise`): its signature, the values its
+    named groups held, and the title, values and fix filled from them."""
+
+    signature: Signature
+    fields: dict[str, Any]
+    title: str
+    values: str
+    fix: str
+
+
+def recognise(text: str | None, *, signatures: Sequence[Signature] = KNOWN) -> Known | None:
+    """The first known error whose text is in ``text`` (an exception's message, a log line), with
+    its values; None when none is, or for no text. A value the text does not hold reads "?"."""
+    if not text:
+        return None
+    for sig in signatures:
+        if not sig.fix or sig.literal not in text:
+            continue
+        m = sig.regex.search(text)
+        if m is None:
+            continue
+        fields = _fields(m)
+        for pattern in sig.more:
+            extra = pattern.search(text)
+            if extra:
+                fields.update(_fields(extra))
+        names = set(sig.regex.groupindex).union(*(p.groupindex for p in sig.more))
+        filled = {name: fields.get(name, "?") for name in names}
+        return Known(
+            signature=sig,
+            fields=fields,
+            title=sig.title,
+            values=sig.values.format_map(filled),
+            fix=sig.fix.format_map(filled),
+        )
+    return None
 
 
 def read_errors(

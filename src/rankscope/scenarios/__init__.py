@@ -39,8 +39,9 @@ class Scenario:
     what_goes_wrong: str
     fix: str
     expected: dict[str, Any]
-    """Diagnosis of the broken run: verdict, cause, culprit_ranks (null: not asserted), and
-    where the script has one, parting: the text of the line that sent the culprits another
+    """Diagnosis of the broken run: verdict, cause, culprit_ranks (null: not asserted), the
+    recipe where the card names one other than its cause's (a crash whose text is a known
+    error, :func:`rankscope.collect.recognise`), and where the script has one, parting: the text of the line that sent the culprits another
     way (``elif rank == 0:``); first_seq: the collective where the ranks' paths first part
     (``first_divergence``), where that lies before the hang."""
     source: str | None = None
@@ -78,6 +79,7 @@ class Scenario:
             ("verdict", got["verdict"]),
             ("cause", got["cause"]),
             ("culprit_ranks", got["culprit_ranks"]),
+            ("recipe", got["recipe"]),
             ("parting", parting),
             ("first_seq", (got.get("first_divergence") or {}).get("seq")),
         ]

@@ -12,13 +12,14 @@ import numpy as np
 import pandas as pd
 
 from rankscope.analyze.calls import done, failed, opt
-from rankscope.analyze.causes import FAILURE_KINDS, Cause
+from rankscope.analyze.causes import CRASH_FIX, FAILURE_KINDS, Cause
 from rankscope.analyze.context import Context
 from rankscope.analyze.diagnosis import EvidenceRef, who_of
 from rankscope.analyze.evidence import SIGNAL_TEXT, RankFacts
-from rankscope.analyze.rules.finding import Failure, Finding, log_site, rule
+from rankscope.analyze.rules.finding import Decided, Failure, Finding, log_site, rule
 from rankscope.analyze.wording import MAX_REFS, at, error_refs, short
-from rankscope.collect import VICTIM_ROLES
+from rankscope.collect import VICTIM_ROLES, recognise
+from rankscope.collect.signatures import KNOWN
 
 _OOM = re.compile(r"out of memory|OutOfMemoryError|can't allocate memory", re.IGNORECASE)
 _NAN = re.compile(r"\bnan\b|non-finite|not finite", re.IGNORECASE)
@@ -72,6 +73,33 @@ def node_lost(ctx: Context) -> Finding | None:
             "state": f"NODE_FAIL ({slurm.get('reason') or 'no reason given'})",
             "left": "waiting for them" if waiting else "to be ended with them",
         },
+    )
+
+
+def crash_story(
+    cause: Cause, text: str | None, *, errors: pd.DataFrame | None = None, rank: int | None = None
+) -> Decided:
+    """What a crash's text says beyond "a rank crashed": for ``rank_crashed`` with a known error
+    (:func:`rankscope.collect.recognise`) in ``text``, or in that ``rank``'s own lines of the
+    ``errors`` table, its recipe, its title and values (fact ``known``) and its fix (fact
+    ``crash_fix``); else the cause's own recipe and the general advice. Every finding of
+    ``rank_crashed`` takes its facts from here."""
+    if cause != Cause.rank_crashed:
+        return Decided(cause, [], {})
+    found = recognise(text)
+    if found is None and errors is not None and rank is not None:
+        mine = errors[(errors["rank"] == rank) & errors["kind"].isin([k.kind for k in KNOWN])]
+        found = next(filter(None, map(recognise, mine["message"].astype(str))), None)
+    if found is None:
+        return Decided(cause, [], {"known": "", "crash_fix": CRASH_FIX})
+    sig = found.signature
+    what = f"{found.title} ({found.values})" if found.values else found.title
+    return Decided(
+        cause,
+        [],
+        {"known": f": {what}", "crash_fix": found.fix},
+        notes=[f"the error is a known text of recipe {sig.recipe} ({sig.kind}): {sig.doc}"],
+        recipe=sig.recipe,
     )
 
 
@@ -272,7 +300,8 @@ def crash(ctx: Context, found: list[Failure]) -> Finding | None:
         site = first.site
     div = ctx.divergence_with(set(culprits))
     waiting = ctx.blocked(exclude=set(culprits))
-    facts = {"error": short(first.message), "culprit_site": site, **first.facts}
+    story = crash_story(first.cause, first.message, errors=ctx.ev.table("errors"), rank=first.rank)
+    facts = {"error": short(first.message), "culprit_site": site, **first.facts, **story.facts}
     if first.cause == Cause.rank_killed:
         facts["left"] = "waiting"
         ended = sorted(r for r, f in ctx.facts.items() if r not in culprits and f.died)
@@ -288,5 +317,7 @@ def crash(ctx: Context, found: list[Failure]) -> Finding | None:
         collective=ctx.collective(div) if div else None,
         refs=[f.ref for f in same if f.ref is not None][:MAX_REFS]
         + (ctx.call_refs(div) if div else []),
-        notes=[f"rank {f.rank} also failed: {short(f.message)}" for f in found if f not in same],
+        notes=story.notes
+        + [f"rank {f.rank} also failed: {short(f.message)}" for f in found if f not in same],
+        recipe=story.recipe,
     )

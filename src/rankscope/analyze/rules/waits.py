@@ -16,7 +16,7 @@ from rankscope.analyze.calls import done, opt, opt_int
 from rankscope.analyze.causes import ASKED_EXIT_FIX, UNEVEN_FIX, Cause
 from rankscope.analyze.context import Context, Where
 from rankscope.analyze.diagnosis import CollectiveInfo, who_of
-from rankscope.analyze.rules.failures import failure_cause
+from rankscope.analyze.rules.failures import crash_story, failure_cause
 from rankscope.analyze.rules.finding import Decided, Finding, rule
 from rankscope.analyze.rules.loops import fewer_calls, left_the_loop, thread_notes
 from rankscope.analyze.rules.mismatch import ran_out, took_a_branch
@@ -114,13 +114,18 @@ def _decide_root_cause(
                 return Decided(Cause.early_exit, asked, facts, recipe=None)
             return Decided(Cause.early_exit, exited, facts)
         fact = ctx.facts[first]
+        cause = failure_cause(text=fact.exception)
+        story = crash_story(cause, fact.exception, errors=ctx.ev.table("errors"), rank=first)
         return Decided(
-            failure_cause(text=fact.exception),
+            cause,
             exited,
             {
                 "error": short(fact.exception or f"exit code {fact.exit_code}"),
                 "culprit_site": where[first].site,
+                **story.facts,
             },
+            notes=story.notes,
+            recipe=story.recipe,
         )
     unrecorded = [r for r in roots if r not in ctx.evidence_ranks]
     if unrecorded and len(unrecorded) == len(roots):
