@@ -431,6 +431,8 @@ class Job:
             "capture_id": manifest["id"] if manifest else None,
             "evidence_complete_at": manifest["completed_at"] if manifest else time.time(),
             "missing": manifest["missing"] if manifest else [],
+            "late": manifest["late"] if manifest else [],
+            "capture_deadline_s": manifest["deadline_s"] if manifest else None,
             "ranks": snapshot,
         }
         self.stalls.append(stall)
