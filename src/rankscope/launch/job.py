@@ -395,6 +395,18 @@ class Job:
         }
         self.run.update_run(lambda d: d.__setitem__("ranks", ranks))  # type: ignore[union-attr]
 
+    def _busy_stall(self, kind: str) -> bool:
+        """A busy stall, or the no_progress one it became (not one that a rank that sleeps or
+        waits on a lock makes: it is not busy)."""
+        last = self.stalls[-1] if self.stalls else None
+        became = (
+            kind == "no_progress"
+            and last is not None
+            and last["kind"] == "busy"
+            and "cleared_at" not in last
+        )
+        return kind == "busy" or became
+
     def _on_clear(self, stalled_s: float) -> None:
         """Progress after a stall: the job runs again, and its last stall says when it cleared
         (a busy rank reached its collective: a straggler)."""
@@ -427,7 +439,7 @@ class Job:
             "detected_at": detected,
             "idle_s": idle_s,
             "proven": proven,
-            "summary": busy_text(snapshot) if kind in ("busy", "no_progress") else None,
+            "summary": busy_text(snapshot) if self._busy_stall(kind) else None,
             "capture_id": manifest["id"] if manifest else None,
             "evidence_complete_at": manifest["completed_at"] if manifest else time.time(),
             "missing": manifest["missing"] if manifest else [],
