@@ -182,7 +182,7 @@ def follow(args: argparse.Namespace, folder: Path) -> dict[str, float]:
         lock=lock,
         on_stall=lambda kind, idle, proven: stalls.append(time.time()),
         on_new_ranks=lambda: None,
-        set_state=lambda *a, **k: None,
+        on_clear=lambda stalled_s: None,
     )
     try:
         dog.start()

@@ -185,19 +185,26 @@ def test_the_waits_rule_names_a_rank_blocked_outside_and_its_fix():
     assert d.fix == found.facts["wait_fix"] and "Call collectives" not in d.fix
 
 
-def test_a_rank_out_of_a_loop_at_the_barrier_after_it_is_uneven_inputs():
-    """Rank 1 made 3 all_reduces at the loop's line, then went to the barrier after the loop,
-    while rank 0 makes its 4th: uneven inputs, not a rank-conditional barrier."""
+def test_fewer_calls_then_a_barrier_with_no_stacks_or_source_is_not_guessed():
+    """Rank 1 made 3 all_reduces at the loop's line, then a barrier, while rank 0 makes its
+    4th; no stacks and no source show where the barrier is: out of data (D9) and a branch inside
+    the loop (D21) both remain, and the diagnosis says so instead of picking one. The stall's
+    capture that would have shown it did not get rank 1's answer in time: said too."""
     rows = [call(0, s, site="train.py:9", pg_ranks="0,1") for s in range(1, 4)]
     rows += [call(0, 4, site="train.py:9", done=False, pg_ranks="0,1")]
     rows += [call(1, s, site="train.py:9", pg_ranks="0,1") for s in range(1, 4)]
     rows += [call(1, 4, op="barrier", site="train.py:12", done=False, pg_ranks="0,1")]
-    found = rules.mismatch(context(run_of(rows, exits={0: None, 1: None}, world=2)))
-    assert (found.cause, found.culprits) == ("uneven_inputs", [1])
-    assert (
-        found.facts["culprit_done"]
-        == "3 calls of all_reduce at train.py:9 where rank 0 is making its 4th"
-    )
+    stall = {"kind": "no_progress", "capture_id": 1, "missing": [1], "capture_deadline_s": 8.0}
+    run = run_of(rows, exits={0: None, 1: None}, world=2, info={"stalls": [stall]})
+    found = rules.mismatch(context(run))
+    assert (found.cause, found.culprits, found.recipe) == ("undetermined", [1], "the cause's")
+    unknown = found.facts["unknown"]
+    assert "3 calls of all_reduce at train.py:9 where rank 0 is making its 4th" in unknown
+    assert "rank 1 did not answer the stall's capture 1 within its deadline (8.0 s)" in unknown
+    d = diagnose(run)
+    assert (d.verdict, d.cause, d.recipe, d.culprit_ranks) == ("hang", "undetermined", None, [1])
+    assert "uneven inputs" not in d.summary and "(D9)" in d.fix and "(D21)" in d.fix
+    assert any("did not answer the stall's capture 1" in m for m in d.missing), d.missing
     # Where rank 0 makes its first call at a new line, the barrier is an extra call (D21).
     rows[3] = dict(rows[3], site="train.py:10")
     other = rules.mismatch(context(run_of(rows, exits={0: None, 1: None}, world=2)))

@@ -50,15 +50,26 @@ def test_the_timeout_counts_only_while_a_rank_waits():
     assert decide(look(waiting_since=100.0 - STALL - 0.1, **quiet)) == "no_progress"
 
 
-@pytest.mark.parametrize("idle", [STALL + 1, 5 * STALL, BUSY_LIMIT * STALL])
-def test_a_working_rank_outside_the_collectives_is_a_straggler(idle):
-    # the others wait for it in a collective, but it was seen working a moment ago
-    assert decide(look(progressed_at=100.0 - idle, busy_at=99.5)) is None
+@pytest.mark.parametrize("idle", [STALL + 0.1, 5 * STALL, BUSY_LIMIT * STALL])
+def test_a_working_rank_outside_the_collectives_is_a_busy_stall_at_the_timeout(idle):
+    # the others wait for it in a collective, but it was seen working a moment ago: it keeps
+    # them waiting (called) and may yet come (not no_progress, which a job may be stopped for)
+    assert decide(look(progressed_at=100.0 - idle, busy_at=99.5)) == "busy"
 
 
-def test_a_straggler_that_never_comes_counts_after_the_busy_limit():
+def test_a_working_rank_within_the_timeout_is_no_stall():
+    assert decide(look(progressed_at=100.0 - STALL + 0.1, busy_at=99.5)) is None
+
+
+def test_a_busy_rank_that_never_comes_is_no_progress_after_the_busy_limit():
     idle = BUSY_LIMIT * STALL + 0.1
     assert decide(look(progressed_at=100.0 - idle, busy_at=99.5)) == "no_progress"
+
+
+def test_a_busy_rank_that_stops_working_is_no_progress_after_the_timeout():
+    # it spun, then went to sleep outside the collectives: nothing works for the others
+    lk = look(progressed_at=100.0 - 2 * STALL, busy_at=100.0 - STALL - 0.1)
+    assert decide(lk) == "no_progress"
 
 
 def test_a_rank_that_sleeps_or_waits_on_a_lock_is_a_stall_after_the_timeout():

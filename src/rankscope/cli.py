@@ -376,6 +376,8 @@ def _print_stall(job: Job, stall: dict[str, Any], out: TextIO) -> None:
         if stall.get("proven")
         else f"no progress for {stall['idle_s']:.1f} s"
     )
+    if stall.get("summary"):  # a rank that works outside the collectives keeps them waiting
+        why += f", {stall['summary']}" + (" (it may yet come)" if stall["kind"] == "busy" else "")
     print(
         f"rankscope: STALL: {why} ({where}); evidence "
         f"capture-{stall['capture_id']} complete in {took:.2f} s"

@@ -663,6 +663,8 @@ class RankRecord:
     share one list while the members are the same, which a call compares by identity."""
     at: str | None = None
     """Where its main thread was at its last heartbeat, in the user's code: ``train.py:14``."""
+    at_file: str | None = None
+    """The same line's file as the rank named it (its source, read for the live view)."""
     fr: dict[str, list[int]] | None = None
     """Flight recorder per group: [last enqueued, last completed], from the heartbeat (from the
     end event once it ended, where that says it: ``fr_final``)."""
@@ -740,7 +742,9 @@ class RankRecord:
         if kind == "heartbeat":
             where = ev.get("at")
             if isinstance(where, list) and len(where) >= 2:
-                self.at = _site(where[0], as_int(where[1])) or self.at
+                site = _site(where[0], as_int(where[1]))
+                if site is not None:
+                    self.at, self.at_file = site, where[0]
             cpu = as_float(ev.get("cpu"))
             if cpu is not None and t is not None:
                 if self.cpu_at is not None and t > self.cpu_at[0]:

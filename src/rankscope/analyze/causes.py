@@ -70,6 +70,7 @@ class Cause(StrEnum):
     swallowed_errors = "swallowed_errors"
     straggler = "straggler"
     silent_rank = "silent_rank"
+    undetermined = "undetermined"
     stuck_collective = "stuck_collective"
     collective_timeout = "collective_timeout"
     env_contract_missing = "env_contract_missing"
@@ -335,6 +336,16 @@ ENTRIES: Mapping[Cause, Entry] = {
         "which left no record of its collectives",
         fix="Get that rank's evidence (flight-recorder dump, stacks, logs): it may have died or "
         "hung before its recorder started; keep the flight recorder on for every rank.",
+    ),
+    Cause.undetermined: Entry(
+        verdict="hang",
+        recipe=None,
+        title="the ranks parted, and the evidence does not show how",
+        reason="{culprits} called {culprit_op}{culprit_at} where {others} wait in "
+        "{other_op}{other_at} ({collective}); {unknown}",
+        fix="The causes that remain possible: {possible}. Capture the ranks' stacks again "
+        "(Job.capture, rankscope capture) while the job is still frozen, or run it again with "
+        "a longer stall timeout, to tell them apart.",
     ),
     Cause.stuck_collective: Entry(
         verdict="hang",

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
+from rankscope._values import as_float
 from rankscope.analyze import align
 from rankscope.analyze.calls import done, failed, opt
 from rankscope.analyze.diagnosis import CollectiveInfo, EvidenceRef, compact_ranks, who_of
@@ -231,6 +232,46 @@ class Phrasing:
             "text": f"{who} {verb} in {w.where()} for {who_of(waits_for)}",
         }
 
+    def capture_gaps(self) -> list[str]:
+        """What the stall captures asked for and did not get in time: ranks that did not
+        answer by the capture's deadline, and ranks that answered only after its unstretched
+        timeout (the load it measured stretched it)."""
+        notes = []
+        for stall in self.ev.stalls:
+            if not isinstance(stall, dict):
+                continue
+            cid = stall.get("capture_id")
+            deadline = as_float(stall.get("capture_deadline_s"))
+            within = f" within its deadline ({deadline:.1f} s)" if deadline is not None else ""
+            missing = _ranks_of(stall.get("missing"))
+            late = [r for r in _ranks_of(stall.get("late")) if r not in missing]
+            if missing:
+                notes.append(
+                    f"{who_of(missing)} did not answer the stall's capture {cid}{within}: "
+                    "what it shows of them is older, or from the job's end"
+                )
+            if late:
+                notes.append(
+                    f"{who_of(late)} answered the stall's capture {cid} late (the machine was "
+                    "loaded): its evidence is there"
+                )
+        return notes
+
+    def late_evidence(self, ranks: list[int]) -> str:
+        """``; rank 1 did not answer the stall's capture 1 within its deadline (4.0 s)``
+        where the last stall's capture missed any of ``ranks``; else nothing."""
+        stall = self.ev.stalls[-1] if self.ev.stalls else None
+        if not isinstance(stall, dict):
+            return ""
+        gone = [r for r in _ranks_of(stall.get("missing")) if r in ranks]
+        if not gone:
+            return ""
+        deadline = as_float(stall.get("capture_deadline_s"))
+        within = f" within its deadline ({deadline:.1f} s)" if deadline is not None else ""
+        return (
+            f"; {who_of(gone)} did not answer the stall's capture {stall.get('capture_id')}{within}"
+        )
+
     def unreadable(self) -> list[str]:
         problems = self.ev.table("problems")
         return [
@@ -272,6 +313,7 @@ class Phrasing:
                 f"writing again from {back or 'an unknown time'}): its calls and events of "
                 "that time are unknown"
             )
+        notes += self.capture_gaps()
         if self.untimed_nccl:
             notes.append(
                 f"{who_of(self.untimed_nccl)}: the flight recorder kept no start times (nccl "
@@ -357,3 +399,8 @@ class Phrasing:
             )
             break
         return notes
+
+
+def _ranks_of(value: Any) -> list[int]:
+    """The ranks of a list read from run.json (a file): ints only."""
+    return sorted(r for r in value if type(r) is int) if isinstance(value, list) else []

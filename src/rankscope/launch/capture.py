@@ -24,8 +24,32 @@ from rankscope.launch.procs import RankProc
 from rankscope.rundir import EventTail, RunDir, atomic_write_json
 
 PROBE_GRACE_S = 1.0
-"""How long a rank's probe thread gets to answer before the signal fallback is used."""
+"""How long a rank's probe thread gets to answer before the signal fallback is used (on a
+quiet machine: see :func:`load_factor`)."""
 PYSPY_TIMEOUT_S = 3.0
+#: The capture's waits stretch with the load it measures (:func:`load_factor`), at most this
+#: many times: a loaded machine answers late, not never, and a stall's evidence is worth
+#: seconds more; but a rank that does not answer must not hold the stop for ever.
+MAX_LOAD_FACTOR = 4.0
+
+
+def load_factor() -> float:
+    """How many times longer than on a quiet machine a rank may take to answer: the processes
+    that want a core now (``procs_running``, this one left out) or over the last minute (the
+    load average), per core; 1 on a machine with a core to spare, at most
+    :data:`MAX_LOAD_FACTOR`."""
+    cores = os.cpu_count() or 1
+    try:
+        recent = os.getloadavg()[0]
+    except OSError:
+        recent = 0.0
+    running = 0
+    with contextlib.suppress(OSError, ValueError), open("/proc/stat", "rb") as f:
+        for line in f:
+            if line.startswith(b"procs_running "):
+                running = int(line.split()[1]) - 1
+                break
+    return min(MAX_LOAD_FACTOR, max(1.0, max(recent, running) / cores))
 
 
 def _plain_env() -> dict[str, str]:
@@ -66,8 +90,15 @@ def capture_evidence(
     manifest. A rank on another SLURM node answers through the shared run directory; py-spy
     and the signal reach it through ``srun --overlap``.
 
-    Bounded by ``timeout_s``; ranks that did not answer are listed under ``missing``.
+    Bounded by ``timeout_s`` on a quiet machine, stretched by the load it measures
+    (:func:`load_factor`: the deadline and the probe's grace before the signal, at most
+    :data:`MAX_LOAD_FACTOR` times; the manifest's ``load_factor`` and ``deadline_s``). Ranks
+    that answered after ``timeout_s`` are listed under ``late`` (their evidence is there, it
+    took the stretch); ranks that did not answer by the deadline under ``missing``.
     """
+    factor = load_factor()
+    base_s, timeout_s = timeout_s, timeout_s * factor
+    grace_s = PROBE_GRACE_S * factor
     cid = next_capture_id(run)
     out = run.capture_dir(cid)
     out.mkdir(parents=True, exist_ok=True)
@@ -102,6 +133,7 @@ def capture_evidence(
             "alive": proc.alive() is not False,
             "via": None,
             "answered_at": None,
+            "answered_after_s": None,
             "files": [],
         }
         for r, proc in procs.items()
@@ -113,7 +145,10 @@ def capture_evidence(
             for ev in tails[rank].read():
                 if ev.get("ev") == "capture" and ev.get("id") == cid:
                     ranks[rank].update(
-                        via="probe", answered_at=ev.get("t"), files=list(ev.get("files") or [])
+                        via="probe",
+                        answered_at=ev.get("t"),
+                        files=list(ev.get("files") or []),
+                        answered_after_s=time.monotonic() - start,
                     )
             if ranks[rank]["via"] is None:
                 ranks[rank]["alive"] = procs[rank].alive() is not False
@@ -122,12 +157,17 @@ def capture_evidence(
             break
         elapsed = time.monotonic() - start
         for rank in waiting:
-            if rank not in signalled and elapsed > PROBE_GRACE_S:
+            if rank not in signalled and elapsed > grace_s:
                 if _probe_answering(run, rank, stack_offsets[rank], cid):
                     continue  # its stacks are written; its dumps take longer (first import)
                 signalled[rank] = _signal_stacks(run, rank, procs[rank], cid, reason)
             elif rank in signalled and time.monotonic() - signalled[rank] > 0.3:
-                ranks[rank].update(via="signal", answered_at=time.time(), files=["stacks.txt"])
+                ranks[rank].update(
+                    via="signal",
+                    answered_at=time.time(),
+                    files=["stacks.txt"],
+                    answered_after_s=time.monotonic() - start,
+                )
         time.sleep(0.02)
 
     for th in spy_threads:
@@ -154,7 +194,12 @@ def capture_evidence(
         "requested_at": t0,
         "completed_at": time.time(),
         "duration_s": time.monotonic() - start,
+        "load_factor": factor,
+        "deadline_s": timeout_s,
         "ranks": {str(r): info for r, info in sorted(ranks.items())},
+        "late": sorted(
+            r for r, info in ranks.items() if (info.get("answered_after_s") or 0.0) > base_s
+        ),
         "missing": sorted(r for r, info in ranks.items() if info["via"] is None),
     }
     atomic_write_json(out / "manifest.json", manifest)

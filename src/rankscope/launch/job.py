@@ -22,7 +22,7 @@ from rankscope.launch import slurm
 from rankscope.launch.capture import capture_evidence
 from rankscope.launch.procs import pid_alive, terminate
 from rankscope.launch.spec import JobSpec, free_port, launch_commands, launch_files
-from rankscope.launch.tracker import RankTracker, doing_now, exit_text
+from rankscope.launch.tracker import RankTracker, busy_text, doing_now, exit_text
 from rankscope.launch.watchdog import Watchdog
 from rankscope.rundir import (
     FINAL_STATES,
@@ -378,7 +378,7 @@ class Job:
             lock=self._lock,
             on_stall=self._on_stall,
             on_new_ranks=self._record_pids,
-            set_state=self._set_state,
+            on_clear=self._on_clear,
         ).start()
 
     def _record_pids(self) -> None:
@@ -395,12 +395,33 @@ class Job:
         }
         self.run.update_run(lambda d: d.__setitem__("ranks", ranks))  # type: ignore[union-attr]
 
-    def _set_state(self, state: str, *, only_from: str | None = None) -> None:
+    def _busy_stall(self, kind: str) -> bool:
+        """A busy stall, or the no_progress one it became (not one that a rank that sleeps or
+        waits on a lock makes: it is not busy)."""
+        last = self.stalls[-1] if self.stalls else None
+        became = (
+            kind == "no_progress"
+            and last is not None
+            and last["kind"] == "busy"
+            and "cleared_at" not in last
+        )
+        return kind == "busy" or became
+
+    def _on_clear(self, stalled_s: float) -> None:
+        """Progress after a stall: the job runs again, and its last stall says when it cleared
+        (a busy rank reached its collective: a straggler)."""
+        cleared = time.time()
+
         def change(d: dict[str, Any]) -> None:
-            if d["state"] in FINAL_STATES:
+            # ranks that end of a stop's SIGTERM move too: that clears nothing
+            if d["state"] in FINAL_STATES or d.get("stop_requested_at"):
                 return
-            if only_from is None or d["state"] == only_from:
-                d["state"] = state
+            if d.get("stalls"):
+                d["stalls"][-1].update(cleared_at=cleared, cleared_after_s=stalled_s)
+                if self.stalls:
+                    self.stalls[-1].update(cleared_at=cleared, cleared_after_s=stalled_s)
+            if d["state"] == "stalled":
+                d["state"] = "running"
 
         self.run.update_run(change)  # type: ignore[union-attr]
 
@@ -418,9 +439,12 @@ class Job:
             "detected_at": detected,
             "idle_s": idle_s,
             "proven": proven,
+            "summary": busy_text(snapshot) if self._busy_stall(kind) else None,
             "capture_id": manifest["id"] if manifest else None,
             "evidence_complete_at": manifest["completed_at"] if manifest else time.time(),
             "missing": manifest["missing"] if manifest else [],
+            "late": manifest["late"] if manifest else [],
+            "capture_deadline_s": manifest["deadline_s"] if manifest else None,
             "ranks": snapshot,
         }
         self.stalls.append(stall)
@@ -434,7 +458,9 @@ class Job:
         for callback in list(self.on_stall_callbacks):
             with contextlib.suppress(Exception):
                 callback(self, stall)
-        if self.spec.on_stall == "stop":
+        # A busy rank may yet come (a long step, a compile): it is stopped only once its stall
+        # has become no_progress (BUSY_LIMIT stall timeouts); see "What counts as a stall".
+        if self.spec.on_stall == "stop" and kind != "busy":
             self._stopper = threading.Thread(
                 target=self.stop,
                 kwargs={"reason": "stall"},

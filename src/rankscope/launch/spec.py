@@ -112,6 +112,10 @@ class JobSpec:
     startup_timeout_s: float = 60.0
     """Some rank not started after this long is a stall too (a launch or rendezvous hang)."""
     on_stall: OnStall = "keep"
+    """What a stall does to the job once its evidence is captured: ``keep`` it running, or
+    ``stop`` it. A ``busy`` stall (a rank running code outside the collectives while the others
+    wait) is never stopped for: the rank may yet come. It is stopped once that stall becomes
+    ``no_progress``, after ten stall timeouts (see "What counts as a stall" in the README)."""
     timeout_s: float | None = None
     """Hard limit for the whole job; it is stopped after this many seconds."""
     name: str | None = None

@@ -19,6 +19,7 @@ from typing import Any
 
 import psutil
 
+from rankscope._source import loop_at
 from rankscope.launch.procs import RankProc
 from rankscope.rundir import P2P_OPS, EventTail, RankRecord, RunDir
 from rankscope.waitfor import RankState
@@ -157,6 +158,38 @@ def waiting_text(waits: dict[str, Any], *, at: str | None) -> str:
     else:
         text += f", not completed, waiting for {_ranks(late)}" if late else ", not completed"
     return text + (f", waited at {at}" if at else "")
+
+
+def busy_text(snaps: list[dict[str, Any]]) -> str | None:
+    """The ranks that keep the others waiting while they run code outside every collective, in
+    words, from the ranks' snapshots: ``rank 2 busy in `while err > tol:` at train.py:10 for
+    6.0 s while ranks 0, 1 wait in all_reduce #7``. The loop is the innermost one around the
+    line its last heartbeat gave (just that line where no loop holds it, or the source cannot be
+    read). None when no rank waits or none runs outside."""
+    waiting = [s for s in snaps if s.get("status") == "waiting" and s.get("waiting")]
+    running = [s for s in snaps if s.get("status") == "running"]
+    if not waiting or not running:
+        return None
+    waited = max((s["waiting"].get("for_s") or 0.0) for s in waiting)
+    calls = sorted(
+        {f"{s['waiting']['op'] or 'a collective'} #{s['waiting']['seq']}" for s in waiting}
+    )
+    busy = [f"rank {s['rank']} busy{_busy_where(s)}" for s in running]
+    return (
+        f"{', '.join(busy)} for {waited:.1f} s while {_ranks([s['rank'] for s in waiting])} "
+        f"wait in {', '.join(calls)}"
+    )
+
+
+def _busy_where(snap: dict[str, Any]) -> str:
+    at, file = snap.get("at"), snap.get("at_file")
+    if not at:
+        return ""
+    name, _, line = at.rpartition(":")
+    loop = loop_at(file, int(line)) if file and line.isdigit() else None
+    if loop is None:
+        return f" at {at}"
+    return f" in `{loop[1]}` at {name}:{loop[0]}"
 
 
 def _ranks(ranks: list[int]) -> str:

@@ -5,9 +5,11 @@ where reading them costs: see ``LOOK_SHARE``) and hands each stall to the job.
 The rule, as the README's "What counts as a stall" tells it: no rank has completed a collective
 or marked a step for the stall timeout while at least one live rank waits inside a collective,
 counted once every rank has started; or some rank has not started after the startup timeout. A
-rank outside every collective whose main thread is working is a straggler, not a hang: only
-``BUSY_LIMIT`` stall timeouts of that count as a stall (a rank spinning in a loop it never
-leaves).
+rank outside every collective whose main thread is working keeps the others waiting without
+being stuck itself: that is a ``busy`` stall at the timeout (called, its evidence captured,
+shown), which progress clears (the rank was a straggler); ``BUSY_LIMIT`` stall timeouts of it
+are a ``no_progress`` stall (a rank spinning in a loop it never leaves), the one a job set to
+stop on a stall is stopped for.
 
 Beside the timeout, the prover (:func:`rankscope.waitfor.prove`): at every look that read new
 calls while a rank waits (while the ranks make progress, as often as ``PROVE_BUSY_SHARE`` of the
@@ -41,8 +43,9 @@ log = logging.getLogger(__name__)
 #: and the stall is still decided within a look of what the rule asks.
 POLL_S = 0.05
 LOOK_SHARE, LOOK_MAX_S = 0.1, 0.25
-#: How long a busy rank may keep the others waiting before it counts as a stall anyway, in
-#: multiples of the stall timeout.
+#: How long a busy rank may keep the others waiting before its ``busy`` stall becomes a
+#: ``no_progress`` one (the job is stopped for it where its owner asked), in multiples of the
+#: stall timeout.
 BUSY_LIMIT = 10.0
 #: CPU counters tick coarsely: whether a rank outside the collectives works is looked at this
 #: often.
@@ -80,7 +83,9 @@ class Look:
 
 
 def stall_decision(look: Look, *, stall_timeout_s: float, startup_timeout_s: float) -> str | None:
-    """``startup``, ``no_progress`` or None (not a stall) for what one look saw."""
+    """``startup``, ``no_progress``, ``busy`` (the ranks that wait have waited past the timeout
+    for a rank that works outside the collectives: it may yet come) or None (not a stall) for
+    what one look saw."""
     if look.ranks_up < look.world_size:
         return "startup" if look.now - look.launched_at > startup_timeout_s else None
     if not look.waiting:
@@ -91,14 +96,15 @@ def stall_decision(look: Look, *, stall_timeout_s: float, startup_timeout_s: flo
     if idle <= stall_timeout_s:
         return None
     quiet = look.now - max(look.busy_at, look.waiting_since) > stall_timeout_s
-    return "no_progress" if quiet or idle > BUSY_LIMIT * stall_timeout_s else None
+    return "no_progress" if quiet or idle > BUSY_LIMIT * stall_timeout_s else "busy"
 
 
 class Watchdog:
     """Follows a job's ranks until the job ends and calls ``on_stall(kind, idle_s, proven)``
-    once per stall (``proven``: the fact that proves a ``proven`` stall, else None);
-    ``set_state`` marks the job running again when progress resumes after one (not after a
-    proven one: what proved it cannot change)."""
+    once per stall (``proven``: the fact that proves a ``proven`` stall, else None), and once
+    more where a ``busy`` stall becomes a ``no_progress`` one; ``on_clear(stalled_s)`` when
+    progress resumes after one (not after a proven one: what proved it cannot change), with how
+    long after it was called."""
 
     def __init__(
         self,
@@ -111,12 +117,12 @@ class Watchdog:
         lock: threading.Lock,
         on_stall: Callable[[str, float, str | None], None],
         on_new_ranks: Callable[[], None],
-        set_state: Callable[..., None],
+        on_clear: Callable[[float], None],
     ):
         self.run, self.tracker, self.lock = run, tracker, lock
         self.world_size = world_size
         self.stall_timeout_s, self.startup_timeout_s = stall_timeout_s, startup_timeout_s
-        self.on_stall, self.on_new_ranks, self.set_state = on_stall, on_new_ranks, set_state
+        self.on_stall, self.on_new_ranks, self.on_clear = on_stall, on_new_ranks, on_clear
         self.closing = threading.Event()
         self.thread = threading.Thread(
             target=self._watch, name=f"rankscope-watchdog-{run.path.name}", daemon=True
@@ -131,6 +137,7 @@ class Watchdog:
         launched = busy_at = waiting_since = time.monotonic()
         next_cpu_look = 0.0
         stalled_at: float | None = None
+        stalled_kind: str | None = None
         for_good = False  # the stall was proven: it stays one
         known: set[int] = set()
         proved_upto = -1  # the tracker's changes at the prover's last look
@@ -181,11 +188,13 @@ class Watchdog:
             # do (async calls issued after the proof return at once, a step is marked).
             if stalled_at is not None and not for_good and tracker.progressed_at > stalled_at:
                 log.info("%s: progress again after the stall", run.path.name)
-                stalled_at = None
-                self.set_state("running", only_from="stalled")
+                self.on_clear(tracker.progressed_at - stalled_at)
+                stalled_at = stalled_kind = None
+            # A busy stall is looked at on: it clears, or stays busy, or becomes no_progress.
+            open_ = stalled_at is None or stalled_kind == "busy"
             if not waiting:
                 waiting_since = now
-            if waiting and stalled_at is None and now >= next_cpu_look:
+            if waiting and open_ and now >= next_cpu_look:
                 next_cpu_look = now + CPU_LOOK_S
                 if tracker.busy_outside_collectives():
                     busy_at = now
@@ -200,12 +209,14 @@ class Watchdog:
                 busy_at=busy_at,
             )
             kind = "proven" if proven else None
-            if kind is None and stalled_at is None and state in ("running", "stalled"):
+            if kind is None and open_ and state in ("running", "stalled"):
                 kind = stall_decision(
                     look,
                     stall_timeout_s=self.stall_timeout_s,
                     startup_timeout_s=self.startup_timeout_s,
                 )
+                if kind == stalled_kind:
+                    kind = None  # called already
             if kind is not None:
                 idle = now - tracker.progressed_at
                 log.warning(
@@ -215,7 +226,9 @@ class Watchdog:
                     idle,
                     f"; proven: {proven}" if proven else "",
                 )
-                stalled_at, for_good = now, kind == "proven"
+                if stalled_at is None:  # a busy stall that became no_progress keeps its start
+                    stalled_at = now
+                stalled_kind, for_good = kind, kind == "proven"
                 self.on_stall(kind, idle, proven)
             time.sleep(min(LOOK_MAX_S, max(POLL_S, read_cpu / LOOK_SHARE)))
 

@@ -15,7 +15,7 @@ import pandas as pd
 
 from rankscope.analyze import align
 from rankscope.analyze.calls import BARRIER_OPS, done, opt
-from rankscope.analyze.causes import Cause
+from rankscope.analyze.causes import CAUSES, Cause
 from rankscope.analyze.context import Context
 from rankscope.analyze.diagnosis import who_of
 from rankscope.analyze.rules.finding import Decided, Finding, rule
@@ -246,20 +246,49 @@ def _decide_ran_out(
     fewer = fewer_calls(ctx, culprits, norm.index[0], peers, current=True)
     if fewer is None:
         return None
+    if _off_the_main_thread(ctx, culprits, own):
+        return None  # their main thread made no call here: it left no loop
     left = left_the_loop(ctx, culprits, peers, norm.iloc[0], own)
     ended = set(str(own["op"]).split()) <= BARRIER_OPS
-    notes = []
     if left is None:
         if only_evidence or not ended:
             return None
-        notes.append(
-            "whether the culprits left the loop is inferred from their counts of calls alone: "
-            "no stacks or source show where they were"
+        # Fewer calls, then a barrier: out of data, or a branch that added a barrier inside
+        # the loop. Only where they were tells, and that did not arrive: no guess.
+        return undetermined(
+            culprits,
+            unknown=f"whether {who_of(culprits)} left the loop the others are in or took a "
+            f"branch inside it is not known: {fewer}, and no stacks or source show where "
+            f"{'it was' if len(culprits) == 1 else 'they were'}" + ctx.late_evidence(culprits),
+            possible=("uneven_inputs", "rank_conditional_collective"),
         )
-    elif not left:
+    if not left:
         return None
-    return ran_out(
-        culprits, done=fewer, went=f"went on to {own['op']}{at(culprit_site)}", notes=notes
+    return ran_out(culprits, done=fewer, went=f"went on to {own['op']}{at(culprit_site)}")
+
+
+def _off_the_main_thread(ctx: Context, culprits: list[int], own: pd.Series) -> bool:
+    """The culprits' call was made from a thread other than their main thread (as the probe
+    recorded it): the main thread that runs the loop did not leave it for this call."""
+    f = ctx.facts.get(culprits[0])
+    main = f.main_thread if f is not None else None
+    thread = opt(own["thread"]) if "thread" in own.index else None
+    return bool(main and thread and str(thread) != main)
+
+
+def undetermined(culprits: list[int], *, unknown: str, possible: Sequence[str]) -> Decided:
+    """``undetermined`` (named here alone): the evidence that tells the ``possible`` causes
+    (their names) apart did not arrive; ``unknown`` says what is not known and why."""
+    causes = [CAUSES[name] for name in possible]
+    return Decided(
+        Cause.undetermined,
+        culprits,
+        {
+            "unknown": unknown,
+            "possible": "; ".join(
+                f"{c.value}{f' ({c.recipe})' if c.recipe else ''}, {c.title}" for c in causes
+            ),
+        },
     )
 
 

@@ -3,6 +3,9 @@ It is also the one rule asked of a job whose every rank exited 0 (see the packag
 
 from __future__ import annotations
 
+from typing import Any
+
+from rankscope._values import as_float
 from rankscope.analyze import align
 from rankscope.analyze.causes import Cause
 from rankscope.analyze.context import Context
@@ -22,8 +25,7 @@ def straggler(ctx: Context) -> Finding | None:
     odd = d.rows[d.rows["rank"] == late]
     notes = []
     if ctx.ev.stalls:
-        idle = ctx.ev.stalls[0].get("idle_s", 0)
-        notes.append(f"the stall watchdog saw no progress for {idle:.1f} s, then the ranks went on")
+        notes.append(_stall_note(ctx.ev.stalls[0]))
     return Finding(
         cause=Cause.straggler,
         culprits=[late],
@@ -38,3 +40,18 @@ def straggler(ctx: Context) -> Finding | None:
         refs=ctx.call_refs(d),
         notes=notes,
     )
+
+
+def _stall_note(stall: dict[str, Any]) -> str:
+    """What the watchdog called before the ranks went on: a busy stall says who kept the others
+    waiting, where, and how long after the call it came."""
+    idle = as_float(stall.get("idle_s")) or 0.0
+    after = as_float(stall.get("cleared_after_s"))
+    came = f" {after:.1f} s after that" if after is not None else ""
+    summary = stall.get("summary")
+    if stall.get("kind") == "busy" and isinstance(summary, str):
+        return (
+            f"the stall watchdog called a busy stall after {idle:.1f} s ({summary}); the rank "
+            f"came{came}, and the ranks went on"
+        )
+    return f"the stall watchdog saw no progress for {idle:.1f} s, then the ranks went on{came}"
