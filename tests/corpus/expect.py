@@ -6,6 +6,7 @@ by its path).
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 from dataclasses import dataclass, field
@@ -48,6 +49,14 @@ class Case:
     def spec_settings(self) -> dict[str, Any]:
         """How this case's job runs: :data:`RUN` and the case's own settings."""
         return {**RUN, **self.run}
+
+    needs: list[str] = field(default_factory=list)
+    """Packages the script imports beyond torch (a framework: ``lightning``, ``transformers``,
+    ``accelerate``, ``deepspeed``); the case is skipped, naming them, where one is missing."""
+
+    def missing(self) -> list[str]:
+        """The packages of :attr:`needs` this interpreter cannot import."""
+        return [name for name in self.needs if importlib.util.find_spec(name) is None]
 
     first: dict[str, Any] | None = None
     """Where the ranks' paths first part: ``{"pg": name or desc, "seq": N}`` (and ``"kind":
