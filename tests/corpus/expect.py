@@ -54,6 +54,13 @@ class Case:
     """Packages the script imports beyond torch (a framework: ``lightning``, ``transformers``,
     ``accelerate``, ``deepspeed``); the case is skipped, naming them, where one is missing."""
 
+    @property
+    def framework(self) -> str:
+        """The framework the case runs under (``lightning``, ``transformers``: the Hugging Face
+        Trainer, ``deepspeed``, ``accelerate``), ``torch`` for a plain torch script."""
+        order = ("lightning", "transformers", "deepspeed", "accelerate")
+        return next((n for n in order if n in self.needs), "torch")
+
     def missing(self) -> list[str]:
         """The packages of :attr:`needs` this interpreter cannot import."""
         return [name for name in self.needs if importlib.util.find_spec(name) is None]
