@@ -124,6 +124,14 @@ def check(case: Case, d: Any) -> list[str]:
         wrong.append(f"the parting line has no value of {missing_values}")
     if case.first is not None:
         wrong.extend(_first_wrong(case.first, getattr(d, "first_divergence", None)))
+    if case.needs and case.site is not None and case.verdict == "hang":
+        # a framework's case: the culprits' call is named by the user's line that led into the
+        # framework, not by the framework's line that made the call
+        classes = (d.first_divergence or {}).get("classes", [])
+        own = [c for c in classes if set(c.get("ranks", [])) & set(d.culprit_ranks)]
+        named = [f"{c.get('via') or ''} {c.get('site') or ''}" for c in own]
+        if not any(case.line(case.site) in n for n in named):
+            wrong.append(f"the culprits' call at the first divergence is named {named}")
     if "?" in text.replace("could not read", ""):
         wrong.append("a '?' in the diagnosis")
     return wrong

@@ -484,7 +484,8 @@ def _via(c: PathClass, made: Sequence[PathClass]) -> str | None:
     file, _func, line = c.path[depth]
     if not is_user_file(file) and any(is_user_file(f[0]) for f in c.path):
         return None  # a library's line between: the user's frame leads the site (user_first)
-    return short_site(file, line)
+    via = short_site(file, line)
+    return None if c.site and c.site.split(" → ")[0] == via else via
 
 
 def _first_rank(c: int, classes: dict[int, list[int]], own: list[int], empty: list[int]) -> int:
