@@ -1,7 +1,7 @@
 """Hugging Face Trainer: a callback evaluates on the main process only. At the end of each
 epoch `if state.is_world_process_zero:` runs `trainer.evaluate()`, whose loss gathering is a
 collective; ranks 1-2 go on into the next epoch's training step (DDP's gradient all-reduce)."""
-# expect: {"ranks": 3, "verdict": "hang", "cause": "rank_conditional_collective", "recipe": "D21", "culprits": [0], "site": "evaluate", "parting": "decide", "needs": ["transformers", "accelerate"]}
+# expect: {"ranks": 3, "verdict": "hang", "cause": "rank_conditional_collective", "recipe": "D21", "culprits": [0], "site": "evaluate", "parting": "decide", "needs": ["transformers", "accelerate"], "run": {"startup_timeout_s": 300}}
 
 import tempfile
 

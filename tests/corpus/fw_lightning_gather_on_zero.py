@@ -1,7 +1,7 @@
 """Lightning: predictions gathered on the global zero only. The validation hook calls
 `self.all_gather` under `if self.trainer.is_global_zero:`: rank 0 goes into Lightning's
 all_gather while ranks 1-2 leave the hook and go on into the next training epoch."""
-# expect: {"ranks": 3, "verdict": "hang", "cause": "rank_conditional_collective", "recipe": "D21", "culprits": [0], "site": "gather", "parting": "decide", "needs": ["lightning"]}
+# expect: {"ranks": 3, "verdict": "hang", "cause": "rank_conditional_collective", "recipe": "D21", "culprits": [0], "site": "gather", "parting": "decide", "needs": ["lightning"], "run": {"startup_timeout_s": 300}}
 
 import os
 
