@@ -40,7 +40,7 @@ import pandas as pd
 from rankscope.analyze.activity import thread_frames
 from rankscope.analyze.diagnosis import compact_ranks, who_of
 from rankscope.collect import is_user_file, short_site
-from rankscope.rundir import without_machinery
+from rankscope.rundir import library_of, without_machinery
 
 #: A frame: (file, function, line).
 Frame = tuple[str, str, int]
@@ -237,11 +237,20 @@ def _decide_user_first(
             branch = _innermost_branch(file, _chain(_body_of(tree, func, line), line), longer, n)
             if branch is not None:
                 return branch, longer is cu, False
-        return _decide(c, o, same_pass=same_pass, diverged=diverged)
-    found = _decide(cu, ou, same_pass=same_pass, diverged=diverged)
-    return (
-        _decide(c, o, same_pass=same_pass, diverged=diverged) if isinstance(found, str) else found
-    )
+        found: tuple[_Decision, bool, bool] | str = (
+            f"no branch of the user's code leads into {short_site(file, line)}"
+        )
+    else:
+        found = _decide(cu, ou, same_pass=same_pass, diverged=diverged)
+    if not isinstance(found, str) or _in_framework(c, o):
+        return found  # not a framework's decision where the user's frames stand apart
+    return _decide(c, o, same_pass=same_pass, diverged=diverged)
+
+
+def _in_framework(*paths: list[Frame]) -> bool:
+    """Whether any frame of ``paths`` is an installed package's other than torch's (a
+    framework's: Lightning, transformers, accelerate, DeepSpeed)."""
+    return any(library_of(f[0]) not in (None, "torch") for path in paths for f in path)
 
 
 def _decide(
