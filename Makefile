@@ -25,7 +25,7 @@ $(STAMP): pyproject.toml setup.py $(PROBE_C) Makefile
 	$(PY) -m pip install -q $(TORCH) "setuptools>=70.1"
 	# Without build isolation the build sees this torch: the probe's tensor reader (_meta.cpp)
 	# is compiled against its headers (setup.py).
-	$(PY) -m pip install -q --no-build-isolation -e ".[dev,lab,deepspeed,docs]"
+	$(PY) -m pip install -q --no-build-isolation -e ".[dev,lab,deepspeed,frameworks,docs]"
 	# DeepSpeed compiles its CPU communication op on first use (a minute or more on 2 cores):
 	# once here, cached in ~/.cache/torch_extensions, rather than inside a job's time limit.
 	# torch waits without end on a build's lock file that a killed build left behind: one older

@@ -9,7 +9,9 @@ answer took: from the start of the job to the verdict (``to verdict``, stall tim
 and ``diagnose()`` alone, and how the stall was called (``proven`` at once, ``no_progress`` after
 the stall timeout, or none: the job ended on its own). Then the median time to verdict by that
 kind, the accuracy of each field over all cases, and a confusion table
-of causes. Target: every case right.
+of causes, and the cases right per framework (plain torch, Lightning, the Hugging Face Trainer,
+Accelerate, DeepSpeed: the corpus's framework cases, skipped, saying so, where one is not
+installed). Target: every case right.
 
 The catalogue's entries say what their broken run must give (``expected``); where an entry leaves
 a field open (null), the table shows what came out without scoring it. The corpus
@@ -69,10 +71,19 @@ class Row:
     diagnose_s: float
     stall: str
     """How the stall was called: its kind (``proven``, ``no_progress``, ...), or ``none``."""
+    framework: str = "torch"
+    """What the case runs under: ``torch`` (a plain script), ``lightning``, ``transformers``,
+    ``accelerate``, ``deepspeed``."""
 
 
 def run_case(
-    name: str, kind: str, spec: JobSpec, want: dict[str, Any], root: Path, check: Any
+    name: str,
+    kind: str,
+    spec: JobSpec,
+    want: dict[str, Any],
+    root: Path,
+    check: Any,
+    framework: str = "torch",
 ) -> Row:
     start = time.monotonic()
     job = Job(spec, runs_root=root).start()
@@ -98,7 +109,7 @@ def run_case(
     }
     stalls = job.info()["stalls"]
     stall = stalls[0]["kind"] if stalls else "none"
-    return Row(name, kind, want, got, check(d), done - start, done - t0, stall)
+    return Row(name, kind, want, got, check(d), done - start, done - t0, stall, framework)
 
 
 #: The fields of a row that must not change with the machine's load.
@@ -158,7 +169,7 @@ def _first(fd: dict[str, Any] | None) -> tuple[int, list[int]] | None:
     return (fd["seq"], fd["culprits"]) if fd else None
 
 
-def catalogue_cases(only: set[str]) -> list[tuple[str, JobSpec, dict[str, Any], Any]]:
+def catalogue_cases(only: set[str]) -> list[tuple[str, JobSpec, dict[str, Any], Any, str]]:
     out = []
     for s in catalogue():
         if only and s.id not in only:
@@ -177,15 +188,18 @@ def catalogue_cases(only: set[str]) -> list[tuple[str, JobSpec, dict[str, Any], 
             if s.expected.get("first_seq")
             else None,
         }
-        out.append((s.id, s.spec(on_stall="stop"), want, s.wrong))
+        out.append((s.id, s.spec(on_stall="stop"), want, s.wrong, "torch"))
     return out
 
 
-def corpus_cases(only: set[str]) -> list[tuple[str, JobSpec, dict[str, Any], Any]]:
+def corpus_cases(only: set[str]) -> list[tuple[str, JobSpec, dict[str, Any], Any, str]]:
     corpus = _corpus()
     out = []
     for c in corpus.cases():
         if only and c.name not in only:
+            continue
+        if c.missing():
+            print(f"skipped {c.name}: needs {', '.join(c.missing())}", file=sys.stderr)
             continue
         spec = JobSpec(
             script=str(c.path),
@@ -203,7 +217,7 @@ def corpus_cases(only: set[str]) -> list[tuple[str, JobSpec, dict[str, Any], Any
             "values": sorted(c.values) or None,
             "first": (c.first["seq"], c.culprits) if c.first else None,
         }
-        out.append((c.name, spec, want, lambda d, c=c: corpus.check(c, d)))
+        out.append((c.name, spec, want, lambda d, c=c: corpus.check(c, d), c.framework))
     return out
 
 
@@ -240,13 +254,13 @@ def main() -> None:
     rows: list[Row] = []
     same: dict[str, list[str]] = {}
     with tempfile.TemporaryDirectory(prefix="rankscope-accuracy-") as tmp:
-        for kind, name, spec, want, check in cases:
+        for kind, name, spec, want, check, framework in cases:
             quiet = quiet_rows.get(name)
             if loaded and quiet is None:
-                quiet = run_case(name, kind, spec, want, Path(tmp), check).got
+                quiet = run_case(name, kind, spec, want, Path(tmp), check, framework).got
             disk = Path(tmp) if args.slow_disk else None
             with load_beside(args.load, disk) if loaded else contextlib.nullcontext():
-                row = run_case(name, kind, spec, want, Path(tmp), check)
+                row = run_case(name, kind, spec, want, Path(tmp), check, framework)
             rows.append(row)
             if loaded:
                 same[name] = differs(quiet, row.got)
@@ -287,6 +301,15 @@ def main() -> None:
         )
     for field in ("verdict", "cause", "recipe", "culprits", "parting", "values", "first"):
         print(f"  {field:9} {score(rows, field)}")
+    frameworks = sorted({r.framework for r in rows}, key=lambda f: (f != "torch", f))
+    print(
+        "  by framework: "
+        + ", ".join(
+            f"{f} {sum(not r.wrong for r in rows if r.framework == f)}/"
+            f"{sum(r.framework == f for r in rows)}"
+            for f in frameworks
+        )
+    )
     times = sorted(r.to_verdict_s for r in rows)
     diag = sorted(r.diagnose_s for r in rows)
     if times:

@@ -353,3 +353,71 @@ def test_outside_any_loop_the_earlier_side_took_the_branch(tmp_path):
     )
     assert p is not None, why
     assert (p.kind, p.site, p.ranks_in, p.ranks_out) == ("if", f"train.py:{at('decide')}", [0], [1])
+
+
+def _framework(tmp_path):
+    """A user's script and the framework it calls, installed as a package (site-packages): the
+    framework's loop calls the user's hook, and makes collectives of its own."""
+    lib = tmp_path / "site-packages" / "fwlib"
+    lib.mkdir(parents=True)
+    loop = lib / "loop.py"
+    loop.write_text(
+        textwrap.dedent(
+            """
+            def fit(module, dist, world):
+                for epoch in range(3):
+                    module.on_epoch_end()  # hook
+                    if dist.is_initialized() and world > 1:  # lib-decide
+                        dist.broadcast(stop)  # lib-broadcast
+            """
+        ).lstrip()
+    )
+    f, at = _script(
+        tmp_path,
+        """
+        class Model:
+            def on_epoch_end(self):
+                if self.is_global_zero:  # decide
+                    self.all_gather(preds)  # gather
+        fit(Model(), dist, 3)  # fit
+        """,
+    )
+    lines = loop.read_text().splitlines()
+
+    def lib_at(tag: str) -> int:
+        return next(n for n, line in enumerate(lines, 1) if f"# {tag}" in line)
+
+    return f, at, str(loop), lib_at
+
+
+def test_the_user_s_branch_into_a_hook_not_the_framework_s_own_decision(tmp_path):
+    """Rank 0 went into the user's hook's ``if`` and gathers there; ranks 1-2 left the hook and
+    are in the framework's own broadcast, under its own ``if``: the user's frames of the two
+    sides do not stand at the same line, so the user's branch is the parting line."""
+    f, at, loop, lib_at = _framework(tmp_path)
+    fit = (f, "<module>", at("fit"))
+    p, why = find_parting(
+        *_sides(
+            {0: [fit, (loop, "fit", lib_at("hook")), (f, "on_epoch_end", at("gather"))]},
+            {r: [fit, (loop, "fit", lib_at("lib-broadcast"))] for r in (1, 2)},
+        ),
+        diverged=True,
+    )
+    assert p is not None, why
+    assert (p.site, p.source) == (f"train.py:{at('decide')}", "if self.is_global_zero:")
+    assert (p.ranks_in, p.ranks_out) == ([0], [1, 2])
+
+
+def test_the_framework_s_decision_where_the_user_s_frames_stand_at_the_same_line(tmp_path):
+    """Both sides entered the framework from the same user line and part inside it: the
+    framework's own branch is the decision."""
+    f, at, loop, lib_at = _framework(tmp_path)
+    fit = (f, "<module>", at("fit"))
+    p, why = find_parting(
+        *_sides(
+            {0: [fit, (loop, "fit", lib_at("lib-broadcast"))]},
+            {1: [fit, (loop, "fit", lib_at("hook"))]},
+        ),
+    )
+    assert p is not None, why
+    assert p.site == f"loop.py:{lib_at('lib-decide')}"

@@ -127,3 +127,17 @@ def test_a_send_to_a_rank_that_is_not_receiving_from_it_is_a_peer_mismatch():
     d = diagnose(run_of(rows, exits=dict.fromkeys(range(3))))
     assert (d.cause, d.culprit_ranks) == ("p2p_peer_mismatch", [1]), d.render()
     assert "peer 0" in d.reason and "named peer 2 before" in d.reason, d.reason
+
+
+def test_a_call_made_inside_a_library_is_named_by_the_user_s_line_first():
+    from rankscope.analyze.paths import user_first
+
+    user = ("/home/me/project/model.py", "on_validation_epoch_end", 29)
+    lib = ("/env/lib/python3.11/site-packages/lightning/fabric/utilities/distributed.py", "g", 247)
+    loop = ("/env/lib/python3.11/site-packages/lightning/pytorch/loops/loop.py", "run", 265)
+    script = ("/home/me/project/train.py", "<module>", 47)
+    assert user_first((script, loop, user, lib)) == "model.py:29 → distributed.py:247"
+    assert user_first((script, loop)) == "train.py:47 → loop.py:265"
+    assert user_first((script, user)) == "model.py:29"  # the user's own call: its site alone
+    assert user_first((loop, lib)) == "distributed.py:247"  # no frame of the user's
+    assert user_first((), "train.py:3") == "train.py:3"

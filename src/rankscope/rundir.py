@@ -45,6 +45,7 @@ import re
 import secrets
 import signal
 import struct
+import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -146,6 +147,52 @@ MACHINERY = (
     "/torch/distributed/c10d_logger.py",
     "/torch/utils/_contextlib.py",
 )
+
+_STDLIB = frozenset(getattr(sys, "stdlib_module_names", ()))
+_STDLIB_DIR = re.compile(r"/lib(?:64)?/python\d(?:\.\d+)?/")
+_INSTALLED = ("site-packages", "dist-packages")
+
+
+def is_user_file(path: str | None) -> bool:
+    """Whether a frame of ``path`` is the user's (the script, its own package, a notebook cell)
+    rather than a library's: torch, rankscope, the standard library, an installed package
+    (site-packages: Lightning, transformers, accelerate, DeepSpeed) or frozen bootstrap code.
+    The one test of it: the probe's paths, the stacks' ``is_user``, the call sites and the
+    parting line all read it here. Works on full paths (faulthandler, flight recorder) and on
+    py-spy's short ones (``threading.py``, ``torch/distributed/distributed_c10d.py``)."""
+    if not path:
+        return False
+    if path.startswith("<"):
+        return not path.startswith("<frozen")
+    norm = path.replace("\\", "/")
+    if "rankscope/scenarios/scripts/" in norm:
+        return True  # the scenarios are user scripts that happen to ship with rankscope
+    parts = norm.split("/")
+    if {*_INSTALLED, "torch", "rankscope"} & set(parts):
+        return False
+    if _STDLIB_DIR.search(norm):
+        return False
+    if "/" not in norm:  # py-spy's short name of a top-level module: threading.py
+        return norm.removesuffix(".py") not in _STDLIB
+    return parts[0] not in _STDLIB  # "importlib/__init__.py"; "" for an absolute path
+
+
+def library_of(path: str | None) -> str | None:
+    """The installed package a library frame of ``path`` belongs to (``lightning``,
+    ``transformers``, ``torch``), None for the user's frames and where the path does not say
+    (the standard library, frozen code)."""
+    if not path or is_user_file(path):
+        return None
+    parts = path.replace("\\", "/").split("/")
+    for i, part in enumerate(parts[:-1]):
+        if part in _INSTALLED:
+            name = parts[i + 1]
+            return name.removesuffix(".py") or None
+    for name in ("torch", "rankscope"):
+        if name in parts[:-1]:
+            return name
+    return None
+
 
 #: A call's path keeps its innermost ``PATH_DEPTH`` frames (after MACHINERY is left out); a
 #: ``path`` line's ``cut`` says how many outer ones a deeper path lost.

@@ -6,6 +6,7 @@ by its path).
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 from dataclasses import dataclass, field
@@ -48,6 +49,21 @@ class Case:
     def spec_settings(self) -> dict[str, Any]:
         """How this case's job runs: :data:`RUN` and the case's own settings."""
         return {**RUN, **self.run}
+
+    needs: list[str] = field(default_factory=list)
+    """Packages the script imports beyond torch (a framework: ``lightning``, ``transformers``,
+    ``accelerate``, ``deepspeed``); the case is skipped, naming them, where one is missing."""
+
+    @property
+    def framework(self) -> str:
+        """The framework the case runs under (``lightning``, ``transformers``: the Hugging Face
+        Trainer, ``deepspeed``, ``accelerate``), ``torch`` for a plain torch script."""
+        order = ("lightning", "transformers", "deepspeed", "accelerate")
+        return next((n for n in order if n in self.needs), "torch")
+
+    def missing(self) -> list[str]:
+        """The packages of :attr:`needs` this interpreter cannot import."""
+        return [name for name in self.needs if importlib.util.find_spec(name) is None]
 
     first: dict[str, Any] | None = None
     """Where the ranks' paths first part: ``{"pg": name or desc, "seq": N}`` (and ``"kind":
@@ -108,6 +124,14 @@ def check(case: Case, d: Any) -> list[str]:
         wrong.append(f"the parting line has no value of {missing_values}")
     if case.first is not None:
         wrong.extend(_first_wrong(case.first, getattr(d, "first_divergence", None)))
+    if case.needs and case.site is not None and case.verdict == "hang":
+        # a framework's case: the culprits' call is named by the user's line that led into the
+        # framework, not by the framework's line that made the call
+        classes = (d.first_divergence or {}).get("classes", [])
+        own = [c for c in classes if set(c.get("ranks", [])) & set(d.culprit_ranks)]
+        named = [f"{c.get('via') or ''} {c.get('site') or ''}" for c in own]
+        if not any(case.line(case.site) in n for n in named):
+            wrong.append(f"the culprits' call at the first divergence is named {named}")
     if "?" in text.replace("could not read", ""):
         wrong.append("a '?' in the diagnosis")
     return wrong

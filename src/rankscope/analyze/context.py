@@ -102,7 +102,10 @@ class Context(Phrasing):
 
     @cached_property
     def probe_calls(self) -> pd.DataFrame:
-        return calls_from_probe(self.ev.table("collectives"), self.call_paths.codes)
+        calls = calls_from_probe(self.ev.table("collectives"), self.call_paths.codes)
+        if not calls.empty:  # the user's line first where a library made the call
+            calls["site"] = self.call_paths.user_sites(calls["path"].to_numpy(), calls["site"])
+        return calls
 
     @cached_property
     def calls(self) -> pd.DataFrame:

@@ -40,7 +40,7 @@ import pandas as pd
 from rankscope.analyze.activity import thread_frames
 from rankscope.analyze.diagnosis import compact_ranks, who_of
 from rankscope.collect import is_user_file, short_site
-from rankscope.rundir import without_machinery
+from rankscope.rundir import library_of, without_machinery
 
 #: A frame: (file, function, line).
 Frame = tuple[str, str, int]
@@ -180,7 +180,7 @@ def find_parting(
     if c_rank is None or o_rank is None:
         which = "culprits" if c_rank is None else "other ranks"
         return None, f"no stacks of the {which} were captured"
-    found = _decide(paths[c_rank], paths[o_rank], same_pass=same_pass, diverged=diverged)
+    found = _decide_user_first(paths[c_rank], paths[o_rank], same_pass=same_pass, diverged=diverged)
     if isinstance(found, str):
         return None, found
     decision, culprit_in, arms = found
@@ -213,6 +213,44 @@ class _Decision:
     kind: str
     into: str
     names: list[str]
+
+
+def _decide_user_first(
+    c: list[Frame], o: list[Frame], *, same_pass: bool = False, diverged: bool = False
+) -> tuple[_Decision, bool, bool] | str:
+    """:func:`_decide` on the user's frames of the two paths first: between the user's hook and
+    the collective lie a framework's frames (Lightning's loops, the Trainer's callbacks), and
+    a decision inside the framework is the parting line only where the user's frames of both
+    sides stand at the same lines. Where one side's user frames go further than the other's
+    (rank 0 inside the user's hook, the others past it), the decision is the branch in the
+    first of the further frames that led it there."""
+    cu = [f for f in c if is_user_file(f[0])]
+    ou = [f for f in o if is_user_file(f[0])]
+    if cu == ou or not cu or not ou or (cu == c and ou == o):
+        return _decide(c, o, same_pass=same_pass, diverged=diverged)
+    n = min(len(cu), len(ou))
+    if cu[:n] == ou[:n]:  # one side's user frames go further: the branch that led it on
+        longer = cu if len(cu) > n else ou
+        file, func, line = longer[n]
+        tree = _tree(file)
+        if tree is not None:
+            branch = _innermost_branch(file, _chain(_body_of(tree, func, line), line), longer, n)
+            if branch is not None:
+                return branch, longer is cu, False
+        found: tuple[_Decision, bool, bool] | str = (
+            f"no branch of the user's code leads into {short_site(file, line)}"
+        )
+    else:
+        found = _decide(cu, ou, same_pass=same_pass, diverged=diverged)
+    if not isinstance(found, str) or _in_framework(c, o):
+        return found  # not a framework's decision where the user's frames stand apart
+    return _decide(c, o, same_pass=same_pass, diverged=diverged)
+
+
+def _in_framework(*paths: list[Frame]) -> bool:
+    """Whether any frame of ``paths`` is an installed package's other than torch's (a
+    framework's: Lightning, transformers, accelerate, DeepSpeed)."""
+    return any(library_of(f[0]) not in (None, "torch") for path in paths for f in path)
 
 
 def _decide(

@@ -40,6 +40,7 @@ import pandas as pd
 from rankscope.analyze.calls import opt
 from rankscope.analyze.diagnosis import who_of
 from rankscope.collect import short_site
+from rankscope.rundir import is_user_file
 
 #: A frame: (file, function, line).
 Frame = tuple[str, str, int]
@@ -115,6 +116,19 @@ class CallPaths:
         """The frames of a path code, outermost first; none for -1."""
         return self.frames[code] if 0 <= code < len(self.frames) else ()
 
+    def user_sites(self, codes: np.ndarray, sites: pd.Series) -> pd.Series:
+        """The call sites ``sites`` (``file.py:N``, one per code of ``codes``) with the user's
+        frame first where the call was made inside a library: ``model.py:26 → distributed.py:247``
+        (:func:`user_first`). One look-up per distinct (code, site)."""
+        if not len(sites):
+            return sites
+        keys = pd.MultiIndex.from_arrays([codes, sites.astype(object).fillna("")])
+        inverse, uniques = pd.factorize(keys)
+        out = np.array([user_first(self.of(int(c)), s or None) for c, s in uniques], dtype=object)[
+            inverse
+        ]
+        return pd.Series(out, index=sites.index, dtype="string")
+
 
 def _frames_of_text(text: Any) -> tuple[Frame, ...] | None:
     """The frames of a recorder entry's ``path`` (JSON ``[[file, func, line], ...]``)."""
@@ -149,6 +163,11 @@ class PathClass:
     via: str | None = None
     """``file.py:N``: this class's frame where the classes' paths first differ (the line that
     led into the call), where that is not the call's own site."""
+
+    def __post_init__(self) -> None:
+        if self.site is None and self.op is not None and self.path:
+            # a recorder entry whose site was not read: its path's, the user's frame first
+            object.__setattr__(self, "site", user_first(self.path))
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -463,7 +482,10 @@ def _via(c: PathClass, made: Sequence[PathClass]) -> str | None:
     if depth >= len(c.path) - 1:
         return None
     file, _func, line = c.path[depth]
-    return short_site(file, line)
+    if not is_user_file(file) and any(is_user_file(f[0]) for f in c.path):
+        return None  # a library's line between: the user's frame leads the site (user_first)
+    via = short_site(file, line)
+    return None if c.site and c.site.split(" → ")[0] == via else via
 
 
 def _first_rank(c: int, classes: dict[int, list[int]], own: list[int], empty: list[int]) -> int:
@@ -677,6 +699,22 @@ def describe(d: FirstDivergence) -> str:
         f"{who_of(own.ranks)} {doing(own)} at {where}{step} on group {d.pg}, where "
         f"{who_of(other.ranks)} {doing(other)}"
     )
+
+
+def user_first(path: Sequence[Frame], site: str | None = None) -> str | None:
+    """A call's site as the card names it: where its innermost frame (``site``, by default the
+    path's) is a library's (Lightning, transformers, accelerate, torch) and the path holds a
+    frame of the user's, the innermost of those leading into it, ``model.py:26 →
+    distributed.py:247``; else the site itself. A call the framework makes by itself keeps its
+    own site after the user's line that entered the framework (``train.py:40 →
+    training_epoch_loop.py:265``)."""
+    site = site or path_site(path)
+    if not path or is_user_file(path[-1][0]):
+        return site
+    user = next((f for f in reversed(path) if is_user_file(f[0])), None)
+    if user is None:
+        return site
+    return f"{short_site(user[0], user[2])} → {site}" if site else short_site(user[0], user[2])
 
 
 def path_site(path: Sequence[Frame]) -> str | None:

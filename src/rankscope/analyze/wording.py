@@ -334,6 +334,14 @@ class Phrasing:
                 else "its last calls (up to half a second of them) may be missing: it has no "
                 "ring file"
             )
+            if f.stack_reason == "SIGTERM":
+                # a SIGTERM handler of the script's or its framework's (Lightning's) took the
+                # stop's signal and the process lived on until the SIGKILL
+                return (
+                    "it outlived its SIGTERM (a handler of its own or of its framework took the "
+                    "signal) and was killed by SIGKILL: its stacks and flight-recorder dump are "
+                    f"from the SIGTERM; {kept}"
+                )
             return (
                 "no stacks or flight-recorder dump from its last moment: a process killed by "
                 f"SIGKILL cannot write them; {kept}"

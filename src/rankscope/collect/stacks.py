@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import linecache
 import re
-import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,6 +26,7 @@ from rankscope.collect._common import (
     read_bytes,
     split_lines,
 )
+from rankscope.rundir import is_user_file
 
 READER = "stacks"
 
@@ -50,8 +50,6 @@ _SPY_THREAD = re.compile(r'Thread (?P<tid>\S+) \((?P<status>[^)]*)\)(?:: "(?P<na
 _SPY_FRAME = re.compile(r"    (?P<func>\S.*?) \((?P<file>[^()]*?)(?::(?P<line>\d+))?\)\s*$")
 #: py-spy --json: a list of thread objects (or one object).
 _JSON_DUMP = re.compile(rb"\[\s*[{\]]|\{")
-_STDLIB = frozenset(getattr(sys, "stdlib_module_names", ()))
-_STDLIB_DIR = re.compile(r"/lib(?:64)?/python\d(?:\.\d+)?/")
 
 
 @dataclass
@@ -69,27 +67,6 @@ class _Capture:
     t_s: float | None
     reason: str | None = None
     threads: list[_Thread] = field(default_factory=list)
-
-
-def is_user_file(path: str | None) -> bool:
-    """A frame is the user's unless it is in torch, rankscope, the standard library,
-    site-packages or frozen bootstrap code. Works on full paths (faulthandler, flight recorder)
-    and on py-spy's short ones (``threading.py``, ``torch/distributed/distributed_c10d.py``)."""
-    if not path:
-        return False
-    if path.startswith("<"):
-        return not path.startswith("<frozen")
-    norm = path.replace("\\", "/")
-    if "rankscope/scenarios/scripts/" in norm:
-        return True  # the scenarios are user scripts that happen to ship with rankscope
-    parts = norm.split("/")
-    if {"site-packages", "dist-packages", "torch", "rankscope"} & set(parts):
-        return False
-    if _STDLIB_DIR.search(norm):
-        return False
-    if "/" not in norm:  # py-spy's short name of a top-level module: threading.py
-        return norm.removesuffix(".py") not in _STDLIB
-    return parts[0] not in _STDLIB  # "importlib/__init__.py"; "" for an absolute path
 
 
 def _in_torch_distributed(frame: dict[str, Any]) -> bool:

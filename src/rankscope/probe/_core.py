@@ -515,8 +515,11 @@ class Probe:
 
     # --- teardown ---------------------------------------------------------------------------
     def _catch_teardown(self) -> None:
-        """Make a SIGTERM a capture. Only where the script leaves SIGTERM to its default (it
-        kills the process) and from the main thread, where Python lets handlers be set.
+        """Make a SIGTERM a capture, from the main thread, where Python lets handlers be set.
+        Where SIGTERM is left to its default (it kills the process) the probe's handler
+        captures and ends the rank; where the script or its framework handles it (Lightning
+        does, before or after the probe), that handler decides what happens and the capture is
+        still taken, by the watcher thread below.
 
         Python runs a signal's handler in the main thread between bytecodes, which a main
         thread blocked in a C++ collective never reaches; but its C-level handler writes the
@@ -525,9 +528,10 @@ class Probe:
         left alone and only the Python handler catches the signal."""
         if threading.current_thread() is not threading.main_thread():
             return
-        if signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, None):
-            return
-        signal.signal(signal.SIGTERM, self._on_signal)
+        if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
+            signal.signal(signal.SIGTERM, self._on_signal)
+        # else a handler set before the probe (a framework's): it decides, and the watcher
+        # below still captures at the signal, as where a framework takes SIGTERM over later
         read, write = os.pipe()
         os.set_blocking(write, False)
         try:
