@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 from rankscope.launch import PRESETS, Job, JobSpec
 from rankscope.launch.job import state_text
 from rankscope.launch.spec import DEFAULT_PRESETS, LAUNCHERS
-from rankscope.launch.tracker import doing_now, exit_text
+from rankscope.launch.tracker import doing_now
 from rankscope.rundir import FINAL_STATES, REPRO, RunDirError, new_run_dir
 
 if TYPE_CHECKING:
@@ -457,11 +457,11 @@ def format_rank(r: dict[str, Any]) -> str:
     last = f"  (last completed {r['last_done']})" if r.get("last_done") else ""
     if r.get("unfinished"):
         last += f"  (ended with {', '.join(r['unfinished'])} never completed)"
-    code = exit_text(r.get("exit_code"))
+    end = r.get("end")
     return (
         f"  rank {r['rank']:>3}{node}  pid {r['pid'] or '-':>7}  {r['status']:<8} "
         f"done {r['done']:>5}  step {step:>5}  {now}{last}"
-        + (f"  exit {code}" if code else "")
+        + (f"  {end}" if end else "")
         + ("" if hb is None else f"  hb {hb:.1f}s")
     )
 
@@ -637,7 +637,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"run": info, "ranks": ranks}, indent=1, default=str))
         return 0
-    print(f"{_rel(job.run.path)}: {state_text(info)}")
+    print(f"{_rel(job.run.path)}: {state_text(info, ranks)}")
     for r in ranks:
         print(format_rank(r))
     return 0

@@ -43,7 +43,6 @@ import json
 import os
 import re
 import secrets
-import signal
 import struct
 import tempfile
 from collections.abc import Callable, Iterator
@@ -572,16 +571,6 @@ def torchrun_failures(text: str) -> dict[int, int]:
     return {int(m["rank"]): int(m["code"]) for m in _FAILURE_BLOCK.finditer(text)}
 
 
-def signal_name(code: int | None) -> str | None:
-    """``SIGKILL`` for an exit code of -9 (a process ended by a signal), else None."""
-    if code is None or code >= 0:
-        return None
-    try:
-        return signal.Signals(-code).name
-    except ValueError:
-        return f"signal {-code}"
-
-
 @dataclasses.dataclass
 class RankRecord:
     """What one rank is, did and how it ended, folded from its probe events in order.
@@ -602,7 +591,9 @@ class RankRecord:
     main_thread: str | None = None
     """The main thread's ident as faulthandler prints it (``0x00007f...``)."""
     done: int = 0
-    """Collectives it returned from."""
+    """Collectives it completed: a blocking call returned from without an error, an async one
+    once the backend completed it (not failed); process-group management (:data:`MANAGEMENT_OPS`)
+    left out. The one count every view shows (see :mod:`rankscope.state`)."""
     step: int | None = None
     op: str | None = None
     """Its latest collective: op, group, number on the group, call site (``train.py:12``)."""
@@ -649,7 +640,8 @@ class RankRecord:
     _async: dict[int, list[Any]] = dataclasses.field(default_factory=dict, repr=False)
     """Async calls entered, not yet returned from (their facts, for ``issued``)."""
     _completed: dict[int, bool] = dataclasses.field(default_factory=dict, repr=False)
-    """Async calls whose done event came before their exit line."""
+    """Async calls whose done event came before their exit line: True where it completed,
+    False where it failed."""
     _facts: dict[int, tuple[Any, ...]] = dataclasses.field(default_factory=dict, repr=False)
     """Its facts lines by id, as :func:`_call_facts` reads them (the latest, see
     :func:`keep_facts`)."""
@@ -758,9 +750,10 @@ class RankRecord:
                     continue
                 call = self.issued.pop(cid, None)
                 if call is None:
-                    self._completed[cid] = True  # its exit line is still to come
+                    self._completed[cid] = cid not in failed  # its exit line is still to come
                 elif cid not in failed:  # not failed (a group aborted under it)
                     self.last_done = f"{call[0]} (group {call[1]} #{call[2]})"
+                    self.done += 1
             if len(self._completed) > 1024:
                 self._completed.clear()
             return True
@@ -839,18 +832,24 @@ class RankRecord:
 
     def _exit(self, ev: dict[str, Any]) -> None:
         """A call returned (its exit line, or its call line after :meth:`_enter`)."""
-        self.done += 1
         self.in_collective_since = None
         call = cid = None
         if self._async:  # an async call entered, not returned from yet
             cid = as_int(ev.get("id"))
             call = self._async.pop(cid, None) if cid is not None else None
-        if call is not None and ev.get("ok") is not False:
+        ok = ev.get("ok") is not False
+        if call is not None and ok:
             # It returned its Work: in flight until its done event (which may come first).
-            if not self._completed.pop(cid, False):
+            completed = self._completed.pop(cid, None)
+            if completed is None:
                 self.issued[cid] = call
-        elif self.op is not None:
-            self.last_done = f"{self.op} (group {self.pg} #{self.seq})"
+            elif completed and call[0] not in MANAGEMENT_OPS:
+                self.done += 1
+                self.last_done = f"{call[0]} (group {call[1]} #{call[2]})"
+        elif ok and self.op not in MANAGEMENT_OPS:
+            self.done += 1
+            if self.op is not None:
+                self.last_done = f"{self.op} (group {self.pg} #{self.seq})"
 
     def uncompleted(self) -> list[str]:
         """``all_reduce (group 0 #5)`` for each call returned from that the backend has not

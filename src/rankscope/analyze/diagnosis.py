@@ -26,6 +26,7 @@ from rankscope.analyze.causes import CAUSES, Verdict
 if TYPE_CHECKING:
     from rankscope.analyze.context import Context
 from rankscope.rundir import RunDir, atomic_write_json
+from rankscope.state import compact_ranks
 
 #: Version of the JSON layout written to diagnosis.json.
 FORMAT = 1
@@ -337,19 +338,6 @@ def who_of(ranks: Iterable[int], empty: str = "no rank") -> str:
     if not ranks:
         return empty
     return ("rank " if len(ranks) == 1 else "ranks ") + compact_ranks(ranks)
-
-
-def compact_ranks(ranks: Iterable[int]) -> str:
-    """``0-3, 5, 7-9``: sorted ranks with runs collapsed."""
-    ranks = sorted(set(ranks))
-    parts = []
-    start = 0
-    for i in range(1, len(ranks) + 1):
-        if i == len(ranks) or ranks[i] != ranks[i - 1] + 1:
-            first, last = ranks[start], ranks[i - 1]
-            parts.append(str(first) if first == last else f"{first}-{last}")
-            start = i
-    return ", ".join(parts)
 
 
 def write_diagnosis(run_dir: str | os.PathLike[str] | RunDir, diagnosis: Diagnosis) -> Path:

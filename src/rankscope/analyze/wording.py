@@ -108,6 +108,9 @@ class Phrasing:
             op[int(r)] = str(o)
             site[int(r)] = opt(s)
             state[int(r)] = "failed" if broke else ("completed" if fine else "waiting")
+            died = (self.facts.get(int(r)) or RankFacts(rank=int(r))).died
+            if state[int(r)] == "waiting" and died:  # not waiting now: it ended in it
+                state[int(r)] = f"in it at its end ({died})"
         absent = dict(absent or {})
         unknown = [r for r in ranks if r not in state and r not in absent]
         absent.update(self.whereabouts(r for r in unknown if r in self.evidence_ranks))
