@@ -920,14 +920,70 @@ def _pair(value: Any) -> bool:
 
 
 def rank_records(run: RunDir) -> dict[int, RankRecord]:
-    """Every rank's record, from its whole ``events.jsonl``."""
+    """Every rank's record, from its whole ``events.jsonl`` (and its ring, for a rank that
+    left no end event: :func:`whole_record`)."""
     table: dict[int, RankRecord] = {}
     for rank in run.rank_ids():
-        record = RankRecord(rank=rank)
-        seen = False
-        for ev in EventTail(run.events(rank)).read():
-            record.apply(ev)
-            seen = True
-        if seen:
+        record = whole_record(run, rank)
+        if record is not None:
             table[rank] = record
     return table
+
+
+def whole_record(run: RunDir, rank: int) -> RankRecord | None:
+    """A rank's record from its whole ``events.jsonl`` and, where it left no end event (killed,
+    aborted), the calls its last process's ring file holds that the events file does not (the
+    probe writes the file in batches; the ring at every call): what a dead rank completed is
+    counted as the ranks table counts it. None for a rank with no events."""
+    record = RankRecord(rank=rank)
+    entered: set[int] = set()
+    exited: set[int] = set()
+    seen = False
+    for ev in EventTail(run.events(rank)).read():
+        record.apply(ev)
+        seen = True
+        kind, cid = ev.get("ev"), ev.get("id")
+        if kind == "start":  # a new process: its calls are numbered from 1 again
+            entered.clear()
+            exited.clear()
+        elif type(cid) is int:
+            if kind in ("enter", "call"):
+                entered.add(cid)
+            if kind in ("exit", "call"):
+                exited.add(cid)
+    if not seen:
+        return None
+    if not record.ended and record.pid is not None:
+        for ev in ring_lines(run.ring(rank, record.pid), entered=entered, exited=exited):
+            record.apply(ev)
+    return record
+
+
+def ring_lines(path: Path, *, entered: set[int], exited: set[int]) -> list[dict[str, Any]]:
+    """The calls a ring file holds, as the probe's ``enter`` and ``exit`` lines, but for those
+    ``entered`` and ``exited`` say the events file has; none for a file that is missing or not
+    a ring of this version (the collectors report those)."""
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return []
+    if len(data) < RING_HEADER.size or data[:8] != RING_MAGIC:
+        return []
+    _, version, slot_size, nslots, *_ = RING_HEADER.unpack_from(data)
+    if version != RING_VERSION or slot_size != RING_SLOT.size:
+        return []
+    whole = min(nslots, (len(data) - RING_HEADER.size) // RING_SLOT.size)
+    slots = sorted(
+        slot
+        for slot in (
+            RING_SLOT.unpack_from(data, RING_HEADER.size + i * RING_SLOT.size) for i in range(whole)
+        )
+        if slot[0]
+    )
+    out: list[dict[str, Any]] = []
+    for cid, seq, t, t_end, fid, state, tid in slots:
+        if cid not in entered:
+            out.append({"ev": "enter", "id": cid, "seq": seq, "tid": tid, "facts": fid, "t": t})
+        if state != 0 and cid not in exited:
+            out.append({"ev": "exit", "id": cid, "seq": seq, "ok": state == 1, "t": t_end})
+    return out

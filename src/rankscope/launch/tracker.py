@@ -21,7 +21,7 @@ import psutil
 from rankscope import state
 from rankscope._values import as_int
 from rankscope.launch.procs import RankProc
-from rankscope.rundir import P2P_OPS, EventTail, RankRecord, RunDir
+from rankscope.rundir import P2P_OPS, EventTail, RankRecord, RunDir, whole_record
 from rankscope.state import RankEnd
 from rankscope.waitfor import RankState
 
@@ -270,6 +270,7 @@ class RankTracker:
         #: Events read so far that change what a rank called or waits in (all but heartbeats):
         #: the prover's facts changed since a look that saw fewer.
         self.changes = 0
+        self._wholes: dict[int, RankRecord] = {}  # rank -> its whole record, once the job ended
 
     def update(self) -> bool:
         """Read new events; return True if any rank made progress (started, completed,
@@ -320,16 +321,26 @@ class RankTracker:
         job_ended: dict[str, Any] | None = None,
         stopping: bool = False,
     ) -> list[dict[str, Any]]:
-        """Every rank's :func:`snapshot`."""
+        """Every rank's :func:`snapshot`; once the job ended, a rank that left no end event
+        as its whole record says it (its ring's calls too: :func:`rankscope.rundir.whole_record`)."""
+        records = self.records
+        if job_ended is not None:
+            records = {r: rec if rec.ended else self._whole(r) for r, rec in records.items()}
         snaps = [
-            snapshot(self.records[r], now, job_ended=job_ended, stopping=stopping)
-            for r in sorted(self.records)
+            snapshot(records[r], now, job_ended=job_ended, stopping=stopping)
+            for r in sorted(records)
         ]
         for snap in snaps:
             waits = snap.get("waiting")
             if waits is not None and waits["site"] is not None:
                 waits["waiting_for"] = self.not_issued(snap["rank"], waits["pg"], waits["seq"])
         return snaps
+
+    def _whole(self, rank: int) -> RankRecord:
+        """The rank's whole record once the job ended (read once)."""
+        if rank not in self._wholes:
+            self._wholes[rank] = whole_record(self.run, rank) or self.records[rank]
+        return self._wholes[rank]
 
     def not_issued(self, rank: int, pg: str | None, seq: int | None) -> list[int] | None:
         """The members of ``rank``'s group ``pg`` that have not called its collective ``seq``
