@@ -39,6 +39,7 @@ from rankscope.launch.job import state_text
 from rankscope.launch.spec import DEFAULT_PRESETS, LAUNCHERS
 from rankscope.launch.tracker import doing_now
 from rankscope.rundir import FINAL_STATES, REPRO, RunDirError, new_run_dir
+from rankscope.state import proof_text
 
 if TYPE_CHECKING:
     from rankscope.analyze import Diagnosis
@@ -372,7 +373,7 @@ def _print_stall(job: Job, stall: dict[str, Any], out: TextIO) -> None:
     )
     took = stall["evidence_complete_at"] - stall["detected_at"]
     why = (
-        f"proven: {stall['proven']}"
+        proof_text(stall["proven"])
         if stall.get("proven")
         else f"no progress for {stall['idle_s']:.1f} s"
     )

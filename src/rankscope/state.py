@@ -21,6 +21,7 @@ backend), the process-group management calls left out, so "done 8" sits beside "
 from __future__ import annotations
 
 import dataclasses
+import json
 import signal as _signal
 from collections.abc import Iterable
 from typing import Any
@@ -173,14 +174,14 @@ def rank_end(
     return RankEnd(code=code, how=how, stopped=stopped)
 
 
-def ends_text(ends: dict[int, RankEnd]) -> str:
-    """Every rank's end in one line, ranks alike together: ``ranks 0-2 stopped: SIGTERM
-    (-15)``; ``rank 1 aborted itself: SIGABRT (-6); ranks 0, 2 ended by the launcher: SIGTERM
-    (-15)``."""
+def ends_text(words: dict[int, str]) -> str:
+    """Every rank's end (:attr:`RankEnd.words`, by rank) in one line, ranks alike together:
+    ``ranks 0-2 stopped: SIGTERM (-15)``; ``rank 1 aborted itself: SIGABRT (-6); ranks 0, 2
+    ended by the launcher: SIGTERM (-15)``."""
     by_words: dict[str, list[int]] = {}
-    for rank in sorted(ends):
-        by_words.setdefault(ends[rank].words, []).append(rank)
-    return "; ".join(f"{ranks_text(ranks)} {words}" for words, ranks in by_words.items())
+    for rank in sorted(words):
+        by_words.setdefault(words[rank] or "not ended", []).append(rank)
+    return "; ".join(f"{ranks_text(ranks)} {w}" for w, ranks in by_words.items())
 
 
 def ranks_text(ranks: list[int]) -> str:
@@ -199,6 +200,39 @@ def compact_ranks(ranks: Iterable[int]) -> str:
             parts.append(str(first) if first == last else f"{first}-{last}")
             start = i
     return ", ".join(parts)
+
+
+def shapes_text(shapes: Any) -> str:
+    """A call's tensor shapes as a person reads them: ``16``, ``4x8``, ``scalar`` (a 0-d
+    tensor), several tensors' joined by commas (``16, 16``); ``no tensor`` for none. Takes the
+    list the probe records or its text (``[[16]]``); other text comes back as it is."""
+    if isinstance(shapes, str):
+        try:
+            shapes = json.loads(shapes)
+        except ValueError:
+            return shapes
+    if not isinstance(shapes, list):
+        return "" if shapes is None else str(shapes)
+    if not shapes:
+        return "no tensor"
+    if not all(isinstance(s, list) for s in shapes):  # one tensor's shape
+        shapes = [shapes]
+    return ", ".join("scalar" if not s else "x".join(map(str, s)) for s in shapes)
+
+
+def group_name(pg: Any, desc: str | None = None, ranks: Iterable[int] | None = None) -> str:
+    """``group 0 (default_pg)``; where torch's description says nothing (none, or
+    ``undefined``), the group's ranks instead: ``group 3 (ranks 0, 2)``."""
+    name = f"group {pg}"
+    if desc and desc != "undefined":
+        return f"{name} ({desc})"
+    members = sorted(set(ranks or ()))
+    return f"{name} ({ranks_text(members)})" if members else name
+
+
+def proof_text(proven: str) -> str:
+    """The stall prover's finding (:func:`rankscope.waitfor.prove`) as a sentence."""
+    return f"No rank could move again, as the ranks' live state proved: {proven.rstrip('.')}."
 
 
 def stopping(info: dict[str, Any]) -> bool:

@@ -20,6 +20,7 @@ from rankscope.analyze.diagnosis import CollectiveInfo, EvidenceRef, compact_ran
 from rankscope.analyze.evidence import SIGNAL_TEXT, Evidence, RankFacts
 from rankscope.analyze.waits import WaitGraph
 from rankscope.collect import SIGNATURES, VICTIM_ROLES
+from rankscope.state import group_name
 
 if TYPE_CHECKING:
     from rankscope.analyze.context import Where
@@ -86,7 +87,7 @@ class Phrasing:
 
     def label(self, d: align.Divergence) -> str:
         desc = d.rows["pg_desc"].dropna()
-        name = f"group {d.pg}" + (f" ({desc.iloc[0]})" if len(desc) else "")
+        name = group_name(d.pg, str(desc.iloc[0]) if len(desc) else None, d.members)
         return f"{name}, collective #{d.seq}"
 
     def collective(
@@ -318,10 +319,9 @@ class Phrasing:
             if only is None and self.ev.stopped and f.signal:
                 continue  # ended by the stop, as every rank was
             mine = errors[(errors["rank"] == rank) & errors["role"].isin(list(VICTIM_ROLES))]
+            how = f.died
             if f.end_reason and f.signal and f.end_reason == f.signal:
-                how = f"was ended by {f.signal} and left a capture (stacks, flight recorder)"
-            else:
-                how = f.died
+                how += " and left a capture (stacks, flight recorder)"
             text = f"rank {rank} {how}"
             if len(mine):
                 kind = str(mine["kind"].iloc[0])
