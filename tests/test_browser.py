@@ -419,11 +419,13 @@ def test_the_live_panel_and_the_controls_answer_in_the_browser(
         jobs.select_option(index=0)  # back to the first: its capture is said again
         expect(status).to_contain_text("2 of 2 ranks answered", timeout=30_000)
         page.locator("button", has_text="Stop").first.click()
-        expect(status).to_contain_text("exit code", timeout=60_000)
+        # how every rank ended, in the words of every view: the stop's SIGTERM
+        expect(status).to_contain_text("ranks 0-1 stopped: SIGTERM (-15)", timeout=60_000)
+        page.screenshot(path=str(ARTIFACTS / "live-stopped.png"))
         jobs.select_option(index=1)
-        expect(status).not_to_contain_text("exit code", timeout=10_000)
+        expect(status).not_to_contain_text("stopped:", timeout=10_000)
         page.locator("button", has_text="Stop").first.click()
-        expect(status).to_contain_text("exit code", timeout=60_000)
+        expect(status).to_contain_text("stopped: SIG", timeout=60_000)
 
 
 REPO = HERE.parent

@@ -344,29 +344,36 @@ def test_the_form_runs_a_script_on_slurm(workbench: Workbench) -> None:
 
 
 def test_the_rank_table_marks_culprits_and_names_signals() -> None:
+    from rankscope.state import RankEnd
     from rankscope.widgets.live import ranks_html
 
+    ended = RankEnd(code=-15)  # no stop: the launcher's teardown
     rows = [
         {
             "rank": 0,
-            "status": "exited",
+            "status": ended.status,
             "done": 3,
             "exit_code": -15,
+            "end": ended.words,
             "last_done": "barrier (group 0 #3)",
         },
         {"rank": 1, "status": "running", "done": 2, "at": "t.py:14", "exit_code": None},
     ]
     text = ranks_html(rows, culprits=[1])
-    assert "SIGTERM (-15)" in text and "1 ⚑ culprit" in text and "at t.py:14" in text
+    assert ">ended by the launcher: SIGTERM (-15)<" in text and ">ended<" in text
+    assert "1 ⚑ culprit" in text and "at t.py:14" in text
     assert "<th>now</th>" in text and "<th>last completed</th>" in text
-    # every column a fixed width but "now", which takes what is left
-    assert "padding" in text and text.count("<col style='width:") == 7 and "<col>" in text
+    # every column a fixed width but "now" and "end", which share what is left, and wrap
+    assert "padding" in text and text.count("<col style='width:") == 6
+    assert text.count("<col>") == 2
+    assert "class='wrap'>at t.py:14<" in text
     assert "<th>node</th>" not in text  # no SLURM node to show
 
 
 def test_the_rank_table_groups_ranks_alike_at_scale() -> None:
     """1024 ranks: one row per group of ranks in the same state, the culprit first, a group's
     ranks listed under its row when it is the one chosen."""
+    from rankscope.state import RankEnd
     from rankscope.widgets.live import ranks_html, snapshot_groups
 
     def waiting(rank: int) -> dict:
@@ -386,7 +393,8 @@ def test_the_rank_table_groups_ranks_alike_at_scale() -> None:
 
     rows = [waiting(r) for r in range(1024)]
     rows[517] = {"rank": 517, "status": "running", "step": 12, "done": 2000, "at": "train.py:70"}
-    rows[900] = {"rank": 900, "status": "dead", "done": 1999, "exit_code": -9}
+    rows[900] = {"rank": 900, "status": "killed", "done": 1999, "exit_code": -9}
+    rows[900]["end"] = RankEnd(code=-9).words
     groups = snapshot_groups(rows, culprits=[517])
     assert [g.label for g in groups] == [
         "rank 517",

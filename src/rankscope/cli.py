@@ -37,8 +37,9 @@ from typing import TYPE_CHECKING, Any, TextIO
 from rankscope.launch import PRESETS, Job, JobSpec
 from rankscope.launch.job import state_text
 from rankscope.launch.spec import DEFAULT_PRESETS, LAUNCHERS
-from rankscope.launch.tracker import doing_now, exit_text
+from rankscope.launch.tracker import doing_now
 from rankscope.rundir import FINAL_STATES, REPRO, RunDirError, new_run_dir
+from rankscope.state import proof_text
 
 if TYPE_CHECKING:
     from rankscope.analyze import Diagnosis
@@ -372,7 +373,7 @@ def _print_stall(job: Job, stall: dict[str, Any], out: TextIO) -> None:
     )
     took = stall["evidence_complete_at"] - stall["detected_at"]
     why = (
-        f"proven: {stall['proven']}"
+        proof_text(stall["proven"])
         if stall.get("proven")
         else f"no progress for {stall['idle_s']:.1f} s"
     )
@@ -459,11 +460,11 @@ def format_rank(r: dict[str, Any]) -> str:
     last = f"  (last completed {r['last_done']})" if r.get("last_done") else ""
     if r.get("unfinished"):
         last += f"  (ended with {', '.join(r['unfinished'])} never completed)"
-    code = exit_text(r.get("exit_code"))
+    end = r.get("end")
     return (
         f"  rank {r['rank']:>3}{node}  pid {r['pid'] or '-':>7}  {r['status']:<8} "
         f"done {r['done']:>5}  step {step:>5}  {now}{last}"
-        + (f"  exit {code}" if code else "")
+        + (f"  {end}" if end else "")
         + ("" if hb is None else f"  hb {hb:.1f}s")
     )
 
@@ -639,7 +640,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"run": info, "ranks": ranks}, indent=1, default=str))
         return 0
-    print(f"{_rel(job.run.path)}: {state_text(info)}")
+    print(f"{_rel(job.run.path)}: {state_text(info, ranks)}")
     for r in ranks:
         print(format_rank(r))
     return 0

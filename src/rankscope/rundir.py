@@ -43,7 +43,6 @@ import json
 import os
 import re
 import secrets
-import signal
 import struct
 import sys
 import tempfile
@@ -622,16 +621,6 @@ def torchrun_failures(text: str) -> dict[int, int]:
     return {int(m["rank"]): int(m["code"]) for m in _FAILURE_BLOCK.finditer(text)}
 
 
-def signal_name(code: int | None) -> str | None:
-    """``SIGKILL`` for an exit code of -9 (a process ended by a signal), else None."""
-    if code is None or code >= 0:
-        return None
-    try:
-        return signal.Signals(-code).name
-    except ValueError:
-        return f"signal {-code}"
-
-
 @dataclasses.dataclass
 class RankRecord:
     """What one rank is, did and how it ended, folded from its probe events in order.
@@ -652,7 +641,9 @@ class RankRecord:
     main_thread: str | None = None
     """The main thread's ident as faulthandler prints it (``0x00007f...``)."""
     done: int = 0
-    """Collectives it returned from."""
+    """Collectives it completed: a blocking call returned from without an error, an async one
+    once the backend completed it (not failed); process-group management (:data:`MANAGEMENT_OPS`)
+    left out. The one count every view shows (see :mod:`rankscope.state`)."""
     step: int | None = None
     op: str | None = None
     """Its latest collective: op, group, number on the group, call site (``train.py:12``)."""
@@ -699,7 +690,8 @@ class RankRecord:
     _async: dict[int, list[Any]] = dataclasses.field(default_factory=dict, repr=False)
     """Async calls entered, not yet returned from (their facts, for ``issued``)."""
     _completed: dict[int, bool] = dataclasses.field(default_factory=dict, repr=False)
-    """Async calls whose done event came before their exit line."""
+    """Async calls whose done event came before their exit line: True where it completed,
+    False where it failed."""
     _facts: dict[int, tuple[Any, ...]] = dataclasses.field(default_factory=dict, repr=False)
     """Its facts lines by id, as :func:`_call_facts` reads them (the latest, see
     :func:`keep_facts`)."""
@@ -812,9 +804,10 @@ class RankRecord:
                     continue
                 call = self.issued.pop(cid, None)
                 if call is None:
-                    self._completed[cid] = True  # its exit line is still to come
+                    self._completed[cid] = cid not in failed  # its exit line is still to come
                 elif cid not in failed:  # not failed (a group aborted under it)
                     self.last_done = f"{call[0]} (group {call[1]} #{call[2]})"
+                    self.done += 1
             if len(self._completed) > 1024:
                 self._completed.clear()
             return True
@@ -893,18 +886,24 @@ class RankRecord:
 
     def _exit(self, ev: dict[str, Any]) -> None:
         """A call returned (its exit line, or its call line after :meth:`_enter`)."""
-        self.done += 1
         self.in_collective_since = None
         call = cid = None
         if self._async:  # an async call entered, not returned from yet
             cid = as_int(ev.get("id"))
             call = self._async.pop(cid, None) if cid is not None else None
-        if call is not None and ev.get("ok") is not False:
+        ok = ev.get("ok") is not False
+        if call is not None and ok:
             # It returned its Work: in flight until its done event (which may come first).
-            if not self._completed.pop(cid, False):
+            completed = self._completed.pop(cid, None)
+            if completed is None:
                 self.issued[cid] = call
-        elif self.op is not None:
-            self.last_done = f"{self.op} (group {self.pg} #{self.seq})"
+            elif completed and call[0] not in MANAGEMENT_OPS:
+                self.done += 1
+                self.last_done = f"{call[0]} (group {call[1]} #{call[2]})"
+        elif ok and self.op not in MANAGEMENT_OPS:
+            self.done += 1
+            if self.op is not None:
+                self.last_done = f"{self.op} (group {self.pg} #{self.seq})"
 
     def uncompleted(self) -> list[str]:
         """``all_reduce (group 0 #5)`` for each call returned from that the backend has not
@@ -975,14 +974,70 @@ def _pair(value: Any) -> bool:
 
 
 def rank_records(run: RunDir) -> dict[int, RankRecord]:
-    """Every rank's record, from its whole ``events.jsonl``."""
+    """Every rank's record, from its whole ``events.jsonl`` (and its ring, for a rank that
+    left no end event: :func:`whole_record`)."""
     table: dict[int, RankRecord] = {}
     for rank in run.rank_ids():
-        record = RankRecord(rank=rank)
-        seen = False
-        for ev in EventTail(run.events(rank)).read():
-            record.apply(ev)
-            seen = True
-        if seen:
+        record = whole_record(run, rank)
+        if record is not None:
             table[rank] = record
     return table
+
+
+def whole_record(run: RunDir, rank: int) -> RankRecord | None:
+    """A rank's record from its whole ``events.jsonl`` and, where it left no end event (killed,
+    aborted), the calls its last process's ring file holds that the events file does not (the
+    probe writes the file in batches; the ring at every call): what a dead rank completed is
+    counted as the ranks table counts it. None for a rank with no events."""
+    record = RankRecord(rank=rank)
+    entered: set[int] = set()
+    exited: set[int] = set()
+    seen = False
+    for ev in EventTail(run.events(rank)).read():
+        record.apply(ev)
+        seen = True
+        kind, cid = ev.get("ev"), ev.get("id")
+        if kind == "start":  # a new process: its calls are numbered from 1 again
+            entered.clear()
+            exited.clear()
+        elif type(cid) is int:
+            if kind in ("enter", "call"):
+                entered.add(cid)
+            if kind in ("exit", "call"):
+                exited.add(cid)
+    if not seen:
+        return None
+    if not record.ended and record.pid is not None:
+        for ev in ring_lines(run.ring(rank, record.pid), entered=entered, exited=exited):
+            record.apply(ev)
+    return record
+
+
+def ring_lines(path: Path, *, entered: set[int], exited: set[int]) -> list[dict[str, Any]]:
+    """The calls a ring file holds, as the probe's ``enter`` and ``exit`` lines, but for those
+    ``entered`` and ``exited`` say the events file has; none for a file that is missing or not
+    a ring of this version (the collectors report those)."""
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return []
+    if len(data) < RING_HEADER.size or data[:8] != RING_MAGIC:
+        return []
+    _, version, slot_size, nslots, *_ = RING_HEADER.unpack_from(data)
+    if version != RING_VERSION or slot_size != RING_SLOT.size:
+        return []
+    whole = min(nslots, (len(data) - RING_HEADER.size) // RING_SLOT.size)
+    slots = sorted(
+        slot
+        for slot in (
+            RING_SLOT.unpack_from(data, RING_HEADER.size + i * RING_SLOT.size) for i in range(whole)
+        )
+        if slot[0]
+    )
+    out: list[dict[str, Any]] = []
+    for cid, seq, t, t_end, fid, state, tid in slots:
+        if cid not in entered:
+            out.append({"ev": "enter", "id": cid, "seq": seq, "tid": tid, "facts": fid, "t": t})
+        if state != 0 and cid not in exited:
+            out.append({"ev": "exit", "id": cid, "seq": seq, "ok": state == 1, "t": t_end})
+    return out

@@ -44,6 +44,10 @@ RANKS: Columns = {
     # The last non-empty line the rank printed itself: stdout's, else stderr's; not tracebacks,
     # faulthandler dumps, warnings, torch's, NCCL's or rankscope's own lines.
     "last_output": "string",
+    # How it ended in one word and in words (rankscope.state.RankEnd: status, words): "aborted",
+    # "aborted itself: SIGABRT (-6)"; null while it has not ended.
+    "status": "string",
+    "end": "string",
 }
 
 #: The probe's events, one row per line of ranks/<rank>/events.jsonl.

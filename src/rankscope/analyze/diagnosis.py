@@ -26,6 +26,7 @@ from rankscope.analyze.causes import CAUSES, Verdict
 if TYPE_CHECKING:
     from rankscope.analyze.context import Context
 from rankscope.rundir import RunDir, atomic_write_json
+from rankscope.state import compact_ranks, group_name, shapes_text
 
 #: Version of the JSON layout written to diagnosis.json.
 FORMAT = 1
@@ -148,8 +149,8 @@ class Diagnosis:
         """The JSON form (see the module docstring for the stable keys)."""
         return {
             "format": FORMAT,
-            "verdict": self.verdict,
-            "cause": self.cause,
+            "verdict": None if self.verdict is None else str(self.verdict),
+            "cause": None if self.cause is None else str(self.cause),
             "culprit_ranks": list(self.culprit_ranks),
             "waiting_ranks": list(self.waiting_ranks),
             "recipe": self.recipe,
@@ -237,7 +238,7 @@ class Diagnosis:
     def _collective_html(self) -> str:
         c = self.collective
         assert c is not None
-        desc = f" ({html.escape(c.pg_desc)})" if c.pg_desc else ""
+
         # Ranks that did the same share a row (a 16k-rank job is a few rows), culprits first.
         alike: dict[tuple[bool, str, str, str, str], list[int]] = {}
         for rank in sorted(set(c.op_by_rank) | set(c.site_by_rank)):
@@ -245,7 +246,7 @@ class Diagnosis:
                 rank in self.culprit_ranks,
                 c.op_by_rank.get(rank) or "(none recorded)",
                 c.site_by_rank.get(rank) or "unknown",
-                c.shapes_by_rank.get(rank) or "",
+                shapes_text(c.shapes_by_rank.get(rank)) if c.shapes_by_rank.get(rank) else "",
                 c.state_by_rank.get(rank, ""),
             )
             alike.setdefault(key, []).append(rank)
@@ -262,7 +263,7 @@ class Diagnosis:
             )
         number = f"#{c.seq} " if c.seq is not None else ""
         return (
-            f"<div>Collective {number}on group {html.escape(c.pg)}{desc}, ranks "
+            f"<div>Collective {number}on {html.escape(group_name(c.pg, c.pg_desc, c.pg_ranks))}, ranks "
             f"{compact_ranks(c.pg_ranks)}</div><table class='rankscope-collective'>"
             + "<tr>"
             + "".join(f"<th style='{CELL_STYLE}'>{h}</th>" for h in COLLECTIVE_COLUMNS)
@@ -291,9 +292,9 @@ class Diagnosis:
             )
         c = self.collective
         if c is not None:
-            desc = f" ({c.pg_desc})" if c.pg_desc else ""
             number = f", #{c.seq}" if c.seq is not None else ""
-            lines.append(f"collective: group {c.pg}{desc}{number}, ranks {_ranks(c.pg_ranks)}")
+            name = group_name(c.pg, c.pg_desc, c.pg_ranks)
+            lines.append(f"collective: {name}{number}, ranks {_ranks(c.pg_ranks)}")
             one_op = len({op for op in c.op_by_rank.values() if op}) == 1
             shapes = one_op and len(set(c.shapes_by_rank.values())) > 1
             dtypes = one_op and len(set(c.dtypes_by_rank.values())) > 1
@@ -302,7 +303,7 @@ class Diagnosis:
                 op, site = c.op_by_rank[rank], c.site_by_rank.get(rank)
                 what = ((op or "") + (f" at {site}" if site else "")).strip()
                 if op and shapes:
-                    what += f" shapes {c.shapes_by_rank.get(rank)}"
+                    what += f" shapes {shapes_text(c.shapes_by_rank.get(rank))}"
                 if op and dtypes:
                     what += f" dtypes {c.dtypes_by_rank.get(rank)}"
                 alike.setdefault((what, c.state_by_rank.get(rank, "")), []).append(rank)
@@ -337,19 +338,6 @@ def who_of(ranks: Iterable[int], empty: str = "no rank") -> str:
     if not ranks:
         return empty
     return ("rank " if len(ranks) == 1 else "ranks ") + compact_ranks(ranks)
-
-
-def compact_ranks(ranks: Iterable[int]) -> str:
-    """``0-3, 5, 7-9``: sorted ranks with runs collapsed."""
-    ranks = sorted(set(ranks))
-    parts = []
-    start = 0
-    for i in range(1, len(ranks) + 1):
-        if i == len(ranks) or ranks[i] != ranks[i - 1] + 1:
-            first, last = ranks[start], ranks[i - 1]
-            parts.append(str(first) if first == last else f"{first}-{last}")
-            start = i
-    return ", ".join(parts)
 
 
 def write_diagnosis(run_dir: str | os.PathLike[str] | RunDir, diagnosis: Diagnosis) -> Path:

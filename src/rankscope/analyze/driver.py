@@ -27,6 +27,7 @@ from rankscope.analyze.rules.paths import hang_of
 from rankscope.analyze.wording import at
 from rankscope.collect import load_run
 from rankscope.rundir import RunDir
+from rankscope.state import proof_text
 
 
 def diagnose(run: Any, *, straggler_s: float = 1.0, rules: Sequence[Rule] = RULES) -> Diagnosis:
@@ -72,7 +73,7 @@ def _diagnosis(ctx: Context, f: Finding) -> Diagnosis:
     reason = explain(f.cause, facts)
     summary = f"{cause.title[0].upper()}{cause.title[1:]}: {reason.rstrip('.')}."
     # The watchdog's proof that the job could not move again (rankscope.waitfor.prove).
-    notes = [f"proven: {s['proven']}" for s in ctx.ev.stalls[-1:] if s.get("proven")]
+    notes = [proof_text(s["proven"]) for s in ctx.ev.stalls[-1:] if s.get("proven")]
     parting, notes = None, notes + list(f.notes)
     fd = ctx.first_divergence
     others = f.waiting or (

@@ -17,7 +17,7 @@ import pandas as pd
 
 from rankscope import schema
 from rankscope.collect import SIGNATURES, VICTIM_ROLES, is_user_file, latest_captures, short_site
-from rankscope.rundir import signal_name
+from rankscope.state import RankEnd, rank_end, signal_name, stopping
 
 ROLE_OF_KIND = {s.kind: s.role for s in SIGNATURES}
 
@@ -92,7 +92,7 @@ class Evidence:
     @cached_property
     def stopped(self) -> bool:
         """Whether the job was ended by a stop (a stall, the user, a time limit)."""
-        return bool(self.info.get("stop_reason")) or self.info.get("state") == "stopped"
+        return stopping(self.info)
 
     @cached_property
     def stalls(self) -> list[dict[str, Any]]:
@@ -130,6 +130,7 @@ class Evidence:
             f.end_how = None if pd.isna(row.end_how) else str(row.end_how)
             f.end_site = None if pd.isna(row.end_site) else str(row.end_site)
             f.last_output = None if pd.isna(row.last_output) else str(row.last_output)
+            f.stopped = self.stopped
         events = self.table("events")
         special = events[events["ev"].isin(["exception", "end", "start"])]
         for pos, row in zip(special.index, special.itertuples(index=False), strict=True):
@@ -297,12 +298,22 @@ class RankFacts:
         may have made calls after its last recorded one."""
         return self.ring or self.end_reason is not None or self.exit_code == 0
 
+    stopped: bool = False
+    """The job was stopped (a SIGTERM or SIGKILL was the stop's)."""
+
+    @property
+    def end(self) -> RankEnd | None:
+        """How it ended (:func:`rankscope.state.rank_end`, as every view says it)."""
+        return rank_end(
+            parent_code=self.exit_code, how=self.end_how or self.end_reason, stopped=self.stopped
+        )
+
     @property
     def died(self) -> str | None:
-        """How it ended when that was not a clean exit: ``killed by SIGKILL`` (exit -9),
-        ``exited with code 3``; None for exit 0 or an unknown exit."""
+        """How it ended when that was not a clean exit, in the words every view uses
+        (:attr:`rankscope.state.RankEnd.words`): ``aborted itself: SIGABRT (-6)``, ``failed:
+        exit code 3``; None for exit 0 or an unknown exit."""
         if self.exit_code is None or self.exit_code == 0:
             return None
-        if self.signal:
-            return f"died of {self.signal} (exit code {self.exit_code})"
-        return f"exited with code {self.exit_code}"
+        end = self.end
+        return None if end is None else end.words

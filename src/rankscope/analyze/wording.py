@@ -21,6 +21,7 @@ from rankscope.analyze.diagnosis import CollectiveInfo, EvidenceRef, compact_ran
 from rankscope.analyze.evidence import SIGNAL_TEXT, Evidence, RankFacts
 from rankscope.analyze.waits import WaitGraph
 from rankscope.collect import SIGNATURES, VICTIM_ROLES
+from rankscope.state import group_name
 
 if TYPE_CHECKING:
     from rankscope.analyze.context import Where
@@ -87,7 +88,7 @@ class Phrasing:
 
     def label(self, d: align.Divergence) -> str:
         desc = d.rows["pg_desc"].dropna()
-        name = f"group {d.pg}" + (f" ({desc.iloc[0]})" if len(desc) else "")
+        name = group_name(d.pg, str(desc.iloc[0]) if len(desc) else None, d.members)
         return f"{name}, collective #{d.seq}"
 
     def collective(
@@ -109,6 +110,9 @@ class Phrasing:
             op[int(r)] = str(o)
             site[int(r)] = opt(s)
             state[int(r)] = "failed" if broke else ("completed" if fine else "waiting")
+            died = (self.facts.get(int(r)) or RankFacts(rank=int(r))).died
+            if state[int(r)] == "waiting" and died:  # not waiting now: it ended in it
+                state[int(r)] = f"in it at its end ({died})"
         absent = dict(absent or {})
         unknown = [r for r in ranks if r not in state and r not in absent]
         absent.update(self.whereabouts(r for r in unknown if r in self.evidence_ranks))
@@ -375,10 +379,9 @@ class Phrasing:
             if only is None and self.ev.stopped and f.signal:
                 continue  # ended by the stop, as every rank was
             mine = errors[(errors["rank"] == rank) & errors["role"].isin(list(VICTIM_ROLES))]
+            how = f.died
             if f.end_reason and f.signal and f.end_reason == f.signal:
-                how = f"was ended by {f.signal} and left a capture (stacks, flight recorder)"
-            else:
-                how = f.died
+                how += " and left a capture (stacks, flight recorder)"
             text = f"rank {rank} {how}"
             if len(mine):
                 kind = str(mine["kind"].iloc[0])

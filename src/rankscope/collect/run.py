@@ -30,7 +30,8 @@ from rankscope.collect.logs import last_output, read_logs
 from rankscope.collect.nccl import load_nccl
 from rankscope.collect.stacks import read_stacks, summarize_stacks
 from rankscope.collect.values import read_values
-from rankscope.rundir import RankRecord, RunDir, signal_name, torchrun_failures
+from rankscope.rundir import RankRecord, RunDir, torchrun_failures
+from rankscope.state import rank_end, signal_name, stopping
 
 
 class Run:
@@ -71,7 +72,7 @@ class Run:
         )
 
     #: Columns of the ranks table a notebook shows at a glance.
-    GLANCE = ("rank", "host", "pid", "exit_code", "signal", "end_reason", "ring")
+    GLANCE = ("rank", "host", "pid", "status", "end", "ring")
 
     def _repr_html_(self) -> str:
         """The run at a glance in a notebook: what was found, and how each rank ended."""
@@ -173,7 +174,8 @@ class Run:
 
         def ranks() -> dict[str, pd.DataFrame]:
             ranks = _ranks_table(self.table("events"), inv, self.info, self._launcher_text())
-            return {"ranks": _with_ends(ranks, inv, self.table("stack_summary"), self.logs)}
+            summary = self.table("stack_summary")
+            return {"ranks": _with_ends(ranks, inv, summary, self.logs, self.info)}
 
         return {
             "events": (events, ("events", "collectives", "paths")),
@@ -334,8 +336,8 @@ def _ranks_table(
     events: pd.DataFrame, inv: Inventory, info: dict[str, Any], launcher_text: str
 ) -> pd.DataFrame:
     """One row per rank seen in any file's name or layout, with what the events and run.json
-    say about it; exit codes come from the probe's end event, else run.json, else torchrun's
-    failure summary."""
+    say about it; exit codes are the parent's (run.json, else torchrun's failure summary), else
+    the probe's end event's (:func:`rankscope.state.rank_end`)."""
     seen = {
         s.rank
         for group in (inv.events, inv.rings, inv.logs, inv.nccl, inv.flight_recorder, inv.stacks)
@@ -361,10 +363,10 @@ def _ranks_table(
             else None
         )
         entry = recorded.get(str(rank)) if isinstance(recorded.get(str(rank)), dict) else {}
-        if code is None:
-            code = as_int(entry.get("exit_code"))
-        if code is None:
-            code = failures.get(rank)
+        parent = as_int(entry.get("exit_code"))
+        if parent is None:
+            parent = failures.get(rank)
+        code = parent if parent is not None else code
         rows.append(
             {
                 "rank": rank,
@@ -389,7 +391,11 @@ def _ranks_table(
 
 
 def _with_ends(
-    ranks: pd.DataFrame, inv: Inventory, summary: pd.DataFrame, logs: pd.DataFrame
+    ranks: pd.DataFrame,
+    inv: Inventory,
+    summary: pd.DataFrame,
+    logs: pd.DataFrame,
+    info: dict[str, Any],
 ) -> pd.DataFrame:
     """The ranks table with how each rank ended: ``end_how`` from its end event (else the
     signal it died of), ``end_site`` from the stacks taken as it ended (the end's own stack, a
@@ -413,9 +419,16 @@ def _with_ends(
         if not pd.isna(r) and not pd.isna(reason) and not pd.isna(site):
             sites[(int(r), str(reason))] = site
     said = last_output(logs)
+    stopped = stopping(info)
+    ends = [
+        rank_end(parent_code=None if pd.isna(c) else int(c), how=h, stopped=stopped)
+        for c, h in zip(ranks["exit_code"].tolist(), how, strict=True)
+    ]
     return schema.conform(
         "ranks",
         ranks.assign(
+            status=[None if e is None else e.status for e in ends],
+            end=[None if e is None else e.words for e in ends],
             end_how=how,
             end_site=[sites.get((r, h)) if h else None for r, h in zip(rank, how, strict=True)],
             last_output=[said.get(r) for r in rank],

@@ -18,11 +18,12 @@ import weakref
 from pathlib import Path
 from typing import Any
 
+from rankscope import state as jobstate
 from rankscope.launch import slurm
 from rankscope.launch.capture import capture_evidence
 from rankscope.launch.procs import pid_alive, terminate
 from rankscope.launch.spec import JobSpec, free_port, launch_commands, launch_files
-from rankscope.launch.tracker import RankTracker, busy_text, doing_now, exit_text
+from rankscope.launch.tracker import RankTracker, busy_text, doing_now
 from rankscope.launch.watchdog import Watchdog
 from rankscope.rundir import (
     FINAL_STATES,
@@ -76,7 +77,7 @@ class Job:
         return f"<Job {where} {self.status() if self.run else ''}>"
 
     #: Columns of :meth:`ranks` a notebook shows.
-    GLANCE = ("rank", "node", "status", "step", "done", "now", "last_done", "exit")
+    GLANCE = ("rank", "node", "status", "step", "done", "now", "last_done", "end")
 
     def _repr_html_(self) -> str:
         """The job's live state in a notebook: its run, its state, and every rank now."""
@@ -92,7 +93,7 @@ class Job:
         stalls = f", {len(self.stalls)} stall(s) caught" if self.stalls else ""
         return (
             f"<div class='rankscope-job'><div><b>{html.escape(self.run.path.name)}</b>: "
-            f"{html.escape(state_text(self.info()))}{stalls} "
+            f"{html.escape(state_text(self.info(), rows))}{stalls} "
             f"({html.escape(str(self.run.path))})</div>"
             f"<table><tr>{cells}</tr>{body}</table></div>"
         )
@@ -248,7 +249,7 @@ class Job:
         ended = data if data["state"] in FINAL_STATES else None
         with self._lock:
             tracker.update()
-            return tracker.snapshots(job_ended=ended)
+            return tracker.snapshots(job_ended=ended, stopping=jobstate.stopping(data))
 
     def _reconcile(self) -> None:
         """If the supervisor vanished without writing a final state, write one; an observed
@@ -507,12 +508,17 @@ def _observe(run: RunDir) -> None:
         tmp.unlink()
 
 
-def state_text(info: dict[str, Any]) -> str:
-    """The job's state in words, with SLURM's view where SLURM runs it.
+def state_text(info: dict[str, Any], ranks: list[dict[str, Any]] | None = None) -> str:
+    """The job's state in words, with SLURM's view where SLURM runs it, never contradicting
+    its ``ranks`` (:meth:`Job.ranks`; see :func:`rankscope.state.job_state_words`).
 
     For instance ``queued (SLURM job 12: BeginTime)``, ``running (SLURM job 12 on node[1-2])``.
     """
-    state = str(info.get("state"))
+    state = jobstate.job_state_words(
+        str(info.get("state")),
+        [r["status"] for r in ranks or ()],
+        stopping=jobstate.stopping(info),
+    )
     sl = info.get("slurm") or {}
     if not sl.get("job_id"):
         return state
@@ -526,7 +532,7 @@ def state_text(info: dict[str, Any]) -> str:
 
 def _glance(snap: dict[str, Any]) -> tuple[Any, ...]:
     """A rank's snapshot as the columns of :attr:`Job.GLANCE`."""
-    derived = {"now": doing_now(snap), "exit": exit_text(snap.get("exit_code"))}
+    derived = {"now": doing_now(snap)}
     return tuple(derived[c] if c in derived else snap.get(c) for c in Job.GLANCE)
 
 

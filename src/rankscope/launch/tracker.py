@@ -13,15 +13,17 @@ import contextlib
 import copy
 import dataclasses
 import os
-import signal
 import time
 from typing import Any
 
 import psutil
 
+from rankscope import state
 from rankscope._source import loop_at
+from rankscope._values import as_int
 from rankscope.launch.procs import RankProc
-from rankscope.rundir import P2P_OPS, EventTail, RankRecord, RunDir
+from rankscope.rundir import P2P_OPS, EventTail, RankRecord, RunDir, whole_record
+from rankscope.state import RankEnd
 from rankscope.waitfor import RankState
 
 #: A live rank outside every collective that used at least this share of a core since the last
@@ -52,9 +54,11 @@ _PROVER_ONLY = frozenset(
 
 
 def rank_status(record: RankRecord) -> str:
-    """``running``, ``waiting`` (inside a collective), ``exited``, ``failed`` or ``dead``."""
+    """``running``, ``waiting`` (inside a collective), ``dead`` (its process gone without an end
+    event), or how it ended (:attr:`rankscope.state.RankEnd.status`), from its events alone."""
     if record.ended:
-        return "exited" if record.exit_code in (0, None) else "failed"
+        end = rank_end(record)
+        return end.status if end is not None else "dead"
     if (
         record.pid is not None
         and RankProc(record.pid, record.node, record.slurm_job).alive() is False
@@ -63,14 +67,35 @@ def rank_status(record: RankRecord) -> str:
     return "waiting" if in_collective(record) else "running"
 
 
-def snapshot(
-    record: RankRecord, now: float | None = None, *, job_ended: dict[str, Any] | None = None
-) -> dict[str, Any]:
-    """The record as a dict with its status and ages relative to ``now``.
+def rank_end(
+    record: RankRecord, job: dict[str, Any] | None = None, *, stopped: bool = False
+) -> RankEnd | None:
+    """How the rank ended (:func:`rankscope.state.rank_end`): its end event, and the exit code
+    its parent saw where ``job`` (run.json) has it; None while it has not ended."""
+    info = ((job or {}).get("ranks") or {}).get(str(record.rank))
+    parent = as_int(info.get("exit_code")) if isinstance(info, dict) else None
+    return state.rank_end(
+        parent_code=parent,
+        probe_code=record.exit_code if record.ended else None,
+        how=(record.end_how or record.end_reason) if record.ended else None,
+        stopped=stopped,
+    )
 
-    ``job_ended`` (the final run.json) freezes a rank that never reported its end: its exit code
-    comes from run.json, its status is ``stopped`` when the job was stopped, and no age keeps
-    growing. A rank of a stopped job that ended of the stop's SIGTERM is ``stopped`` too.
+
+def snapshot(
+    record: RankRecord,
+    now: float | None = None,
+    *,
+    job_ended: dict[str, Any] | None = None,
+    stopping: bool = False,
+) -> dict[str, Any]:
+    """The record as a dict with its status, its end and ages relative to ``now``.
+
+    ``job_ended`` (the final run.json) freezes a rank that never reported its end, and gives
+    every rank the exit code its parent saw; no age keeps growing. ``stopping``: the job is
+    being stopped (its Stop's signals are the stop's, not the launcher's). ``status`` is
+    :attr:`rankscope.state.RankEnd.status` once the rank ended, ``end`` its
+    :attr:`~rankscope.state.RankEnd.words` (empty while it runs).
     """
     now = time.time() if now is None else now
     d = {
@@ -93,28 +118,17 @@ def snapshot(
     d["waiting"] = waits
     if d["last_done"] in record.uncompleted():
         d["last_done"] = None  # nccl returned from it at enqueue: not completed
-    stopped = job_ended is not None and job_ended.get("state") == "stopped"
+    stopped = stopping or (job_ended is not None and state.stopping(job_ended))
+    end = rank_end(record, job_ended, stopped=stopped) if record.ended or job_ended else None
     if job_ended is not None and not record.ended:
-        info = (job_ended.get("ranks") or {}).get(str(record.rank), {})
-        d["exit_code"] = info.get("exit_code")
-        d["status"] = "stopped" if stopped else "dead"
         d["heartbeat_age_s"] = d["in_collective_s"] = d["waiting"] = None
-    elif stopped and record.end_reason == "SIGTERM":
-        d["status"] = "stopped"  # ended by the stop's SIGTERM, not a failure of its own
+        if end is None:
+            end = state.RankEnd(code=None, stopped=stopped)
+    if end is not None:
+        d["status"], d["exit_code"], d["end"] = end.status, end.code, end.words
+    else:
+        d["end"] = ""
     return d
-
-
-def exit_text(code: int | None) -> str:
-    """An exit code as people read it: a negative one is the signal that ended the process,
-    ``SIGTERM (-15)``."""
-    if code is None:
-        return ""
-    if code < 0:
-        try:
-            return f"{signal.Signals(-code).name} ({code})"
-        except ValueError:
-            return f"signal {-code} ({code})"
-    return str(code)
 
 
 def doing_now(snap: dict[str, Any]) -> str:
@@ -289,6 +303,7 @@ class RankTracker:
         #: Events read so far that change what a rank called or waits in (all but heartbeats):
         #: the prover's facts changed since a look that saw fewer.
         self.changes = 0
+        self._wholes: dict[int, RankRecord] = {}  # rank -> its whole record, once the job ended
 
     def update(self) -> bool:
         """Read new events; return True if any rank made progress (started, completed,
@@ -333,14 +348,32 @@ class RankTracker:
         return True
 
     def snapshots(
-        self, now: float | None = None, *, job_ended: dict[str, Any] | None = None
+        self,
+        now: float | None = None,
+        *,
+        job_ended: dict[str, Any] | None = None,
+        stopping: bool = False,
     ) -> list[dict[str, Any]]:
-        snaps = [snapshot(self.records[r], now, job_ended=job_ended) for r in sorted(self.records)]
+        """Every rank's :func:`snapshot`; once the job ended, a rank that left no end event
+        as its whole record says it (its ring's calls too: :func:`rankscope.rundir.whole_record`)."""
+        records = self.records
+        if job_ended is not None:
+            records = {r: rec if rec.ended else self._whole(r) for r, rec in records.items()}
+        snaps = [
+            snapshot(records[r], now, job_ended=job_ended, stopping=stopping)
+            for r in sorted(records)
+        ]
         for snap in snaps:
             waits = snap.get("waiting")
             if waits is not None and waits["site"] is not None:
                 waits["waiting_for"] = self.not_issued(snap["rank"], waits["pg"], waits["seq"])
         return snaps
+
+    def _whole(self, rank: int) -> RankRecord:
+        """The rank's whole record once the job ended (read once)."""
+        if rank not in self._wholes:
+            self._wholes[rank] = whole_record(self.run, rank) or self.records[rank]
+        return self._wholes[rank]
 
     def not_issued(self, rank: int, pg: str | None, seq: int | None) -> list[int] | None:
         """The members of ``rank``'s group ``pg`` that have not called its collective ``seq``

@@ -30,13 +30,16 @@ COLUMN_WIDTHS = {
     "done": 4.5,
     "last completed": 14,
     "heartbeat s": 8,
-    "exit": 9,
+    "end": 14,
     "host": 9,
     "pid": 6,
     "exit_code": 7.5,
     "signal": 7.5,
 }
-FLEXIBLE = ("now", "end_reason")
+FLEXIBLE = ("now", "end", "end_reason")
+#: Columns whose whole text matters (what a rank waits in, at which line, for how long; how it
+#: ended): they wrap onto a second line rather than end in "…".
+WRAPPED = ("now", "end")
 FLEXIBLE_EM = 10
 #: The rank tables: fixed layout, padded cells, one line per row (the long ones end in "…").
 TABLE_CSS = (
@@ -46,6 +49,8 @@ TABLE_CSS = (
     "white-space:nowrap;overflow:hidden;text-overflow:ellipsis;border:none;"
     "border-bottom:1px solid #e4e4e4}"
     "table.rankscope-ranks th{font-weight:600;border-bottom:1px solid #999}"
+    "table.rankscope-ranks td.wrap{white-space:normal;overflow:visible;"
+    "overflow-wrap:anywhere}"
 )
 
 
@@ -65,12 +70,20 @@ def table_head(columns: Iterable[str], *, css_class: str, style: str = "") -> st
     )
 
 
-def cell(value: Any, *, style: str = "") -> str:
+def cell(value: Any, *, style: str = "", wrap: bool = False) -> str:
     """A table cell; its whole text on hover, for one cut short by its column's width;
-    ``style`` inline (for a notebook's output, whose own table style would win)."""
+    ``style`` inline (for a notebook's output, whose own table style would win); ``wrap``:
+    its text wraps instead (a column of :data:`WRAPPED`)."""
     text = html.escape("" if value is None else str(value))
     inline = f" style='{style}'" if style else ""
+    if wrap:
+        inline += " class='wrap'"
     return f"<td title='{text}'{inline}>{text}</td>"
+
+
+def cells(columns: Iterable[str], values: Iterable[Any]) -> str:
+    """A row's cells, those of :data:`WRAPPED` columns wrapping."""
+    return "".join(cell(v, wrap=c in WRAPPED) for c, v in zip(columns, values, strict=True))
 
 
 def report(errors: widgets.Output, exc: BaseException) -> None:

@@ -14,12 +14,19 @@ from rankscope.analyze.diagnosis import compact_ranks
 from rankscope.collect import load_run
 from rankscope.launch import Job
 from rankscope.launch.job import state_text
-from rankscope.launch.tracker import doing_now, exit_text
+from rankscope.launch.tracker import doing_now
 from rankscope.rundir import FINAL_STATES
-from rankscope.widgets._common import cell, table_head
+from rankscope.state import BAD_STATUSES, STATUSES
+from rankscope.widgets._common import cells as row_cells
+from rankscope.widgets._common import table_head
 
-#: Row colours by rank status (rankscope.launch.tracker.rank_status).
-STATUS_COLOURS = {"waiting": "#fdd9a0", "dead": "#f4b6b6", "failed": "#f4b6b6", "exited": "#e6e6e6"}
+#: Row colours by rank status (rankscope.state.STATUSES): its own failures red, an end by
+#: another's teardown or a stop grey.
+STATUS_COLOURS = {
+    "waiting": "#fdd9a0",
+    **dict.fromkeys(BAD_STATUSES, "#f4b6b6"),
+    **dict.fromkeys(("exited", "ended", "stopped"), "#e6e6e6"),
+}
 COLUMNS = (
     "rank",
     "status",
@@ -28,14 +35,14 @@ COLUMNS = (
     "now",
     "last completed",
     "heartbeat s",
-    "exit",
+    "end",
 )
 LOG_LINES = 40
 NO_JOB = "<i>no job selected</i>"
 #: Past this many ranks, the logs are one rank's at a time, chosen in a list, not a tab each.
 TABS_UP_TO = 32
 #: The order of statuses in the grouped table: what went wrong first.
-STATUS_ORDER = ("dead", "failed", "waiting", "exited", "running")
+STATUS_ORDER = STATUSES
 _SECONDS = re.compile(r"(\d+(?:\.\d+)?) s\b")
 
 
@@ -54,7 +61,7 @@ def _state(r: dict[str, Any]) -> tuple[Any, ...]:
         r["status"],
         _SECONDS.sub("… s", doing_now(r)),  # durations differ between ranks alike
         r.get("last_done"),
-        exit_text(r.get("exit_code")),
+        r.get("end") or "",
     )
 
 
@@ -108,12 +115,13 @@ def _rank_row(r: dict[str, Any], bad: set[int], nodes: bool, *, inner: bool = Fa
         doing_now(r),
         _blank(r.get("last_done")),
         _seconds(r.get("heartbeat_age_s")),
-        exit_text(r.get("exit_code")),
+        r.get("end") or "",
     )
     colour = STATUS_COLOURS.get(r["status"], "white")
     mark = f";outline:2px solid {plot.ALERT}" if r["rank"] in bad else ""
     indent = ";font-size:90%;opacity:0.85" if inner else ""
-    return f"<tr style='background:{colour}{mark}{indent}'>" + "".join(map(cell, cells)) + "</tr>"
+    columns = (COLUMNS[0], "node", *COLUMNS[1:]) if nodes else COLUMNS
+    return f"<tr style='background:{colour}{mark}{indent}'>" + row_cells(columns, cells) + "</tr>"
 
 
 def _group_row(group: plot.RankGroup, bad: set[int], nodes: bool, *, open_: bool) -> str:
@@ -121,6 +129,7 @@ def _group_row(group: plot.RankGroup, bad: set[int], nodes: bool, *, open_: bool
         return _rank_row(group.rows[0], bad, nodes)
     rows = group.rows
     status, now, last_done, exit_ = group.key
+    columns = (COLUMNS[0], "node", *COLUMNS[1:]) if nodes else COLUMNS
     ages = [r["heartbeat_age_s"] for r in rows if r.get("heartbeat_age_s") is not None]
     culprits = sorted(set(group.ranks) & bad)
     label = f"{'▾' if open_ else '▸'} {len(rows)} ranks"
@@ -142,7 +151,9 @@ def _group_row(group: plot.RankGroup, bad: set[int], nodes: bool, *, open_: bool
     which = html.escape(group.label)
     return (
         f"<tr style='background:{colour}{mark};font-weight:600'>"
-        f"<td title='{which}'>{html.escape(label)}</td>" + "".join(map(cell, cells)) + "</tr>"
+        f"<td title='{which}'>{html.escape(label)}</td>"
+        + row_cells((c for c in columns if c != "rank"), cells)
+        + "</tr>"
     )
 
 
@@ -248,7 +259,7 @@ class LivePanel(widgets.VBox):
         self.rows = job.ranks()
         job.status()  # reconciles a job whose supervisor vanished
         info = job.info()  # run.json, read once for the whole refresh
-        state = state_text(info)
+        state = state_text(info, self.rows)
         waiting = sum(r["status"] == "waiting" for r in self.rows)
         countdown = ""
         idle = job.idle_s()

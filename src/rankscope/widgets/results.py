@@ -60,7 +60,7 @@ EVERY_GROUP = "every group"
 #: Groups offered in the list at most (the outliers come first).
 GROUP_CHOICES = 200
 #: The ranks table's columns in a static snapshot (:meth:`ResultsPanel.static`).
-STATIC_RANK_COLUMNS = ("rank", "host", "pid", "exit_code", "signal", "end_reason")
+STATIC_RANK_COLUMNS = ("rank", "host", "pid", "status", "end")
 #: Its cells' style, inline: a notebook's own table style would otherwise win there.
 STATIC_CELL = f"{CELL_STYLE};overflow:hidden;text-overflow:ellipsis"
 

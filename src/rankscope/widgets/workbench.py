@@ -17,11 +17,12 @@ from typing import Any
 import ipywidgets as widgets
 from IPython.display import display as ipy_display
 
-from rankscope.analyze import Diagnosis, diagnose, write_diagnosis
+from rankscope.analyze import CAUSES, Diagnosis, diagnose, write_diagnosis
 from rankscope.collect import Run, load_run
 from rankscope.collect.debug_server import fetch_debug_server
 from rankscope.launch import Job
 from rankscope.rundir import FINAL_STATES, RunDir, RunDirError, new_run_dir
+from rankscope.state import ends_text
 from rankscope.widgets._common import guarded, report, report_failure
 from rankscope.widgets.form import LaunchForm
 from rankscope.widgets.live import NO_JOB, LivePanel
@@ -44,9 +45,15 @@ def _capture_said(manifest: dict[str, Any]) -> str:
     return text + (f"; no answer from ranks {missing}" if missing else "")
 
 
+def _ends(job: Job) -> str:
+    """How each rank ended, ranks alike together (the words of every view)."""
+    return ends_text({r["rank"]: r.get("end") or "" for r in job.ranks()})
+
+
 def _diagnosis_said(d: Diagnosis) -> str:
     when = time.strftime("%H:%M:%S", time.localtime(d.diagnosed_at))
-    return f"diagnosed at {when}: {d.verdict}" + (f", {d.cause}" if d.cause else "")
+    cause = CAUSES.get(d.cause) if d.cause else None
+    return f"diagnosed at {when}: {d.verdict}" + (f": {cause.title}" if cause else "")
 
 
 def _created(run: RunDir) -> float:
@@ -240,7 +247,7 @@ class Workbench(widgets.VBox):
         return self._submit(
             job.stop,
             entry=entry,
-            done=lambda code: f"stopped {job.run.path.name}: exit code {code}",
+            done=lambda code: f"stopped {job.run.path.name}: {_ends(job)}",
         )
 
     def capture(self) -> Future[dict[str, Any]]:

@@ -14,6 +14,7 @@ from rankscope.analyze.rules.finding import Finding, log_site, rule
 from rankscope.analyze.rules.mismatch import DIFFERENT_CALL
 from rankscope.analyze.rules.waits import blocked_outside, lagging
 from rankscope.analyze.wording import error_refs, short
+from rankscope.state import shapes_text
 
 
 @rule(80)
@@ -84,8 +85,8 @@ def _fingerprints(ctx: Context, detail: pd.DataFrame) -> Finding:
     facts = {
         "culprit_op": odd[0],
         "other_op": norm[0],
-        "culprit_shapes": odd[1],
-        "other_shapes": norm[1],
+        "culprit_shapes": shapes_text(odd[1]),
+        "other_shapes": shapes_text(norm[1]),
         "culprit_dtypes": odd[2],
         "other_dtypes": norm[2],
         "culprit_site": log_site(ctx, detail[detail["rank"].isin(culprits)]),

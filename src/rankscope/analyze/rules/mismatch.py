@@ -21,6 +21,7 @@ from rankscope.analyze.diagnosis import who_of
 from rankscope.analyze.rules.finding import Decided, Finding, rule
 from rankscope.analyze.rules.loops import fewer_calls, left_the_loop, thread_notes
 from rankscope.analyze.wording import at, error_refs, short, site_of
+from rankscope.state import shapes_text
 from rankscope.waitfor import Call, differs
 
 
@@ -86,8 +87,8 @@ def _mismatch(ctx: Context, d: align.Divergence) -> Finding:
         "other_op": n["op"],
         "culprit_site": site_of(sites, odd),
         "other_site": site_of(sites, norm),
-        "culprit_shapes": o["shapes"],
-        "other_shapes": n["shapes"],
+        "culprit_shapes": shapes_text(o["shapes"]),
+        "other_shapes": shapes_text(n["shapes"]),
         "culprit_dtypes": o["dtypes"],
         "other_dtypes": n["dtypes"],
         "collective": ctx.label(d),

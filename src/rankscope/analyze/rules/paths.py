@@ -20,6 +20,7 @@ from rankscope.analyze.paths import FirstDivergence, PathClass
 from rankscope.analyze.rules.finding import Decided, Finding, rule
 from rankscope.analyze.rules.mismatch import call_of, different_call, ran_out, took_a_branch
 from rankscope.analyze.wording import at, short
+from rankscope.state import group_name, shapes_text
 from rankscope.waitfor import differs
 
 
@@ -31,9 +32,8 @@ def hang_of(ctx: Context, fd: FirstDivergence) -> align.Divergence | None:
 
 def where(fd: FirstDivergence) -> str:
     step = f", step {fd.step}" if fd.step is not None else ""
-    desc = f" ({fd.pg_desc})" if fd.pg_desc and fd.pg_desc != "undefined" else ""
     call = "collective" if fd.kind == "collective" else "point-to-point call"
-    return f"group {fd.pg}{desc}, {call} #{fd.seq}{step}"
+    return f"{group_name(fd.pg, fd.pg_desc)}, {call} #{fd.seq}{step}"
 
 
 def _doing(c: PathClass, *, extra: int) -> str:
@@ -102,8 +102,10 @@ def earlier_divergence(ctx: Context) -> Finding | None:
             "other_op": other.op or "no call",
             "culprit_site": own.site,
             "other_site": other.site,
-            "culprit_shapes": ctx.calls.at[own.row, "shapes"],
-            "other_shapes": ctx.calls.at[other.row, "shapes"] if other.row is not None else "",
+            "culprit_shapes": shapes_text(ctx.calls.at[own.row, "shapes"]),
+            "other_shapes": (
+                shapes_text(ctx.calls.at[other.row, "shapes"]) if other.row is not None else ""
+            ),
             "culprit_dtypes": ctx.calls.at[own.row, "dtypes"],
             "other_dtypes": ctx.calls.at[other.row, "dtypes"] if other.row is not None else "",
             "collective": where(fd),
