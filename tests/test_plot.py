@@ -335,9 +335,16 @@ def test_merged_stacks_branch_where_ranks_part() -> None:
     stacks, summary = stack_tables()
     (icicle,) = plot.merged_stacks(stacks, summary, culprit_ranks=[7]).data
     assert icicle.type == "icicle"
-    by_label = dict(zip(icicle.labels, icicle.values, strict=True))
-    assert by_label["<module> · train.py:40"] == 8
-    assert by_label["step · train.py:20"] == 7 and by_label["barrier · c10d.py:100"] == 1
+    ranks = dict(zip(icicle.labels, icicle.text, strict=True))
+    assert ranks["<module> · train.py:40"] == "8 ranks: 0-7"
+    assert ranks["step · train.py:20"] == "7 ranks: 0-6" and ranks["barrier · c10d.py:100"] == (
+        "1 rank: 7"
+    )
+    # as wide as its ranks, a branch of one rank at least MIN_SHARE of the whole
+    width = dict(zip(icicle.labels, icicle.values, strict=True))
+    assert width["step · train.py:20"] == 7
+    assert width["barrier · c10d.py:100"] == pytest.approx(plot.stacks.MIN_SHARE * 8)
+    assert width["<module> · train.py:40"] == pytest.approx(7 + plot.stacks.MIN_SHARE * 8)
     colours = dict(zip(icicle.labels, icicle.marker.colors, strict=True))
     assert colours["barrier · c10d.py:100"] == ALERT and colours["<module> · train.py:40"] != ALERT
 
@@ -510,10 +517,10 @@ def test_a_group_s_members_show_as_runs_of_ranks() -> None:
     assert list(shown["pg_ranks"]) == ["0-1023", ""]
 
 
-def test_merged_stacks_start_at_the_user_s_code() -> None:
-    """The runpy and bootstrap frames before the script's own are one box, listed on hover."""
-    from rankscope.collect import load_run
-
+def test_merged_stacks_start_and_end_in_the_user_s_code() -> None:
+    """The runpy and bootstrap frames before the script's own are one grey box, torch's call
+    and rankscope's wrapper after them another, named after the call; both list their frames
+    on hover, and every box's text is black on grey or white on colour."""
     run = load_run(DATA / "gloo_barrier_hang" / "run")
     (icicle,) = plot.merged_stacks(run.stacks, run.stack_summary).data
     labels, parents = list(icicle.labels), list(icicle.parents)
@@ -522,7 +529,45 @@ def test_merged_stacks_start_at_the_user_s_code() -> None:
     assert "runpy" in icicle.customdata[root]
     children = [labels[i] for i, p in enumerate(parents) if p == str(root)]
     assert children and all("worker.py" in c for c in children)
-    assert not any("runpy" in label for label in labels)
+    leaves = [labels[i] for i in range(len(labels)) if str(i) not in parents]
+    assert sorted(leaves) == ["in all_reduce ⋯ 3 frames", "in barrier ⋯ 3 frames"]
+    (barrier,) = [i for i, label in enumerate(labels) if label.startswith("in barrier")]
+    assert "_core.py" in icicle.customdata[barrier]  # rankscope's wrapper, on hover only
+    assert not any("runpy" in label or "_core.py" in label for label in labels)
+    for colour, ink in zip(icicle.marker.colors, icicle.insidetextfont.color, strict=True):
+        assert ink == ("black" if colour == "#e6e6e6" else "white"), (colour, ink)
+
+
+def test_merged_stacks_of_ranks_captured_as_they_exited_show_no_machinery() -> None:
+    """A rank that raised is captured from rankscope's exit handler: no frame of the user's
+    code, so the interpreter's and rankscope's frames are one box that says so."""
+    run = load_run(DATA / "gloo_rank_raises" / "run")
+    (icicle,) = plot.merged_stacks(run.stacks, run.stack_summary).data
+    assert list(icicle.labels) == ["⋯ 6 frames of the interpreter and rankscope, none of your code"]
+    assert "bootstrap.py" in icicle.customdata[0] and "capture" in icicle.customdata[0]
+
+
+def test_merged_stacks_of_1024_ranks_fold_what_all_share_and_show_the_culprit_s_branch() -> None:
+    """25 frames deep, one rank of 1024 elsewhere: the shared frames are one box and the
+    culprit's branch is wide enough to read (as wide as MIN_SHARE of the ranks)."""
+    bench = _bench()
+    frames, summary = bench.stacks(1024)
+    (icicle,) = plot.merged_stacks(frames, summary, culprit_ranks=[bench.CULPRIT]).data
+    labels = list(icicle.labels)
+    assert len(labels) <= 8, labels
+    assert "⋯ 21 frames every rank shares" in labels
+    (culprit,) = [i for i, t in enumerate(icicle.text) if t == f"1 rank: {bench.CULPRIT}"][:1]
+    root = icicle.values[next(i for i, p in enumerate(icicle.parents) if p == "")]
+    assert icicle.values[culprit] == pytest.approx(plot.stacks.MIN_SHARE * 1024)
+    assert icicle.values[culprit] / root > 0.1
+    assert icicle.marker.colors[culprit] == plot.ALERT
+
+
+def _bench() -> Any:
+    spec = importlib.util.spec_from_file_location("plot_build", ROOT / "bench" / "plot_build.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    return bench
 
 
 @pytest.mark.parametrize("per_rank", [1, 1000])
