@@ -106,7 +106,7 @@ def test_rank_timeline_bars_in_flight_divergence_and_culprit() -> None:
     assert list(traces["divergence"].y) == [2]
     lines = [s for s in fig.layout.shapes if s.type == "line"]
     assert any(s.line.color == ALERT and s.x0 == pytest.approx(3.0) for s in lines)
-    assert any("first divergence: group 0 #4" in a.text for a in fig.layout.annotations)
+    assert "first divergence: group 0 #4" in fig.layout.title.text  # over no bar
     # The culprit row is shaded and its tick label red; rank 0 is on top.
     rects = [s for s in fig.layout.shapes if s.type == "rect" and s.yref == "y"]
     assert [(r.y0, r.y1) for r in rects] == [(1.5, 2.5)]
@@ -134,7 +134,7 @@ def test_an_async_call_returned_from_but_not_completed_is_in_flight() -> None:
     assert np.allclose(flight.x[0::3], [1.0, 2.0])
 
 
-def test_rank_timeline_opens_around_the_divergence_with_every_call_visible() -> None:
+def test_rank_timeline_opens_on_the_whole_job_with_every_call_visible() -> None:
     # 200 quick all_reduces per rank, then the hang: the history must not crush the divergence.
     rows = [
         {
@@ -167,18 +167,20 @@ def test_rank_timeline_opens_around_the_divergence_with_every_call_visible() -> 
     ]
     fig = plot.rank_timeline(collectives(rows), divergence={"pg": "0", "seq": 201}, now=T0 + 20)
     left, right = fig.layout.xaxis.range
-    # four calls per rank before it, up to now; the 9.9 s wait is drawn narrow, labelled "20"
+    # the whole job, the first call to now; the 9.9 s wait is drawn narrow, labelled "20"
     end = fig.layout.xaxis.tickvals[-1]
-    assert 9.0 < left < 10.0 and right > end and fig.layout.xaxis.ticktext[-1] == "20"
+    assert left < 0 < end < right and fig.layout.xaxis.ticktext[-1] == "20"
     assert end < 10.1 + 0.1 * 10.1
+    (gap,) = [a.text for a in fig.layout.annotations if "⋯" in (a.text or "")]
+    assert gap == "⋯ 9.9 s ⋯"
     bars = next(t for t in fig.data if t.name == "all_reduce")
     widths = np.asarray(bars.x[1::3]) - np.asarray(bars.x[0::3])
     assert widths.min() >= 0.003 * end * 0.99  # 10 µs calls still drawn 0.3 % of the run wide
 
 
 def test_rank_timeline_groups_rows_at_scale() -> None:
-    """200 ranks: the culprit and the two ranks that ended early on rows at the top, then the
-    ranks whose last call is alike as one labelled band; it opens on the first rows."""
+    """200 ranks: the culprit and the two ranks that ended early on rows of their own at the
+    top, then the ranks whose last call is alike on one row, labelled with how many."""
     rows = []
     for r in range(200):
         last = 3 if r in (50, 51) else 4
@@ -196,10 +198,14 @@ def test_rank_timeline_groups_rows_at_scale() -> None:
     fig = plot.rank_timeline(collectives(rows), culprit_ranks=[7])
     ticks = dict(zip(fig.layout.yaxis.tickvals, fig.layout.yaxis.ticktext, strict=True))
     assert "7 ✖" in ticks[0] and ticks[1] == "50" and ticks[2] == "51"
-    assert ticks[3] == "0" and ticks[199] == "199"
-    band = [a.text for a in fig.layout.annotations if "ranks: last" in (a.text or "")]
-    assert band == ["197 ranks: last all_reduce (group 0 #4), in flight"]
-    assert tuple(fig.layout.yaxis.range) == (39.5, -0.5)
+    assert ticks[3] == "197 ranks: 0-6, 8-49, 52-199" and len(ticks) == 4
+    assert tuple(fig.layout.yaxis.range) == (3.5, -0.5)
+    # given the classes of a divergence, they are the rows (50 and 51 with their class)
+    fig = plot.rank_timeline(
+        collectives(rows), culprit_ranks=[7], classes=[[7], range(100), range(100, 200)]
+    )
+    ticks = list(fig.layout.yaxis.ticktext)
+    assert ticks[1:] == ["99 ranks: 0-6, 8-99", "100 ranks: 100-199"], ticks
     barrier = next(t for t in fig.data if t.name == "barrier, in flight")
     assert set(np.asarray(barrier.y)[~np.isnan(barrier.y)]) == {0.0}  # the culprit's row
 
