@@ -242,13 +242,15 @@ class RankRows:
             out.append(f"{len(members)} ranks: {text}")
         return out
 
-    def axis(self, title: str = "rank") -> dict[str, Any]:
-        """A vertical axis of these rows, the top row first, every row labelled."""
+    def axis(self, title: str = "rank", *, across: bool = False) -> dict[str, Any]:
+        """An axis of these rows, every row labelled: vertical, the top row first, or
+        horizontal (``across``), the first row on the left."""
         n = len(self.shown)
+        alike = "share a row" if not across else "share a column"
         return {
-            "title": {"text": f"{title} (ranks alike share a row)" if self.grouped else title},
+            "title": {"text": f"{title} (ranks alike {alike})" if self.grouped else title},
             "zeroline": False,
-            "range": [n - 0.5, -0.5],
+            "range": [-0.5, n - 0.5] if across else [n - 0.5, -0.5],
             "tickvals": list(range(n)),
             "ticktext": self.labels(),
             "automargin": True,
@@ -291,3 +293,10 @@ def rank_rows(
         outliers = outliers[: MAX_NAMED - 1]
     rows = [[r] for r in outliers] + sorted(bands, key=min)
     return RankRows(np.array([m[0] for m in rows], dtype=np.int64), rows, bad)
+
+
+def group_order(name: object) -> tuple[int, int | str]:
+    """Sort key of a process group's name: numbers in numeric order (0, 1, 2, 10, not 0, 1,
+    10, 2), then names."""
+    text = str(name)
+    return (0, int(text)) if text.isdigit() else (1, text)
