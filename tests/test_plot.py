@@ -88,7 +88,7 @@ def test_rank_timeline_bars_in_flight_divergence_and_culprit() -> None:
     assert traces["barrier, in flight"].line.color != traces["all_reduce, in flight"].line.color
     assert traces["all_reduce"].line.color == "#1f77b4"
     assert traces["all_reduce, in flight"].line.color == "rgba(31, 119, 180, 0.4)"
-    assert all(t.type == "scattergl" for t in fig.data)
+    assert {t.type for t in fig.data} == {"scatter"}  # few calls: SVG, no WebGL start-up
     # Nine completed all_reduces: segments x0, x1, NaN; rows are ranks.
     bars = traces["all_reduce"]
     assert np.isnan(bars.x[2::3]).all() and len(bars.x) == 27

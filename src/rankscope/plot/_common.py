@@ -127,6 +127,17 @@ def segments(x0: np.ndarray, x1: np.ndarray, y: np.ndarray) -> tuple[np.ndarray,
     return xs, ys
 
 
+#: Up to this many points a figure is drawn in SVG: WebGL's start-up alone takes seconds in a
+#: browser without a GPU, and SVG draws a few thousand points faster; past it, WebGL.
+SVG_POINTS = 12_000
+
+
+def scatter(points: int) -> type[go.Scatter] | type[go.Scattergl]:
+    """The trace type for a figure of ``points`` points (:data:`SVG_POINTS`); every trace of
+    one figure takes the same, so a figure of few points starts no WebGL."""
+    return go.Scatter if points <= SVG_POINTS else go.Scattergl
+
+
 def add_segments(
     fig: go.Figure,
     a0: np.ndarray,
@@ -137,13 +148,15 @@ def add_segments(
     colour: str,
     width: float,
     vertical: bool = False,
+    points: int = SVG_POINTS + 1,
 ) -> None:
     """Add one trace of line segments from ``a0`` to ``a1`` at ``at``, without hover: bars along
-    x at height ``at``, or along y at position ``at`` when ``vertical``."""
+    x at height ``at``, or along y at position ``at`` when ``vertical``; drawn as
+    :func:`scatter` draws a figure of ``points`` points."""
     along, across = segments(a0, a1, at)
     x, y = (across, along) if vertical else (along, across)
     fig.add_trace(
-        go.Scattergl(
+        scatter(points)(
             x=x,
             y=y,
             mode="lines",

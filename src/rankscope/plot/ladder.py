@@ -18,6 +18,7 @@ from rankscope.plot._common import (
     highlight_ranks,
     nice_step,
     rank_rows,
+    scatter,
     text_or,
 )
 
@@ -133,6 +134,7 @@ def sequence_ladder(
             colour=ALERT,
             width=max(size / 3, 1),
             vertical=True,
+            points=3 * len(lad),
         )
     alike = pd.Series([len(m) - 1 for m in rows.members], index=rows.shown)
     others = lad["rank"].map(alike).fillna(0).astype(int)
@@ -163,7 +165,7 @@ def sequence_ladder(
             (completed, "completed", "circle"),
         ):
             fig.add_trace(
-                go.Scattergl(
+                scatter(3 * len(lad))(
                     x=rank[pick],
                     y=y[pick],
                     mode="markers",

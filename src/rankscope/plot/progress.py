@@ -17,6 +17,7 @@ from rankscope.plot._common import (
     empty_figure,
     floats,
     rank_rows,
+    scatter,
     time_origin,
 )
 
@@ -191,7 +192,7 @@ def _rank_lines(
         r = part["rank"].to_numpy()
         breaks = np.flatnonzero(np.diff(r)) + 1
         fig.add_trace(
-            go.Scattergl(
+            scatter(2 * len(frame))(
                 x=np.insert(part["t"].to_numpy() - t0, breaks, np.nan).astype(np.float32),
                 y=np.insert(part["v"].to_numpy(), breaks, np.nan).astype(np.float32),
                 customdata=np.insert(r.astype(np.float32), breaks, np.nan),

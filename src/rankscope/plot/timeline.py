@@ -22,6 +22,7 @@ from rankscope.plot._common import (
     highlight_ranks,
     rank_rows,
     rows_height,
+    scatter,
     text_or,
     time_origin,
     translucent,
@@ -123,6 +124,7 @@ def rank_timeline(
     x1 = np.maximum(x1, x0 + MIN_WIDTH * max(axis.width, 1e-3))
 
     fig = go.Figure()
+    points = 2 * len(table)  # a bar and its hover point per call
     height = rows_height(len(rows.shown))
     width = bar_width(height, len(rows.shown))
     op = text_or(table["op"])
@@ -135,7 +137,14 @@ def rank_timeline(
         ):
             if pick.any():
                 add_segments(
-                    fig, x0[pick], x1[pick], rank[pick], name=label, colour=shade, width=width
+                    fig,
+                    x0[pick],
+                    x1[pick],
+                    rank[pick],
+                    name=label,
+                    colour=shade,
+                    width=width,
+                    points=points,
                 )
     if inflight.any():  # in flight: the op's colour, paler, with a red core
         add_segments(
@@ -146,10 +155,11 @@ def rank_timeline(
             name="in flight",
             colour=ALERT,
             width=max(width / 3, 1.0),
+            points=points,
         )
     shown = _with_hover(table, culprits=culprits, inflight=inflight)
     fig.add_trace(
-        go.Scattergl(
+        scatter(points)(
             x=((x0 + x1) / 2)[shown].astype(np.float32),
             y=rank[shown].astype(np.float32),
             mode="markers",
@@ -162,7 +172,7 @@ def rank_timeline(
         )
     )
     right = axis.width
-    parted = _mark_divergence(fig, table, divergence, x=x0, at=rows)
+    parted = _mark_divergence(fig, table, divergence, x=x0, at=rows, points=points)
     _draw_chain(fig, chain, x=right, rows=rows)
     highlight_ranks(fig, rows.y(np.array(culprits, dtype=np.int64)).astype(int).tolist(), axis="y")
     axis.mark_breaks(fig)
@@ -251,6 +261,7 @@ def _mark_divergence(
     *,
     x: np.ndarray,
     at: RankRows,
+    points: int,
 ) -> str | None:
     """Mark the calls of the collective where the ranks part, and a line where the first began
     (``x``: where each call of ``table`` begins on the time axis); return the words for it,
@@ -272,7 +283,7 @@ def _mark_divergence(
     if odd.any():
         rows, x = rows[odd], x[odd]
     fig.add_trace(
-        go.Scattergl(
+        scatter(points)(
             x=x,
             y=at.y(rows["rank"].to_numpy(dtype=np.int64)),
             mode="markers",
