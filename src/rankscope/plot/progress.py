@@ -132,11 +132,16 @@ def progress(
     fig.update_layout(
         title={
             "text": f"{TITLE}: {len(last)} ranks"
-            + (f", {len(alike.shown)} drawn for ranks alike" if alike.grouped else "")
+            + (f", {len(alike.shown)} drawn for ranks alike" if alike.grouped else ""),
+            # at the very top, clear of the legend under it
+            "yref": "container",
+            "y": 1.0,
+            "yanchor": "top",
+            "pad": {"t": 10},
         },
         height=760 if len(panels) == 3 else 560,
         hovermode="closest",
-        margin={"l": 60, "r": 20, "t": 90, "b": 40},
+        margin={"l": 60, "r": 20, "t": 120, "b": 40},
         legend={"orientation": "h", "y": 1.04, "yanchor": "bottom"},
     )
     return fig
