@@ -88,7 +88,7 @@ def test_rank_timeline_bars_in_flight_divergence_and_culprit() -> None:
     assert traces["barrier, in flight"].line.color != traces["all_reduce, in flight"].line.color
     assert traces["all_reduce"].line.color == "#1f77b4"
     assert traces["all_reduce, in flight"].line.color == "rgba(31, 119, 180, 0.4)"
-    assert all(t.type == "scattergl" for t in fig.data)
+    assert {t.type for t in fig.data} == {"scatter"}  # few calls: SVG, no WebGL start-up
     # Nine completed all_reduces: segments x0, x1, NaN; rows are ranks.
     bars = traces["all_reduce"]
     assert np.isnan(bars.x[2::3]).all() and len(bars.x) == 27
@@ -106,7 +106,7 @@ def test_rank_timeline_bars_in_flight_divergence_and_culprit() -> None:
     assert list(traces["divergence"].y) == [2]
     lines = [s for s in fig.layout.shapes if s.type == "line"]
     assert any(s.line.color == ALERT and s.x0 == pytest.approx(3.0) for s in lines)
-    assert any("first divergence: group 0 #4" in a.text for a in fig.layout.annotations)
+    assert "first divergence: group 0 #4" in fig.layout.title.text  # over no bar
     # The culprit row is shaded and its tick label red; rank 0 is on top.
     rects = [s for s in fig.layout.shapes if s.type == "rect" and s.yref == "y"]
     assert [(r.y0, r.y1) for r in rects] == [(1.5, 2.5)]
@@ -134,7 +134,7 @@ def test_an_async_call_returned_from_but_not_completed_is_in_flight() -> None:
     assert np.allclose(flight.x[0::3], [1.0, 2.0])
 
 
-def test_rank_timeline_opens_around_the_divergence_with_every_call_visible() -> None:
+def test_rank_timeline_opens_on_the_whole_job_with_every_call_visible() -> None:
     # 200 quick all_reduces per rank, then the hang: the history must not crush the divergence.
     rows = [
         {
@@ -167,18 +167,20 @@ def test_rank_timeline_opens_around_the_divergence_with_every_call_visible() -> 
     ]
     fig = plot.rank_timeline(collectives(rows), divergence={"pg": "0", "seq": 201}, now=T0 + 20)
     left, right = fig.layout.xaxis.range
-    # four calls per rank before it, up to now; the 9.9 s wait is drawn narrow, labelled "20"
+    # the whole job, the first call to now; the 9.9 s wait is drawn narrow, labelled "20"
     end = fig.layout.xaxis.tickvals[-1]
-    assert 9.0 < left < 10.0 and right > end and fig.layout.xaxis.ticktext[-1] == "20"
+    assert left < 0 < end < right and fig.layout.xaxis.ticktext[-1] == "20"
     assert end < 10.1 + 0.1 * 10.1
+    (gap,) = [a.text for a in fig.layout.annotations if "⋯" in (a.text or "")]
+    assert gap == "⋯ 9.9 s ⋯"
     bars = next(t for t in fig.data if t.name == "all_reduce")
     widths = np.asarray(bars.x[1::3]) - np.asarray(bars.x[0::3])
     assert widths.min() >= 0.003 * end * 0.99  # 10 µs calls still drawn 0.3 % of the run wide
 
 
 def test_rank_timeline_groups_rows_at_scale() -> None:
-    """200 ranks: the culprit and the two ranks that ended early on rows at the top, then the
-    ranks whose last call is alike as one labelled band; it opens on the first rows."""
+    """200 ranks: the culprit and the two ranks that ended early on rows of their own at the
+    top, then the ranks whose last call is alike on one row, labelled with how many."""
     rows = []
     for r in range(200):
         last = 3 if r in (50, 51) else 4
@@ -196,10 +198,14 @@ def test_rank_timeline_groups_rows_at_scale() -> None:
     fig = plot.rank_timeline(collectives(rows), culprit_ranks=[7])
     ticks = dict(zip(fig.layout.yaxis.tickvals, fig.layout.yaxis.ticktext, strict=True))
     assert "7 ✖" in ticks[0] and ticks[1] == "50" and ticks[2] == "51"
-    assert ticks[3] == "0" and ticks[199] == "199"
-    band = [a.text for a in fig.layout.annotations if "ranks: last" in (a.text or "")]
-    assert band == ["197 ranks: last all_reduce (group 0 #4), in flight"]
-    assert tuple(fig.layout.yaxis.range) == (39.5, -0.5)
+    assert ticks[3] == "197 ranks: 0-6, 8-49, 52-199" and len(ticks) == 4
+    assert tuple(fig.layout.yaxis.range) == (3.5, -0.5)
+    # given the classes of a divergence, they are the rows (50 and 51 with their class)
+    fig = plot.rank_timeline(
+        collectives(rows), culprit_ranks=[7], classes=[[7], range(100), range(100, 200)]
+    )
+    ticks = list(fig.layout.yaxis.ticktext)
+    assert ticks[1:] == ["99 ranks: 0-6, 8-99", "100 ranks: 100-199"], ticks
     barrier = next(t for t in fig.data if t.name == "barrier, in flight")
     assert set(np.asarray(barrier.y)[~np.isnan(barrier.y)]) == {0.0}  # the culprit's row
 
@@ -335,9 +341,16 @@ def test_merged_stacks_branch_where_ranks_part() -> None:
     stacks, summary = stack_tables()
     (icicle,) = plot.merged_stacks(stacks, summary, culprit_ranks=[7]).data
     assert icicle.type == "icicle"
-    by_label = dict(zip(icicle.labels, icicle.values, strict=True))
-    assert by_label["<module> · train.py:40"] == 8
-    assert by_label["step · train.py:20"] == 7 and by_label["barrier · c10d.py:100"] == 1
+    ranks = dict(zip(icicle.labels, icicle.text, strict=True))
+    assert ranks["<module> · train.py:40"] == "8 ranks: 0-7"
+    assert ranks["step · train.py:20"] == "7 ranks: 0-6" and ranks["barrier · c10d.py:100"] == (
+        "1 rank: 7"
+    )
+    # as wide as its ranks, a branch of one rank at least MIN_SHARE of the whole
+    width = dict(zip(icicle.labels, icicle.values, strict=True))
+    assert width["step · train.py:20"] == 7
+    assert width["barrier · c10d.py:100"] == pytest.approx(plot.stacks.MIN_SHARE * 8)
+    assert width["<module> · train.py:40"] == pytest.approx(7 + plot.stacks.MIN_SHARE * 8)
     colours = dict(zip(icicle.labels, icicle.marker.colors, strict=True))
     assert colours["barrier · c10d.py:100"] == ALERT and colours["<module> · train.py:40"] != ALERT
 
@@ -510,10 +523,10 @@ def test_a_group_s_members_show_as_runs_of_ranks() -> None:
     assert list(shown["pg_ranks"]) == ["0-1023", ""]
 
 
-def test_merged_stacks_start_at_the_user_s_code() -> None:
-    """The runpy and bootstrap frames before the script's own are one box, listed on hover."""
-    from rankscope.collect import load_run
-
+def test_merged_stacks_start_and_end_in_the_user_s_code() -> None:
+    """The runpy and bootstrap frames before the script's own are one grey box, torch's call
+    and rankscope's wrapper after them another, named after the call; both list their frames
+    on hover, and every box's text is black on grey or white on colour."""
     run = load_run(DATA / "gloo_barrier_hang" / "run")
     (icicle,) = plot.merged_stacks(run.stacks, run.stack_summary).data
     labels, parents = list(icicle.labels), list(icicle.parents)
@@ -522,7 +535,45 @@ def test_merged_stacks_start_at_the_user_s_code() -> None:
     assert "runpy" in icicle.customdata[root]
     children = [labels[i] for i, p in enumerate(parents) if p == str(root)]
     assert children and all("worker.py" in c for c in children)
-    assert not any("runpy" in label for label in labels)
+    leaves = [labels[i] for i in range(len(labels)) if str(i) not in parents]
+    assert sorted(leaves) == ["in all_reduce ⋯ 3 frames", "in barrier ⋯ 3 frames"]
+    (barrier,) = [i for i, label in enumerate(labels) if label.startswith("in barrier")]
+    assert "_core.py" in icicle.customdata[barrier]  # rankscope's wrapper, on hover only
+    assert not any("runpy" in label or "_core.py" in label for label in labels)
+    for colour, ink in zip(icicle.marker.colors, icicle.insidetextfont.color, strict=True):
+        assert ink == ("black" if colour == "#e6e6e6" else "white"), (colour, ink)
+
+
+def test_merged_stacks_of_ranks_captured_as_they_exited_show_no_machinery() -> None:
+    """A rank that raised is captured from rankscope's exit handler: no frame of the user's
+    code, so the interpreter's and rankscope's frames are one box that says so."""
+    run = load_run(DATA / "gloo_rank_raises" / "run")
+    (icicle,) = plot.merged_stacks(run.stacks, run.stack_summary).data
+    assert list(icicle.labels) == ["⋯ 6 frames of the interpreter and rankscope, none of your code"]
+    assert "bootstrap.py" in icicle.customdata[0] and "capture" in icicle.customdata[0]
+
+
+def test_merged_stacks_of_1024_ranks_fold_what_all_share_and_show_the_culprit_s_branch() -> None:
+    """25 frames deep, one rank of 1024 elsewhere: the shared frames are one box and the
+    culprit's branch is wide enough to read (as wide as MIN_SHARE of the ranks)."""
+    bench = _bench()
+    frames, summary = bench.stacks(1024)
+    (icicle,) = plot.merged_stacks(frames, summary, culprit_ranks=[bench.CULPRIT]).data
+    labels = list(icicle.labels)
+    assert len(labels) <= 8, labels
+    assert "⋯ 21 frames every rank shares" in labels
+    (culprit,) = [i for i, t in enumerate(icicle.text) if t == f"1 rank: {bench.CULPRIT}"][:1]
+    root = icicle.values[next(i for i, p in enumerate(icicle.parents) if p == "")]
+    assert icicle.values[culprit] == pytest.approx(plot.stacks.MIN_SHARE * 1024)
+    assert icicle.values[culprit] / root > 0.1
+    assert icicle.marker.colors[culprit] == plot.ALERT
+
+
+def _bench() -> Any:
+    spec = importlib.util.spec_from_file_location("plot_build", ROOT / "bench" / "plot_build.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    return bench
 
 
 @pytest.mark.parametrize("per_rank", [1, 1000])

@@ -46,7 +46,7 @@ import secrets
 import struct
 import sys
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -137,11 +137,13 @@ FACTS_KEPT = 50_000
 #: code and the body of torch.distributed's calls (the decision is above them). A call's path
 #: leaves them out (the probe's ``path`` lines, the analyzer's paths of captured stacks); the
 #: libraries the user's code calls (Lightning, transformers, torch.distributed.fsdp) stay.
+#: rankscope's own frames among :data:`MACHINERY` (the probe's wrappers, its captures, the
+#: bootstrap that runs the user's script).
+OWN_FRAMES = ("/rankscope/probe/", "/rankscope/launch/")
 MACHINERY = (
     "<frozen ",
     "/runpy.py",
-    "/rankscope/probe/",
-    "/rankscope/launch/",
+    *OWN_FRAMES,
     "/torch/distributed/distributed_c10d.py",
     "/torch/distributed/c10d_logger.py",
     "/torch/utils/_contextlib.py",
@@ -201,6 +203,15 @@ PATH_DEPTH = 64
 def is_machinery(file: str) -> bool:
     """Whether a frame of ``file`` is one of :data:`MACHINERY`'s."""
     return any(m in file for m in MACHINERY)
+
+
+def user_span(files: Sequence[str]) -> tuple[int, int]:
+    """For the files of a stack's frames, outermost first: ``(start, stop)``, the frames from
+    the first to the last that is not :data:`MACHINERY`'s, the user's world (the interpreter's
+    start-up before it, torch's call and rankscope's capture after it); ``(n, n)`` when every
+    frame is machinery."""
+    mine = [i for i, f in enumerate(files) if not is_machinery(f)]
+    return (mine[0], mine[-1] + 1) if mine else (len(files), len(files))
 
 
 def without_machinery(path: list[Any]) -> list[Any]:

@@ -12,7 +12,7 @@ from rankscope.plot._common import ALERT, as_calls
 from rankscope.plot.ladder import LADDER, ladder_table, sequence_ladder
 from rankscope.plot.memory import memory_by_rank
 from rankscope.plot.nccl import nccl_view
-from rankscope.plot.paths import end_classes, first_classes, path_tree
+from rankscope.plot.paths import alike, end_classes, first_classes, path_tree
 from rankscope.plot.progress import progress
 from rankscope.plot.stacks import latest_stacks, merged_stacks, where_groups, where_is_everyone
 from rankscope.plot.table import (
@@ -30,6 +30,7 @@ __all__ = [
     "GROUP_FROM",
     "LADDER",
     "RankGroup",
+    "alike",
     "as_calls",
     "end_classes",
     "first_classes",

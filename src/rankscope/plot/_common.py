@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
 from rankscope.analyze import calls_from_flight_recorder, calls_from_probe
+from rankscope.analyze.diagnosis import compact_ranks
 
 #: Red is kept for what needs attention (culprits, calls in flight, warnings).
 ALERT = "#d62728"
@@ -124,6 +127,17 @@ def segments(x0: np.ndarray, x1: np.ndarray, y: np.ndarray) -> tuple[np.ndarray,
     return xs, ys
 
 
+#: Up to this many points a figure is drawn in SVG: WebGL's start-up alone takes seconds in a
+#: browser without a GPU, and SVG draws a few thousand points faster; past it, WebGL.
+SVG_POINTS = 12_000
+
+
+def scatter(points: int) -> type[go.Scatter] | type[go.Scattergl]:
+    """The trace type for a figure of ``points`` points (:data:`SVG_POINTS`); every trace of
+    one figure takes the same, so a figure of few points starts no WebGL."""
+    return go.Scatter if points <= SVG_POINTS else go.Scattergl
+
+
 def add_segments(
     fig: go.Figure,
     a0: np.ndarray,
@@ -134,13 +148,15 @@ def add_segments(
     colour: str,
     width: float,
     vertical: bool = False,
+    points: int = SVG_POINTS + 1,
 ) -> None:
     """Add one trace of line segments from ``a0`` to ``a1`` at ``at``, without hover: bars along
-    x at height ``at``, or along y at position ``at`` when ``vertical``."""
+    x at height ``at``, or along y at position ``at`` when ``vertical``; drawn as
+    :func:`scatter` draws a figure of ``points`` points."""
     along, across = segments(a0, a1, at)
     x, y = (across, along) if vertical else (along, across)
     fig.add_trace(
-        go.Scattergl(
+        scatter(points)(
             x=x,
             y=y,
             mode="lines",
@@ -189,3 +205,111 @@ def empty_figure(title: str, why: str) -> go.Figure:
         annotations=[{"text": why, "showarrow": False, "xref": "paper", "yref": "paper"}],
     )
     return fig
+
+
+#: Past this many ranks a view draws groups of ranks alike (:func:`rank_rows`).
+ALIKE_FROM = 64
+#: A group of ranks alike is drawn as one row past this share of the ranks; smaller ones are
+#: outliers, a row each, named.
+BAND_SHARE = 0.05
+#: Outliers named one row each at most; the rest share a row.
+MAX_NAMED = 24
+#: A row's label of the ranks it stands for is cut past this many characters (its hover says all).
+LABEL_CHARS = 26
+
+
+@dataclass(frozen=True)
+class RankRows:
+    """Which rank is drawn on which row of a view of many ranks: every culprit and outlier on
+    a row of its own, named; each group of ranks alike on one row, drawn by its lowest rank
+    and labelled with how many ranks it stands for."""
+
+    shown: np.ndarray
+    """The rank drawn on each row, top row first."""
+    members: list[list[int]]
+    """The ranks each row stands for."""
+    culprits: frozenset[int]
+
+    @property
+    def grouped(self) -> bool:
+        """Whether some row stands for more than one rank."""
+        return any(len(m) > 1 for m in self.members)
+
+    def y(self, ranks: np.ndarray) -> np.ndarray:
+        """Each rank's row, NaN for a rank not drawn (a group is drawn by one rank)."""
+        row = pd.Series(np.arange(len(self.shown), dtype=float), index=self.shown)
+        return row.reindex(np.asarray(ranks)).to_numpy(dtype=float)
+
+    def labels(self) -> list[str]:
+        """Each row's tick label: a rank (a culprit in red, with ✖), or ``N ranks: 0-36, …``."""
+        out = []
+        for members in self.members:
+            if len(members) == 1:
+                r = members[0]
+                bad = r in self.culprits
+                out.append(f"<b><span style='color:{ALERT}'>{r} ✖</span></b>" if bad else str(r))
+                continue
+            text = compact_ranks(members)
+            if len(text) > LABEL_CHARS:
+                text = text[: LABEL_CHARS - 1].rsplit(",", 1)[0] + ", …"
+            out.append(f"{len(members)} ranks: {text}")
+        return out
+
+    def axis(self, title: str = "rank", *, across: bool = False) -> dict[str, Any]:
+        """An axis of these rows, every row labelled: vertical, the top row first, or
+        horizontal (``across``), the first row on the left."""
+        n = len(self.shown)
+        alike = "share a row" if not across else "share a column"
+        return {
+            "title": {"text": f"{title} (ranks alike {alike})" if self.grouped else title},
+            "zeroline": False,
+            "range": [-0.5, n - 0.5] if across else [n - 0.5, -0.5],
+            "tickvals": list(range(n)),
+            "ticktext": self.labels(),
+            "automargin": True,
+        }
+
+
+def rank_rows(
+    ranks: Iterable[int],
+    *,
+    culprits: Iterable[int] = (),
+    classes: Iterable[Iterable[int]] = (),
+    state: Mapping[int, str] | None = None,
+) -> RankRows:
+    """The rows of a view of ``ranks``: up to :data:`ALIKE_FROM` ranks one row each in rank
+    order; past that, ranks alike share a row. Ranks are alike when they are in one of
+    ``classes`` (a diagnosis's classes of the first divergence) or, outside every class, have
+    the same ``state`` (e.g. their last call). Culprits and groups of at most
+    :data:`BAND_SHARE` of the ranks are outliers, one row each (culprits first, at most
+    :data:`MAX_NAMED`); groups follow in the order of their lowest rank."""
+    ranks = sorted({int(r) for r in ranks})
+    bad = frozenset(int(r) for r in culprits)
+    if len(ranks) <= ALIKE_FROM:
+        return RankRows(np.array(ranks, dtype=np.int64), [[r] for r in ranks], bad)
+    key: dict[int, str] = {r: f"state {(state or {}).get(r, '')}" for r in ranks}
+    for i, members in enumerate(classes):
+        for r in members:
+            if int(r) in key:
+                key[int(r)] = f"class {i}"
+    groups: dict[str, list[int]] = {}
+    for r in ranks:
+        if r not in bad:
+            groups.setdefault(key[r], []).append(r)
+    big = max(BAND_SHARE * len(ranks), 1)
+    bands = [m for m in groups.values() if len(m) > big]
+    outliers = sorted(bad & set(ranks)) + sorted(
+        r for m in groups.values() if len(m) <= big for r in m
+    )
+    if len(outliers) > MAX_NAMED:  # the rest of the outliers share a row
+        bands.append(sorted(outliers[MAX_NAMED - 1 :]))
+        outliers = outliers[: MAX_NAMED - 1]
+    rows = [[r] for r in outliers] + sorted(bands, key=min)
+    return RankRows(np.array([m[0] for m in rows], dtype=np.int64), rows, bad)
+
+
+def group_order(name: object) -> tuple[int, int | str]:
+    """Sort key of a process group's name: numbers in numeric order (0, 1, 2, 10, not 0, 1,
+    10, 2), then names."""
+    text = str(name)
+    return (0, int(text)) if text.isdigit() else (1, text)

@@ -14,9 +14,11 @@ from rankscope.plot._common import (
     add_segments,
     as_calls,
     empty_figure,
+    group_order,
     highlight_ranks,
     nice_step,
-    rank_axis,
+    rank_rows,
+    scatter,
     text_or,
 )
 
@@ -65,17 +67,33 @@ def ladder_table(calls: pd.DataFrame) -> pd.DataFrame:
             "site": text_or(last["site"]).to_numpy(),
         }
     )
-    return out.astype(LADDER).sort_values(["pg", "rank"], ignore_index=True)
+    out = out.astype(LADDER)
+    # groups in numeric order (0, 1, 2, 10), named ones after
+    number = pd.to_numeric(out["pg"], errors="coerce").astype(float)
+    out = out.assign(_named=number.isna(), _n=number).sort_values(
+        ["_named", "_n", "pg", "rank"], kind="stable"
+    )
+    return out.drop(columns=["_named", "_n"]).reset_index(drop=True)
 
 
-def sequence_ladder(calls: pd.DataFrame, *, culprit_ranks: Iterable[int] = ()) -> go.Figure:
+def sequence_ladder(
+    calls: pd.DataFrame,
+    *,
+    culprit_ranks: Iterable[int] = (),
+    classes: Iterable[Iterable[int]] = (),
+) -> go.Figure:
     """Per rank and process group, the last collective entered (open triangle) and completed
     (dot), joined by a red rung while the call is in flight, counted from the furthest rank of
     the group: ranks in step sit on one line, and the rank behind or ahead stands out.
+    Groups are in numeric order. Past :data:`~rankscope.plot._common.ALIKE_FROM` ranks, ranks
+    alike share a column (:func:`~rankscope.plot._common.rank_rows`: the ``classes`` given,
+    else the ranks equally far from every front), drawn by their lowest rank; culprits and
+    outliers have a column each, named.
 
     Args:
         calls: the run's ``collectives`` table, its ``flight_recorder`` table or a calls table.
         culprit_ranks: ranks to highlight (a diagnosis's ``culprit_ranks``).
+        classes: groups of ranks alike (the classes of a diagnosis's first divergence).
 
     Returns:
         The figure: x is the rank, y the collective's number relative to its group's front (0
@@ -85,13 +103,25 @@ def sequence_ladder(calls: pd.DataFrame, *, culprit_ranks: Iterable[int] = ()) -
     if lad.empty:
         return empty_figure(TITLE, "no collectives in this run")
     culprits = sorted(set(culprit_ranks))
+    offsets = (
+        (lad["entered"] - lad["front"]).astype(str)
+        + "/"
+        + (lad["completed"] - lad["front"]).astype(str)
+    )
+    state = offsets.groupby(lad["rank"]).agg(" ".join).to_dict()
+    rows = rank_rows(
+        lad["rank"].tolist() + culprits, culprits=culprits, classes=classes, state=state
+    )
+    at = rows.y(lad["rank"].to_numpy(dtype=np.int64))
+    lad = lad[~np.isnan(at)].reset_index(drop=True)
+    rank = at[~np.isnan(at)]
     sizes = lad["pg"].value_counts(sort=False).sort_values(ascending=False, kind="stable")
     big = sizes.index[: MAX_GROUPS if len(sizes) > MAX_GROUPS + 1 else len(sizes)].tolist()
+    big = sorted(big, key=group_order)
     group = lad["pg"].where(lad["pg"].isin(big), "other").astype(str).to_numpy()
-    rank = lad["rank"].to_numpy(float)
     entered = (lad["entered"] - lad["front"]).to_numpy(float)
     completed = (lad["completed"] - lad["front"]).to_numpy(float)
-    size = float(np.clip(600 / len(set(lad["rank"])), 3, 10))
+    size = float(np.clip(600 / len(rows.shown), 3, 10))
     fig = go.Figure()
     waiting = entered > completed
     if waiting.any():
@@ -104,10 +134,14 @@ def sequence_ladder(calls: pd.DataFrame, *, culprit_ranks: Iterable[int] = ()) -
             colour=ALERT,
             width=max(size / 3, 1),
             vertical=True,
+            points=3 * len(lad),
         )
+    alike = pd.Series([len(m) - 1 for m in rows.members], index=rows.shown)
+    others = lad["rank"].map(alike).fillna(0).astype(int)
     hover = (
         "rank "
         + lad["rank"].astype(str)
+        + np.where(others > 0, " (and " + others.astype(str) + " ranks alike)", "")
         + " · group "
         + lad["pg"]
         + "<br>entered #"
@@ -131,7 +165,7 @@ def sequence_ladder(calls: pd.DataFrame, *, culprit_ranks: Iterable[int] = ()) -
             (completed, "completed", "circle"),
         ):
             fig.add_trace(
-                go.Scattergl(
+                scatter(3 * len(lad))(
                     x=rank[pick],
                     y=y[pick],
                     mode="markers",
@@ -142,13 +176,12 @@ def sequence_ladder(calls: pd.DataFrame, *, culprit_ranks: Iterable[int] = ()) -
                     hoverinfo="text",
                 )
             )
-    highlight_ranks(fig, culprits, axis="x")
-    ranks = sorted(set(lad["rank"].tolist()) | set(culprits))
+    highlight_ranks(fig, rows.y(np.array(culprits, dtype=np.int64)).astype(int).tolist(), axis="x")
     low = float(min(completed.min(), entered.min()))
     fig.update_layout(
         title={"text": f"{TITLE}: last collective entered and completed, per group"},
         height=380,
-        xaxis=rank_axis(ranks, culprits=culprits),
+        xaxis=rows.axis(across=True),
         yaxis={
             "title": {"text": "collectives behind the group's front"},
             "range": [low - 0.5, 0.5],

@@ -16,6 +16,7 @@ from rankscope.plot._common import (
     floats,
     rank_axis,
     rows_height,
+    scatter,
     text_or,
 )
 
@@ -45,6 +46,7 @@ def nccl_view(nccl_comms: pd.DataFrame, nccl: pd.DataFrame | None = None) -> go.
         )
     comms = nccl_comms[nccl_comms["rank"].notna() & nccl_comms["state"].isin(["START", "COMPLETE"])]
     fig = go.Figure()
+    points = 2 * len(comms)  # init bars and markers (the warnings are few)
     ends = (
         pd.concat([lines[["rank", "line_no"]], comms[["rank", "line_no"]]])
         .groupby("rank")["line_no"]
@@ -70,7 +72,14 @@ def nccl_view(nccl_comms: pd.DataFrame, nccl: pd.DataFrame | None = None) -> go.
         ):
             if pick.any():
                 add_segments(
-                    fig, start[pick], x1[pick], rank[pick], name=name, colour=colour, width=width
+                    fig,
+                    start[pick],
+                    x1[pick],
+                    rank[pick],
+                    name=name,
+                    colour=colour,
+                    width=width,
+                    points=points,
                 )
     hover = (
         "rank "
@@ -89,7 +98,7 @@ def nccl_view(nccl_comms: pd.DataFrame, nccl: pd.DataFrame | None = None) -> go.
     for state, symbol in (("START", "circle-open"), ("COMPLETE", "circle")):
         part = (comms["state"] == state).to_numpy()
         fig.add_trace(
-            go.Scattergl(
+            scatter(points)(
                 x=floats(comms["line_no"][part]),
                 y=floats(comms["rank"][part]),
                 mode="markers",
@@ -104,7 +113,7 @@ def nccl_view(nccl_comms: pd.DataFrame, nccl: pd.DataFrame | None = None) -> go.
     ]
     if not warn.empty:
         fig.add_trace(
-            go.Scattergl(
+            scatter(points)(
                 x=floats(warn["line_no"]),
                 y=floats(warn["rank"]),
                 mode="markers",

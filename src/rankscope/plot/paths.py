@@ -144,6 +144,14 @@ def first_classes(fd: Mapping[str, Any]) -> list[Class]:
     return out
 
 
+def alike(d: Diagnosis | Mapping[str, Any]) -> list[tuple[int, ...]]:
+    """The ranks of each class of a diagnosis's first divergence (none without one): the
+    groups of ranks alike that the timeline, the ladder and the progress view draw together
+    past many ranks (their ``classes``)."""
+    fd = _get(d, "first_divergence")
+    return [c.ranks for c in first_classes(fd)] if isinstance(fd, Mapping) else []
+
+
 def end_classes(d: Diagnosis) -> list[Class]:
     """Every rank's path at the end, ranks alike as one class: a rank in a call, by its call's
     path (what it waits in: ``in all_reduce #12``); any other, by the frames of its latest

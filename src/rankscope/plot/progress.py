@@ -9,7 +9,17 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from rankscope.plot._common import ALERT, MUTED, PALETTE, empty_figure, floats, time_origin
+from rankscope.plot._common import (
+    ALERT,
+    ALIKE_FROM,
+    MUTED,
+    PALETTE,
+    empty_figure,
+    floats,
+    rank_rows,
+    scatter,
+    time_origin,
+)
 
 TITLE = "Progress"
 #: Up to this many ranks, each rank's line has a colour of its own.
@@ -17,7 +27,11 @@ OWN_COLOURS = 8
 
 
 def progress(
-    events: pd.DataFrame, *, now: float | None = None, highlight: Iterable[int] = ()
+    events: pd.DataFrame,
+    *,
+    now: float | None = None,
+    highlight: Iterable[int] = (),
+    classes: Iterable[Iterable[int]] = (),
 ) -> go.Figure:
     """Panels stacked over one another: collectives completed per rank over time, the user's
     step marker per rank over time (only when some rank marked steps), and each rank's
@@ -26,12 +40,17 @@ def progress(
     Up to :data:`OWN_COLOURS` ranks, each rank's line has a colour of its own (the legend names
     them); past that every rank is grey in one WebGL trace. The highlighted ranks are drawn
     again in red, so a rank that stopped while the others went on (or the reverse) shows as a
-    flat line.
+    flat line. Past :data:`~rankscope.plot._common.ALIKE_FROM` ranks, ranks alike
+    (:func:`~rankscope.plot._common.rank_rows`: the ``classes`` given, else the same count of
+    calls completed and last step) are drawn by their lowest rank and share a bar of the
+    heartbeat ages, as high as the oldest of them; highlighted ranks and outliers have a bar
+    each, named.
 
     Args:
         events: the run's ``events`` table (the probe's events).
         now: wall-clock seconds since the epoch; by default the latest event.
         highlight: ranks to draw in red (a diagnosis's culprits).
+        classes: groups of ranks alike (the classes of a diagnosis's first divergence).
 
     Returns:
         The figure; x of the line panels is seconds since the first event.
@@ -55,39 +74,74 @@ def progress(
         subplot_titles=panels,
     )
     ranks = sorted(ev["rank"].dropna().astype(int).unique().tolist())
-    own = len(ranks) <= OWN_COLOURS
+    kinds = pd.Series(kind, index=ev.index)
+    state = None
+    if len(ranks) > ALIKE_FROM:  # alike: as many calls completed, the same last step
+        count = kinds.eq("exit").groupby(ev["rank"]).sum()
+        step = ev["step"].where(kinds.eq("step")).groupby(ev["rank"]).max()
+        state = (count.astype(str) + " " + step.reindex(count.index).astype(str)).to_dict()
+    alike = rank_rows(ranks, culprits=marked, classes=classes, state=state)
+    drawn = set(alike.shown.tolist()) | set(marked)
+    exits = exits[exits["rank"].isin(drawn).to_numpy(dtype=bool)]
+    steps = steps[steps["rank"].isin(drawn).to_numpy(dtype=bool)]
+    own = len(alike.shown) <= OWN_COLOURS
+    names = {
+        int(m[0]): f"rank {m[0]}" if len(m) == 1 else f"rank {m[0]} and {len(m) - 1} alike"
+        for m in alike.members
+    }
     done = pd.Series(
         exits.sort_values(["rank", "t_s"], kind="stable").groupby("rank").cumcount() + 1
     ).reindex(exits.index)
     lines = [(exits, done)] + ([(steps, steps["step"].astype(float))] if len(steps) else [])
     for row, (rows, value) in enumerate(lines, start=1):
-        _rank_lines(fig, rows, value, row=row, t0=t0, now=now, marked=marked, own=own)
+        _rank_lines(fig, rows, value, row=row, t0=t0, now=now, marked=marked, own=own, names=names)
         fig.update_xaxes(title={"text": time_origin(t0)}, row=row, col=1)
     last = ev.groupby("rank")["t_s"].max()
-    age = now - floats(last)
-    colour = [ALERT if r in marked else PALETTE[0] for r in last.index]
+    # a bar per row: the oldest heartbeat of the ranks it stands for
+    age = [float(now - last.reindex(m).min()) for m in alike.members]
+    colour = [ALERT if set(m) & set(marked) else PALETTE[0] for m in alike.members]
     bars = len(panels)
     fig.add_trace(
         go.Bar(
-            x=last.index.to_numpy(),
+            x=np.arange(len(alike.shown)) if alike.grouped else alike.shown,
             y=age,
             marker={"color": colour},
             name="heartbeat age",
-            hovertemplate="rank %{x}: last event %{y:.1f} s before now<extra></extra>",
+            customdata=[label.replace("<b>", "").replace("</b>", "") for label in alike.labels()],
+            hovertemplate="%{customdata}: last event %{y:.1f} s before now<extra></extra>",
             showlegend=False,
         ),
         row=bars,
         col=1,
     )
-    # Ranks are whole numbers: a tick per rank, or plotly's choice of whole steps.
-    rank_ticks = {"tickmode": "array", "tickvals": ranks} if len(ranks) <= 32 else {"dtick": 1}
-    fig.update_xaxes(title={"text": "rank"}, row=bars, col=1, **rank_ticks)
+    if alike.grouped:  # a bar per group of ranks alike, each labelled
+        axis = alike.axis(across=True)
+        fig.update_xaxes(
+            title=axis["title"],
+            tickmode="array",
+            tickvals=axis["tickvals"],
+            ticktext=axis["ticktext"],
+            row=bars,
+            col=1,
+        )
+    else:  # ranks are whole numbers: a tick per rank
+        fig.update_xaxes(
+            title={"text": "rank"}, row=bars, col=1, tickmode="array", tickvals=alike.shown.tolist()
+        )
     fig.update_yaxes(title={"text": "seconds"}, row=bars, col=1)
     fig.update_layout(
-        title={"text": f"{TITLE}: {len(last)} ranks"},
+        title={
+            "text": f"{TITLE}: {len(last)} ranks"
+            + (f", {len(alike.shown)} drawn for ranks alike" if alike.grouped else ""),
+            # at the very top, clear of the legend under it
+            "yref": "container",
+            "y": 1.0,
+            "yanchor": "top",
+            "pad": {"t": 10},
+        },
         height=760 if len(panels) == 3 else 560,
         hovermode="closest",
-        margin={"l": 60, "r": 20, "t": 90, "b": 40},
+        margin={"l": 60, "r": 20, "t": 120, "b": 40},
         legend={"orientation": "h", "y": 1.04, "yanchor": "bottom"},
     )
     return fig
@@ -103,6 +157,7 @@ def _rank_lines(
     now: float,
     marked: list[int],
     own: bool,
+    names: dict[int, str],
 ) -> None:
     """One polyline per rank (broken by NaN), held flat up to ``now``: a trace per rank in a
     colour of its own (``own``), or all ranks in one grey trace; the marked ranks again in
@@ -129,7 +184,7 @@ def _rank_lines(
     frame = pd.concat([frame, tail]).sort_values(["rank", "t"], kind="stable", ignore_index=True)
     if own:
         parts = [
-            ([r], f"rank {r}", PALETTE[i % len(PALETTE)], 1.5)
+            ([r], names.get(int(r), f"rank {r}"), PALETTE[i % len(PALETTE)], 1.5)
             for i, r in enumerate(sorted(frame["rank"].unique()))
         ]
     else:
@@ -142,7 +197,7 @@ def _rank_lines(
         r = part["rank"].to_numpy()
         breaks = np.flatnonzero(np.diff(r)) + 1
         fig.add_trace(
-            go.Scattergl(
+            scatter(2 * len(frame))(
                 x=np.insert(part["t"].to_numpy() - t0, breaks, np.nan).astype(np.float32),
                 y=np.insert(part["v"].to_numpy(), breaks, np.nan).astype(np.float32),
                 customdata=np.insert(r.astype(np.float32), breaks, np.nan),

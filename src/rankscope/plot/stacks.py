@@ -11,6 +11,7 @@ import plotly.graph_objects as go
 
 from rankscope.analyze.diagnosis import compact_ranks
 from rankscope.plot._common import ALERT, PALETTE, empty_figure, text_or
+from rankscope.rundir import OWN_FRAMES, user_span
 
 #: The dump a stack summary row comes from.
 DUMP_KEYS = ["rank", "capture_id", "capture", "tool", "thread"]
@@ -105,13 +106,26 @@ def _bold_call(place: str) -> str:
     return f"<b>{html.escape(call)}</b> at {html.escape(rest)}" if sep else html.escape(place)
 
 
+#: Each distinct stack is at least as wide as this share of all ranks, however few it holds:
+#: one rank of 1024 that went elsewhere is a branch with a readable label.
+MIN_SHARE = 0.15
+#: Text on the boxes: white on the blue and the red, black on the grey of folded frames
+#: (each pair at least 4.5:1, WCAG AA).
+FOLDED = "#e6e6e6"
+
+
 def merged_stacks(
     stacks: pd.DataFrame, stack_summary: pd.DataFrame, *, culprit_ranks: Iterable[int] = ()
 ) -> go.Figure:
     """Every rank's latest stack merged into one tree (outermost frame on top): a frame is as
-    wide as the number of ranks that passed through it, so ranks that went elsewhere branch off.
-    A stack starts at the first frame of the user's code; the frames before it (runpy, the
-    probe's bootstrap) are one box on top, which lists them on hover.
+    wide as the number of ranks that passed through it (each distinct stack at least as wide
+    as :data:`MIN_SHARE` of all ranks), so ranks that went elsewhere branch off, however few.
+
+    A stack starts and ends in the user's world (:func:`rankscope.rundir.user_span`): the
+    frames before the user's code (runpy, rankscope's bootstrap) are one grey box on top, the
+    frames after it (torch's call, rankscope's wrapper or capture) one grey box at the bottom
+    named after the call, and a run of frames every rank shares is one grey box too; each
+    lists its frames on hover.
 
     Args:
         stacks: the run's ``stacks`` table (every frame).
@@ -130,24 +144,15 @@ def merged_stacks(
     )
     base = text_or(frames["file"], "?").str.rsplit("/", n=1).str[-1]
     frames = frames.assign(
-        label=text_or(frames["func"]) + " · " + base + ":" + text_or(frames["line"])
+        label=text_or(frames["func"]) + " · " + base + ":" + text_or(frames["line"]),
+        path=text_or(frames["file"], "?"),
     )
-    # A stack starts at the first frame of the user's code: the launcher's frames before it
-    # (runpy, rankscope's bootstrap) fold into one box, whose hover lists them.
-    user = frames["is_user"].fillna(False).astype(bool)
-    by_rank = user.groupby(frames["rank"])
-    before = ((by_rank.cumsum() == 0) & by_rank.transform("any")).to_numpy(dtype=bool)
-    hidden = frames[before].groupby("rank", sort=True)["label"].agg(list)
-    frames = frames[~before]
+    by_stack: dict[tuple[str, ...], list[int]] = {}
     folded: dict[str, list[str]] = {}
-    by_path: dict[tuple[str, ...], list[int]] = {}
-    for rank, path in frames.groupby("rank", sort=True)["label"].agg(tuple).items():
-        skipped = hidden.get(rank, [])
-        if skipped:
-            name = f"⋯ {len(skipped)} frames before your code"
-            folded[name] = skipped
-            path = (name, *path)
-        by_path.setdefault(path, []).append(int(rank))
+    per_rank = frames.groupby("rank", sort=True)[["label", "path", "func"]].agg(list)
+    for rank, (labels, files, funcs) in per_rank.iterrows():
+        by_stack.setdefault(_in_user_world(labels, files, funcs, folded), []).append(int(rank))
+    by_path = _fold_shared(by_stack, folded)
     ids: dict[tuple[str, ...], int] = {}
     labels: list[str] = []
     parents: list[str] = []
@@ -163,13 +168,23 @@ def merged_stacks(
                 members.append([])
             members[ids[key]].extend(ranks)
             parent = str(ids[key])
+    total = sum(len(r) for r in by_path.values())
+    values = [0.0] * len(labels)
+    for path, ranks in by_path.items():  # leaves first, then every box as wide as its leaves
+        for depth in range(len(path)):
+            values[ids[path[: depth + 1]]] += max(len(ranks), MIN_SHARE * total)
     bad = set(culprit_ranks)
+    colours = [
+        FOLDED if label in folded else ALERT if bad and set(m) <= bad else PALETTE[0]
+        for label, m in zip(labels, members, strict=True)
+    ]
+    ink = ["black" if c == FOLDED else "white" for c in colours]
     fig = go.Figure(
         go.Icicle(
             ids=[str(i) for i in range(len(labels))],
             labels=labels,
             parents=parents,
-            values=[len(m) for m in members],
+            values=values,
             branchvalues="total",
             text=[f"{len(m)} rank{'s' if len(m) > 1 else ''}: {compact_ranks(m)}" for m in members],
             customdata=[
@@ -177,16 +192,69 @@ def merged_stacks(
             ],
             textinfo="label+text",
             hovertemplate="%{label}<br>%{text}<br>%{customdata}<extra></extra>",
-            marker={"colors": [ALERT if bad and set(m) <= bad else PALETTE[0] for m in members]},
+            marker={"colors": colours, "line": {"color": "white", "width": 1}},
+            # the root box is drawn with the outside font
+            insidetextfont={"size": 13, "color": ink},
+            outsidetextfont={"size": 13, "color": ink},
             tiling={"orientation": "v"},
+            pathbar={"visible": False},
             sort=False,
         )
     )
+    depth = max(len(p) for p in by_path)
     fig.update_layout(
-        title={
-            "text": f"{title}: {len(by_path)} distinct stacks over {len(frames['rank'].unique())} ranks"
-        },
-        height=520,
+        title={"text": f"{title}: {len(by_path)} distinct stacks over {total} ranks"},
+        height=int(min(max(120 + 48 * depth, 320), 900)),
         margin={"l": 10, "r": 10, "t": 50, "b": 10},
     )
     return fig
+
+
+def _in_user_world(
+    labels: list[str], files: list[str], funcs: list[str], folded: dict[str, list[str]]
+) -> tuple[str, ...]:
+    """One stack (outermost first) as it is drawn: the machinery before and after the user's
+    frames folded into one box each (their frames recorded in ``folded``)."""
+    start, stop = user_span(files)
+    path = list(labels[start:stop])
+    if start:
+        name = (
+            f"⋯ {start} frames before your code"
+            if stop > start
+            else f"⋯ {start} frames of the interpreter and rankscope, none of your code"
+        )
+        folded[name] = labels[:start]
+        path.insert(0, name)
+    if stop < len(labels):
+        after = labels[stop:]
+        # named after the call it is in (torch's innermost frame), not rankscope's capture
+        call = next((f for f, p in zip(funcs[::-1], files[::-1], strict=True) if not _own(p)), "")
+        n = f"{len(after)} frame{'s' if len(after) > 1 else ''}"
+        name = f"in {call} ⋯ {n}" if call else f"⋯ {n} of rankscope"
+        folded[name] = after
+        path.append(name)
+    return tuple(path)
+
+
+def _own(file: str) -> bool:
+    return any(m in file for m in OWN_FRAMES)
+
+
+def _fold_shared(
+    by_stack: dict[tuple[str, ...], list[int]], folded: dict[str, list[str]]
+) -> dict[tuple[str, ...], list[int]]:
+    """The stacks with the frames every stack shares, past the first and before the last of
+    them, folded into one box: the tree opens on the first shared frame of the user's code and
+    the last one before the ranks part."""
+    paths = list(by_stack)
+    shared = 0
+    while all(len(p) > shared + 1 for p in paths) and len({p[shared] for p in paths}) == 1:
+        shared += 1
+    first = 1 if paths[0][0] in folded else 0  # after the box of frames before your code
+    inner = paths[0][first + 1 : shared - 1]
+    if len(inner) < 2:
+        return by_stack
+    name = f"⋯ {len(inner)} frames every rank shares"
+    folded[name] = list(inner)
+    cut = slice(first + 1, shared - 1)
+    return {(*p[: cut.start], name, *p[cut.stop :]): r for p, r in by_stack.items()}

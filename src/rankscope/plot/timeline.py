@@ -11,16 +11,18 @@ import plotly.graph_objects as go
 
 from rankscope.plot._common import (
     ALERT,
-    LABEL_EVERY_RANK,
+    ALIKE_FROM,
     PALETTE,
+    RankRows,
     add_segments,
     as_calls,
     bar_width,
     empty_figure,
     floats,
     highlight_ranks,
-    rank_axis,
+    rank_rows,
     rows_height,
+    scatter,
     text_or,
     time_origin,
     translucent,
@@ -32,8 +34,6 @@ TITLE = "Rank timeline"
 HOVER_BUDGET = 20_000
 #: The shortest bar, as a share of the run's span.
 MIN_WIDTH = 0.003
-#: Calls per rank shown before the divergence when the figure opens.
-CONTEXT_CALLS = 4
 #: A stretch in which no call starts or ends, longer than this share of the run (and than
 #: :data:`COLLAPSE_MEDIAN` times the usual, shorter, such stretch), is drawn narrow: a hang's long wait
 #: does not squeeze the calls before it into a sliver.
@@ -43,13 +43,6 @@ COLLAPSE_MEDIAN = 5.0
 COLLAPSED_WIDTH = 0.08
 #: How much of its op's colour a call in flight keeps (it has a red core besides).
 INFLIGHT_ALPHA = 0.4
-#: Past this many ranks, rows are grouped: the outliers at the top, then the ranks whose last
-#: call is the same, a band each; the figure opens on :data:`VIEW_ROWS` rows (double-click
-#: shows them all).
-GROUP_FROM = 64
-VIEW_ROWS = 40
-#: A group of ranks alike is a band past this share of the ranks; smaller ones are outliers.
-BAND_SHARE = 0.05
 
 
 def rank_timeline(
@@ -60,12 +53,16 @@ def rank_timeline(
     now: float | None = None,
     ranks: Iterable[int] = (),
     chain: Sequence[Mapping[str, Any]] = (),
+    classes: Iterable[Iterable[int]] = (),
 ) -> go.Figure:
     """One row per rank, one bar per collective or point-to-point call over wall time.
 
     Calls are coloured by op; a call still in flight is drawn up to ``now`` with a red core.
-    Every bar is at least :data:`MIN_WIDTH` of the run wide. With a divergence, the figure opens
-    on a few calls per rank before it up to ``now`` (double-click shows the whole run).
+    Every bar is at least :data:`MIN_WIDTH` of the run wide. The figure opens on the whole
+    job, from the first call to ``now``; a long wait is drawn narrow and labelled.
+    Past :data:`~rankscope.plot._common.ALIKE_FROM` ranks, ranks alike share a row
+    (:func:`~rankscope.plot._common.rank_rows`: the ``classes`` given, else the ranks whose
+    last call is the same) and the culprits and outliers have a row each, named.
     Hovering a bar shows the op, the process group, the collective's number on the group, the
     shapes, the call site and the duration. Every bar of one op is one WebGL trace; past
     :data:`HOVER_BUDGET` calls only each rank's latest calls (and every call in flight or of a
@@ -82,6 +79,8 @@ def rank_timeline(
         ranks: every rank of the job, so that a rank without calls still gets its row.
         chain: the wait-for chain of a diagnosis (``Diagnosis.chain``): at ``now``, an arrow
             from each waiting rank to the ranks it waits for.
+        classes: groups of ranks alike (the ranks of each class of a diagnosis's first
+            divergence, :func:`~rankscope.plot.alike`).
 
     Returns:
         The figure; x is seconds since the first call.
@@ -101,8 +100,23 @@ def rank_timeline(
     # call returned from at enqueue): drawn up to now.
     inflight = ~table["completed"].fillna(False).to_numpy(dtype=bool)
     end = np.where(inflight, now, np.where(np.isnan(end), start, end))
-    rows = _Rows(table, all_ranks, culprits, inflight)
+    rows = rank_rows(
+        all_ranks,
+        culprits=culprits,
+        classes=classes,
+        state=_last_calls(table, inflight) if len(all_ranks) > ALIKE_FROM else None,
+    )
+    # a row per rank, or per group of ranks alike (drawn by its lowest rank)
     rank = rows.y(table["rank"].to_numpy(dtype=np.int64))
+    drawn = ~np.isnan(rank)
+    n_calls = len(table)
+    table, start, end, inflight, rank = (
+        table[drawn],
+        start[drawn],
+        end[drawn],
+        inflight[drawn],
+        rank[drawn],
+    )
     took = end - start
     axis = _TimeAxis(np.concatenate([start, end[~inflight]]) - t0, now - t0)
     x0, x1 = axis.shown(start - t0), axis.shown(end - t0)
@@ -110,8 +124,9 @@ def rank_timeline(
     x1 = np.maximum(x1, x0 + MIN_WIDTH * max(axis.width, 1e-3))
 
     fig = go.Figure()
-    height = rows_height(len(all_ranks))
-    width = bar_width(height, min(len(all_ranks), VIEW_ROWS if rows.grouped else len(all_ranks)))
+    points = 2 * len(table)  # a bar and its hover point per call
+    height = rows_height(len(rows.shown))
+    width = bar_width(height, len(rows.shown))
     op = text_or(table["op"])
     group, colours = _op_groups(op)
     for name, colour in colours.items():
@@ -122,7 +137,14 @@ def rank_timeline(
         ):
             if pick.any():
                 add_segments(
-                    fig, x0[pick], x1[pick], rank[pick], name=label, colour=shade, width=width
+                    fig,
+                    x0[pick],
+                    x1[pick],
+                    rank[pick],
+                    name=label,
+                    colour=shade,
+                    width=width,
+                    points=points,
                 )
     if inflight.any():  # in flight: the op's colour, paler, with a red core
         add_segments(
@@ -133,10 +155,11 @@ def rank_timeline(
             name="in flight",
             colour=ALERT,
             width=max(width / 3, 1.0),
+            points=points,
         )
     shown = _with_hover(table, culprits=culprits, inflight=inflight)
     fig.add_trace(
-        go.Scattergl(
+        scatter(points)(
             x=((x0 + x1) / 2)[shown].astype(np.float32),
             y=rank[shown].astype(np.float32),
             mode="markers",
@@ -149,55 +172,41 @@ def rank_timeline(
         )
     )
     right = axis.width
-    first = _mark_divergence(fig, table, divergence, x=x0, end=right, at=rows)
+    parted = _mark_divergence(fig, table, divergence, x=x0, at=rows, points=points)
     _draw_chain(fig, chain, x=right, rows=rows)
     highlight_ranks(fig, rows.y(np.array(culprits, dtype=np.int64)).astype(int).tolist(), axis="y")
-    rows.mark_bands(fig)
     axis.mark_breaks(fig)
+    # "now" at the bottom, a long wait's length at the top: the two never meet
     fig.add_vline(
         x=right,
         line={"color": "black", "dash": "dot", "width": 1},
         annotation_text="now",
-        annotation_position="bottom right",
+        annotation_position="bottom left",
     )
     fig.update_layout(
         # the title at the top, the legend under it (it may wrap to two rows when narrow)
         title={
-            "text": f"{TITLE}: {len(all_ranks)} ranks, {len(table)} calls",
+            "text": f"{TITLE}: {len(all_ranks)} ranks, {n_calls} calls"
+            + (f"<br><span style='font-size:13px;color:{ALERT}'>{parted}</span>" if parted else ""),
             "yref": "container",
-            "y": 0.99,
+            "y": 1.0,
             "yanchor": "top",
+            "pad": {"t": 24 if parted else 8},  # plotly anchors a title of two lines low
         },
         height=height,
         xaxis={
             "title": {"text": time_origin(t0) + axis.note},
             **axis.ticks(),
-            **_around(x0, first, right, all_ranks),
+            # the whole job: its start, the divergence and the hang
+            "range": [-0.02 * right, 1.02 * right],
         },
-        yaxis=rows.axis()
-        if rows.grouped
-        else rank_axis(all_ranks, culprits=culprits, top_down=True),
+        yaxis=rows.axis(),
         # above the plot, clear of the x-axis title
         legend={"orientation": "h", "y": 1.0, "yanchor": "bottom", "x": 1, "xanchor": "right"},
         hovermode="closest",
-        margin={"l": 60, "r": 20, "t": 100, "b": 40},
+        margin={"l": 60, "r": 30, "t": 100, "b": 40},
     )
     return fig
-
-
-def _around(x0: np.ndarray, first: float | None, end: float, ranks: list[int]) -> dict[str, Any]:
-    """The x-range the figure opens on: from a few calls per rank before the divergence to
-    ``end`` (double-click shows the whole run); the whole run when there is no divergence."""
-    if first is None:
-        return {}
-    before = np.sort(x0[x0 < first])
-    left = (
-        float(before[-min(len(before), CONTEXT_CALLS * max(len(ranks), 1))])
-        if len(before)
-        else first
-    )
-    pad = 0.03 * max(end - left, 1e-3)
-    return {"range": [max(left - pad, -pad), end + pad]}
 
 
 def _op_groups(op: pd.Series) -> tuple[pd.Series, dict[str, str]]:
@@ -251,11 +260,12 @@ def _mark_divergence(
     divergence: Mapping[str, Any] | None,
     *,
     x: np.ndarray,
-    end: float,
-    at: _Rows,
-) -> float | None:
-    """Mark the calls of the collective where the ranks part; return where the first began
-    (``x``: where each call of ``table`` begins on the time axis; ``end``: where it ends)."""
+    at: RankRows,
+    points: int,
+) -> str | None:
+    """Mark the calls of the collective where the ranks part, and a line where the first began
+    (``x``: where each call of ``table`` begins on the time axis); return the words for it,
+    which the title carries (over the plot, a label would cover bars or another label)."""
     if not divergence or divergence.get("seq") is None:
         return None
     pg, seq = str(divergence.get("pg")), int(divergence["seq"])
@@ -264,8 +274,7 @@ def _mark_divergence(
     rows = table[pick]
     label = f"first divergence: group {pg} #{seq}"
     if rows.empty:
-        fig.add_annotation(text=label, xref="paper", yref="paper", x=0, y=1.06, showarrow=False)
-        return None
+        return label + " (no call of it in these tables)"
     x = x[pick]
     first = float(x.min())
     # Mark the odd calls (op, shapes or dtypes unlike most), or all when they agree and the
@@ -274,13 +283,13 @@ def _mark_divergence(
     if odd.any():
         rows, x = rows[odd], x[odd]
     fig.add_trace(
-        go.Scattergl(
+        scatter(points)(
             x=x,
             y=at.y(rows["rank"].to_numpy(dtype=np.int64)),
             mode="markers",
             marker={
                 "symbol": "diamond",
-                "size": 12 if len(rows) <= LABEL_EVERY_RANK else 6,
+                "size": 12 if len(rows) <= ALIKE_FROM else 8,
                 "color": "white",
                 "line": {"color": "black", "width": 2},
             },
@@ -289,16 +298,8 @@ def _mark_divergence(
             hoverinfo="text",
         )
     )
-    fig.add_vline(
-        x=first,
-        line={"color": ALERT, "width": 2, "dash": "dash"},
-        annotation_text=label,
-        annotation_font_color=ALERT,
-        # on the side with room: the divergence is often near "now", at the right edge, but in
-        # a short run it may be near the start, at the left one
-        annotation_position="top left" if first > 0.5 * end else "top right",
-    )
-    return first
+    fig.add_vline(x=first, line={"color": ALERT, "width": 2, "dash": "dash"})
+    return label + " (the red dashed line)"
 
 
 #: Arrows of a chain drawn at most (a 16k-rank chain is a handful of links, each many ranks).
@@ -306,7 +307,7 @@ CHAIN_ARROWS = 64
 
 
 def _draw_chain(
-    fig: go.Figure, chain: Sequence[Mapping[str, Any]], *, x: float, rows: _Rows
+    fig: go.Figure, chain: Sequence[Mapping[str, Any]], *, x: float, rows: RankRows
 ) -> None:
     """Where the calls in flight end (``now``), an arrow from each waiting rank to each rank it
     waits for: the chain that leads to the culprit."""
@@ -314,14 +315,15 @@ def _draw_chain(
     for link in chain:
         for source in link.get("ranks", ())[:4]:
             for target in link.get("waits_for", ())[:4]:
-                if drawn >= CHAIN_ARROWS or source == target:
+                y, ay = (float(v) for v in rows.y(np.array([target, source])))
+                if drawn >= CHAIN_ARROWS or np.isnan(y) or np.isnan(ay) or y == ay:
                     continue
                 where = link.get("waits_in") or {}
                 fig.add_annotation(
                     x=x,
-                    y=rows.at(target),
+                    y=y,
                     ax=x,
-                    ay=rows.at(source),
+                    ay=ay,
                     xref="x",
                     yref="y",
                     axref="x",
@@ -337,114 +339,20 @@ def _draw_chain(
                 drawn += 1
 
 
-class _Rows:
-    """Where each rank's row is. Up to :data:`GROUP_FROM` ranks, in rank order; past that,
-    grouped by each rank's last call (op, group, number, in flight or not): the culprits and the
-    ranks of small groups (outliers) at the top, one row each, then every larger group as a
-    band of rows, the smaller bands first."""
-
-    def __init__(
-        self, table: pd.DataFrame, ranks: list[int], culprits: list[int], inflight: np.ndarray
-    ) -> None:
-        self.ranks = np.array(ranks, dtype=np.int64)
-        self.grouped = len(ranks) > GROUP_FROM
-        self.bands: list[tuple[int, int, str]] = []  # first row, last row, what they did
-        self.outliers = 0
-        if not self.grouped:
-            self.order = self.ranks
-        else:
-            self.order = self._grouped(table, culprits, inflight)
-        self.row_of = np.empty(len(self.ranks), dtype=np.float64)
-        self.row_of[np.searchsorted(self.ranks, self.order)] = np.arange(len(self.order))
-        self.culprits = set(culprits)
-
-    def _grouped(
-        self, table: pd.DataFrame, culprits: list[int], inflight: np.ndarray
-    ) -> np.ndarray:
-        last = table.assign(_inflight=inflight).sort_values("t_start_s", kind="stable")
-        last = last.groupby("rank", sort=True).tail(1)
-        state = (
-            text_or(last["op"]).astype(str)
-            + " (group "
-            + last["pg"].astype(str)
-            + " #"
-            + last["seq"].astype("string").fillna("?")
-            + ")"
-            + np.where(last["_inflight"].to_numpy(dtype=bool), ", in flight", ", done")
-        )
-        of_rank = dict(zip(last["rank"].astype(int), state, strict=True))
-        states = pd.Series([of_rank.get(int(r), "no call") for r in self.ranks])
-        sizes = states.map(states.value_counts())
-        band = (sizes > max(BAND_SHARE * len(self.ranks), 1)).to_numpy()
-        bad = np.isin(self.ranks, culprits)
-        outliers = self.ranks[bad | ~band]
-        # culprits first, then the outliers by their state, then the bands, smaller first
-        key = pd.DataFrame({"bad": ~bad[bad | ~band], "state": states[bad | ~band].to_numpy()})
-        outliers = outliers[np.lexsort((outliers, key["state"].to_numpy(), key["bad"].to_numpy()))]
-        order = [outliers]
-        self.outliers = len(outliers)
-        start = len(outliers)
-        banded = states[band & ~bad]
-        for name in banded.value_counts(ascending=True).index:
-            members = self.ranks[(band & ~bad) & (states == name).to_numpy()]
-            self.bands.append(
-                (start, start + len(members) - 1, f"{len(members)} ranks: last {name}")
-            )
-            order.append(members)
-            start += len(members)
-        return np.concatenate(order)
-
-    def y(self, ranks: np.ndarray) -> np.ndarray:
-        """Each rank's row (rank order up to :data:`GROUP_FROM` ranks)."""
-        if not self.grouped:
-            return ranks.astype(float)
-        return self.row_of[np.searchsorted(self.ranks, ranks)]
-
-    def at(self, rank: int) -> float:
-        return float(self.y(np.array([rank], dtype=np.int64))[0])
-
-    def mark_bands(self, fig: go.Figure) -> None:
-        """Shade every other band and say what its ranks did last."""
-        for i, (first, last, what) in enumerate(self.bands):
-            fig.add_hrect(
-                first - 0.5,
-                last + 0.5,
-                fillcolor="rgba(0, 0, 0, 0.05)" if i % 2 == 0 else "rgba(0, 0, 0, 0)",
-                line={"width": 0},
-                layer="below",
-            )
-            fig.add_annotation(
-                text=what,
-                xref="paper",
-                x=0.0,
-                xanchor="left",
-                y=first - 0.5,
-                yanchor="top",
-                yref="y",
-                showarrow=False,
-                font={"size": 11, "color": "#555"},
-                bgcolor="rgba(255, 255, 255, 0.8)",
-            )
-
-    def axis(self) -> dict[str, Any]:
-        """A rank axis for grouped rows: every outlier labelled, and each band's first and last
-        rank; it opens on the first :data:`VIEW_ROWS` rows."""
-        ticks = list(range(self.outliers))
-        for first, last, _ in self.bands:
-            ticks += [first, last] if last > first else [first]
-        text = []
-        for row in ticks:
-            rank = int(self.order[row])
-            bad = rank in self.culprits
-            text.append(f"<b><span style='color:{ALERT}'>{rank} ✖</span></b>" if bad else str(rank))
-        shown = min(len(self.order), max(VIEW_ROWS, self.outliers + 8))
-        return {
-            "title": {"text": f"rank (outliers first, then ranks alike; {len(self.order)} rows)"},
-            "zeroline": False,
-            "range": [shown - 0.5, -0.5],
-            "tickvals": ticks,
-            "ticktext": text,
-        }
+def _last_calls(table: pd.DataFrame, inflight: np.ndarray) -> dict[int, str]:
+    """Each rank's last call (op, group, number, in flight or not): ranks whose last call is
+    the same are alike where no classes are given."""
+    last = table.assign(_inflight=inflight).sort_values("t_start_s", kind="stable")
+    last = last.groupby("rank", sort=True).tail(1)
+    state = (
+        text_or(last["op"]).astype(str)
+        + " "
+        + last["pg"].astype(str)
+        + " #"
+        + last["seq"].astype("string").fillna("?")
+        + np.where(last["_inflight"].to_numpy(dtype=bool), " in flight", " done")
+    )
+    return dict(zip(last["rank"].astype(int), state, strict=True))
 
 
 class _TimeAxis:
@@ -507,8 +415,8 @@ class _TimeAxis:
                 fillcolor="rgba(120, 120, 120, 0.12)",
                 line={"width": 0},
                 layer="below",
-                annotation_text=f"⋯ {b - a:.1f} s ⋯",
-                annotation_position="bottom",
+                annotation_text=f"⋯ {duration(b - a)} ⋯",
+                annotation_position="top",
                 annotation_font={"size": 11, "color": "#555"},
             )
 
@@ -519,3 +427,14 @@ def nice_seconds(rough: float) -> float:
         return 1.0
     power = 10.0 ** np.floor(np.log10(rough))
     return float(next(f * power for f in (1, 2, 5, 10) if f * power >= rough))
+
+
+def duration(seconds: float) -> str:
+    """A length of time as a person reads it, never ``0.0 s``: ``48 s``, ``2.5 s``, ``12 ms``."""
+    if seconds >= 10:
+        return f"{seconds:.0f} s"
+    if seconds >= 1:
+        return f"{seconds:.1f} s"
+    if seconds >= 1e-3:
+        return f"{seconds * 1e3:.0f} ms"
+    return f"{max(seconds * 1e6, 1):.0f} µs"

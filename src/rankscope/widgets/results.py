@@ -203,15 +203,20 @@ class ResultsPanel(widgets.VBox):
             now=now,
             ranks=ranks,
             chain=d.chain,
+            classes=plot.alike(d),
         )
         set_figure(self.timeline, self.timeline_figure)
         figures: dict[str, go.Figure] = {
-            "sequence ladder": plot.sequence_ladder(calls, culprit_ranks=culprits),
+            "sequence ladder": plot.sequence_ladder(
+                calls, culprit_ranks=culprits, classes=plot.alike(d)
+            ),
             "where is everyone": plot.where_is_everyone(run.stack_summary, culprit_ranks=culprits),
             "merged stacks": plot.merged_stacks(
                 run.stacks, run.stack_summary, culprit_ranks=culprits
             ),
-            "progress": plot.progress(run.events, now=now, highlight=culprits),
+            "progress": plot.progress(
+                run.events, now=now, highlight=culprits, classes=plot.alike(d)
+            ),
         }
         if len(run.nccl_comms) or len(run.nccl):
             figures["NCCL"] = plot.nccl_view(run.nccl_comms, run.nccl)
