@@ -210,3 +210,41 @@ def test_cells_errors_without_ranks(tmp_path):
         magics.line("status")
     with pytest.raises(CellsError, match="not understood"):
         magics.line("start 3 --bogus")
+
+
+@pytest.mark.timeout(900)
+def test_cells_killed_rank_then_the_kernel_dies(tmp_path):
+    """A rank killed from outside while a cell runs: the cell says the ranks ended and shows
+    the card. Then the kernel is killed: the ranks, torchrun, the supervisor and the
+    controller all end with it."""
+    import json
+    import signal
+
+    k = Kernel(tmp_path)
+    kernel_pid = k.km.provisioner.process.pid  # type: ignore[union-attr]
+    try:
+        k.run("%load_ext rankscope")
+        _, out = k.run(f"%ranks start 2 --timeout 30 --runs {tmp_path / 'runs'}", timeout=400)
+        assert "2 ranks, incarnation 1: running" in out, out
+        (run,) = (tmp_path / "runs").glob("*-cells-*/*-cells-1-*")
+        pids = json.loads((run / "run.json").read_text())["ranks"]
+        cell, _ = k.run("%%ranks\nimport time\nif rank == 1:\n    time.sleep(600)\ndist.barrier()")
+        time.sleep(3)  # rank 0 in the barrier, rank 1 asleep
+        os.kill(pids["1"]["pid"], signal.SIGKILL)
+        text = _wait_view(k, cell, r"the ranks ended while cell \d+ ran")
+        assert "%ranks restart" in text and "rank 1" in text, text
+        assert "SIGKILL" in text, text
+        _, out = k.run("%%ranks\nprint(rank)")
+        assert "the ranks are not running" in out and "%ranks restart" in out, out
+        assert _ours(tmp_path), "the controller ends with the kernel, not before"
+    finally:
+        k.kc.stop_channels()
+        os.kill(kernel_pid, signal.SIGKILL)
+        k.km.shutdown_kernel(now=True)
+    deadline = time.monotonic() + 60
+    while (left := _ours(tmp_path)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    for p in left:
+        with contextlib.suppress(psutil.Error):
+            p.kill()
+    assert not left, f"processes left after the kernel died: {[p.pid for p in left]}"

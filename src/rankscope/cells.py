@@ -11,7 +11,8 @@ The ranks are IPython Parallel engines (``python -m ipyparallel.engine``) that a
 torchrun's environment (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``/``PORT``, ``LOCAL_RANK``),
 the probe installed by the bootstrap before anything else runs, the job's run directory, its
 supervisor (the ranks end when the kernel does) and its stall watchdog. Only the controller that
-routes cells to the engines is IPython Parallel's own (``ipp.Cluster``, one per session).
+routes cells to the engines is IPython Parallel's own (``ipcontroller``, one per session, under :mod:`rankscope.launch.tether`: it
+ends with the kernel too).
 
 A ``%%ranks`` cell returns at once: the kernel stays free while the ranks run it. Its output is
 a live view, updated from a thread: every rank's state while it runs (the job's own panel),
@@ -33,6 +34,8 @@ import html
 import json
 import logging
 import shlex
+import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -40,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from rankscope.launch import Job, JobSpec
+from rankscope.launch.tracker import doing_now
 from rankscope.rundir import FINAL_STATES, RunDir, new_run_dir
 
 log = logging.getLogger(__name__)
@@ -94,7 +98,7 @@ class CellRanks:
         self.job: Job | None = None
         self.engines: dict[int, int] = {}  # rank -> engine id
         self.history: list[CellRun] = []
-        self._cluster: Any = None
+        self._controller: subprocess.Popen[bytes] | None = None
         self._client: Any = None
 
     # --- starting and stopping --------------------------------------------------------------
@@ -109,19 +113,38 @@ class CellRanks:
         has its process group."""
         import ipyparallel as ipp
 
-        if self._cluster is None:
-            self._cluster = ipp.Cluster(
-                profile_dir=str(self.session / "ipython"),
-                cluster_id=CLUSTER_ID,
-                n=0,
-                controller_ip="127.0.0.1",
-                log_level=logging.WARNING,
-            )
-            self._cluster.start_controller_sync()
-        url = self.session / "ipython" / "security" / f"ipcontroller-{CLUSTER_ID}-engine.json"
-        _wait_for(url.exists, 60.0, f"the IPython Parallel controller wrote no {url.name}")
+        security = self.session / "ipython" / "security"
+        if self._controller is None or self._controller.poll() is not None:
+            with open(self.session / "controller.log", "ab") as out:
+                self._controller = subprocess.Popen(
+                    [
+                        sys.executable,
+                        "-m",
+                        "rankscope.launch.tether",
+                        sys.executable,
+                        "-m",
+                        "ipyparallel.controller",
+                        f"--profile-dir={self.session / 'ipython'}",
+                        f"--cluster-id={CLUSTER_ID}",
+                        "--ip=127.0.0.1",
+                        "--IPController.use_threads=True",
+                        "--log-level=WARN",
+                    ],
+                    stdin=subprocess.PIPE,  # its end closes when this process dies: see tether
+                    stdout=out,
+                    stderr=out,
+                    start_new_session=True,
+                )
+        url = security / f"ipcontroller-{CLUSTER_ID}-engine.json"
+        client_url = security / f"ipcontroller-{CLUSTER_ID}-client.json"
+        _wait_for(
+            lambda: url.exists() and client_url.exists(),
+            60.0,
+            f"the IPython Parallel controller wrote no {url.name} (see "
+            f"{self.session / 'controller.log'})",
+        )
         if self._client is None:
-            self._client = self._cluster.connect_client_sync()
+            self._client = ipp.Client(str(client_url), timeout=60)
         before = set(self._client.ids)
         previous = self.job.run.path.name if self.job is not None else None
         self.incarnation += 1
@@ -185,10 +208,14 @@ class CellRanks:
             with contextlib.suppress(Exception):
                 self._client.close()
             self._client = None
-        if self._cluster is not None:
-            with contextlib.suppress(Exception):
-                self._cluster.stop_cluster_sync()
-            self._cluster = None
+        if self._controller is not None:
+            self._controller.terminate()  # the tether ends the controller's process group
+            try:
+                self._controller.wait(10.0)
+            except subprocess.TimeoutExpired:
+                self._controller.kill()
+                self._controller.wait(5.0)
+            self._controller = None
 
     def restart(self, *, replay: bool = False) -> list[CellRun]:
         """End the ranks, start new ones (a new incarnation); with ``replay``, run again the
@@ -287,6 +314,9 @@ def _finish(ranks: CellRanks, cell_run: CellRun) -> bool:
         return True
     job = ranks.job
     if cell_run.result.ready():
+        # The reply can come before the last output (two channels): the output ends at "idle".
+        with contextlib.suppress(Exception):
+            cell_run.result.wait_for_output(10.0)
         cell_run.ended = True
         failed = [r for r, e in zip(cell_run.ranks, _errors(cell_run), strict=True) if e]
         _log(cell_run.run, {"cell": cell_run.cell, "end": True, "t": time.time(),
@@ -386,14 +416,18 @@ class CellView:
             self.state = f"failed on ranks {failed}" if failed else "done on every rank"
         else:
             self.state = "running"
-        self.live = ""
+        self.live, self.live_text = "", []
         if not c.ended and c.card is None and ranks.job is not None:
             with contextlib.suppress(Exception):
                 self.live = ranks.job._repr_html_()
+                self.live_text = [
+                    f"rank {s['rank']}: {doing_now(s) or s.get('status')}"
+                    for s in ranks.job.ranks()
+                ]
         self.outputs = _outputs(c)
 
     def __repr__(self) -> str:
-        lines = [f"{self.header}: {self.state}"]
+        lines = [f"{self.header}: {self.state}", *self.live_text]
         for rank, text, error in self.outputs:
             if text or error:
                 lines.append(f"--- rank {rank} ---")
@@ -511,7 +545,8 @@ class RanksMagics:
 
         if self.ranks is None:
             raise CellsError("no ranks yet: %ranks start N")
-        number = int(self.shell.execution_count)
+        # IPython counts the cell in before running it: In [N] runs while the count is N + 1.
+        number = int(self.shell.execution_count) - 1
         cell_run = self.ranks.run_cell(number, cell, self.ranks.targets(line))
         handle = display(CellView(self.ranks, cell_run), display_id=True)
         self.ranks.follow(cell_run, handle)
@@ -519,7 +554,20 @@ class RanksMagics:
 
 def load_ipython_extension(shell: Any) -> None:
     """``%load_ext rankscope``: register ``%ranks`` and ``%%ranks``."""
+    from IPython.core.error import UsageError
+
     magics = RanksMagics(shell)
-    shell.register_magic_function(magics.line, "line", "ranks")
-    shell.register_magic_function(magics.cell, "cell", "ranks")
+
+    def said(method: Any) -> Any:
+        # What the user can act on is one line (IPython's UsageError), not a traceback.
+        def magic(*args: Any) -> Any:
+            try:
+                return method(*args)
+            except (CellsError, ValueError) as exc:
+                raise UsageError(str(exc)) from None
+
+        return magic
+
+    shell.register_magic_function(said(magics.line), "line", "ranks")
+    shell.register_magic_function(said(magics.cell), "cell", "ranks")
     shell._rankscope_cells = magics
