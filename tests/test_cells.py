@@ -248,3 +248,33 @@ def test_cells_killed_rank_then_the_kernel_dies(tmp_path):
         with contextlib.suppress(psutil.Error):
             p.kill()
     assert not left, f"processes left after the kernel died: {[p.pid for p in left]}"
+
+
+@pytest.mark.parametrize("how", ["owner_gone", "sigterm"])
+def test_tether_ends_its_child(how):
+    """The tether ends its child's process group when its owner's pipe closes or on SIGTERM."""
+    import signal
+    import subprocess
+
+    tether = subprocess.Popen(
+        [sys.executable, "-m", "rankscope.launch.tether", "sh", "-c", "sleep 600 & sleep 600"],
+        stdin=subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": str(SRC)},
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while len(psutil.Process(tether.pid).children(recursive=True)) < 2:
+            assert time.monotonic() < deadline, "the tether's child never started"
+            time.sleep(0.1)
+        family = psutil.Process(tether.pid).children(recursive=True)
+        if how == "owner_gone":
+            tether.stdin.close()  # type: ignore[union-attr]
+        else:
+            tether.send_signal(signal.SIGTERM)
+        tether.wait(30)
+        _, alive = psutil.wait_procs(family, timeout=30)
+        assert not alive, f"left: {[p.pid for p in alive]}"
+    finally:
+        with contextlib.suppress(OSError):
+            os.killpg(tether.pid, signal.SIGKILL)
