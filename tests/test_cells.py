@@ -217,8 +217,9 @@ def test_cells_killed_rank_then_the_kernel_dies(tmp_path):
     """A rank killed from outside while a cell runs: the cell says the ranks ended and shows
     the card. Then the kernel is killed: the ranks, torchrun, the supervisor and the
     controller all end with it."""
-    import json
     import signal
+
+    from rankscope.rundir import RunDir, rank_records
 
     k = Kernel(tmp_path)
     kernel_pid = k.km.provisioner.process.pid  # type: ignore[union-attr]
@@ -227,10 +228,11 @@ def test_cells_killed_rank_then_the_kernel_dies(tmp_path):
         _, out = k.run(f"%ranks start 2 --timeout 30 --runs {tmp_path / 'runs'}", timeout=400)
         assert "2 ranks, incarnation 1: running" in out, out
         (run,) = (tmp_path / "runs").glob("*-cells-*/*-cells-1-*")
-        pids = json.loads((run / "run.json").read_text())["ranks"]
+        pid = rank_records(RunDir(run))[1].pid
+        assert pid, "rank 1 reported its pid at start"
         cell, _ = k.run("%%ranks\nimport time\nif rank == 1:\n    time.sleep(600)\ndist.barrier()")
         time.sleep(3)  # rank 0 in the barrier, rank 1 asleep
-        os.kill(pids["1"]["pid"], signal.SIGKILL)
+        os.kill(pid, signal.SIGKILL)
         text = _wait_view(k, cell, r"the ranks ended while cell \d+ ran")
         assert "%ranks restart" in text and "rank 1" in text, text
         assert "SIGKILL" in text, text

@@ -43,8 +43,9 @@ from pathlib import Path
 from typing import Any
 
 from rankscope.launch import Job, JobSpec
+from rankscope.launch.procs import pid_alive
 from rankscope.launch.tracker import doing_now
-from rankscope.rundir import FINAL_STATES, RunDir, new_run_dir
+from rankscope.rundir import FINAL_STATES, RunDir, new_run_dir, rank_records
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +74,7 @@ class CellRun:
     note: str = ""
     ended: bool = False
     done: threading.Event = field(default_factory=threading.Event)
+    follower: threading.Thread | None = None  # the thread that redraws its view
 
 
 class CellRanks:
@@ -172,10 +174,17 @@ class CellRanks:
         )
         self.engines = self._new_engines(before)
         view = self._client[list(self.engines.values())]
-        view.execute(
+        setup = view.execute(
             "import rankscope.probe.cells as __rankscope_cells\n__rankscope_cells.setup(globals())",
-            block=True,
+            block=False,
         )
+        try:
+            setup.get(timeout=self.startup_timeout_s)
+        except ipp.TimeoutError:
+            raise CellsError(
+                f"the ranks did not initialise their process group in "
+                f"{self.startup_timeout_s:.0f} s; see {run.path}/logs"
+            ) from None
         return self
 
     def _new_engines(self, before: set[int]) -> dict[int, int]:
@@ -295,6 +304,7 @@ class CellRanks:
                 handle.update(CellView(self, cell_run))
 
         thread = threading.Thread(target=loop, name=f"rankscope-cell-{cell_run.cell}", daemon=True)
+        cell_run.follower = thread
         thread.start()
         return thread
 
@@ -313,7 +323,15 @@ def _finish(ranks: CellRanks, cell_run: CellRun) -> bool:
     if cell_run.ended or cell_run.card is not None:
         return True
     job = ranks.job
-    if cell_run.result.ready():
+    ours = job is not None and job.run == cell_run.run
+    # A rank's death ends the incarnation (torchrun ends the others): the engines' results
+    # come back as errors, so the death is looked at before the results.
+    died = ours and job.poll() is not None  # type: ignore[union-attr]
+    if ours and not died and cell_run.result.ready() and _a_rank_died(cell_run):
+        with contextlib.suppress(TimeoutError):  # the supervisor's final state comes soon
+            job.wait(15.0)  # type: ignore[union-attr]
+        died = job.poll() is not None  # type: ignore[union-attr]
+    if cell_run.result.ready() and not died:
         # The reply can come before the last output (two channels): the output ends at "idle".
         with contextlib.suppress(Exception):
             cell_run.result.wait_for_output(10.0)
@@ -323,10 +341,9 @@ def _finish(ranks: CellRanks, cell_run: CellRun) -> bool:
                             "ok": not failed, "failed": failed})  # fmt: skip
         cell_run.done.set()
         return True
-    if job is None or job.run != cell_run.run:
+    if not ours:
         return False
-    stalled = len(job.stalls) > cell_run.stalls_before
-    died = job.poll() is not None
+    stalled = len(job.stalls) > cell_run.stalls_before  # type: ignore[union-attr]
     if not (stalled or died):
         return False
     import rankscope
@@ -341,7 +358,7 @@ def _finish(ranks: CellRanks, cell_run: CellRun) -> bool:
     done = [
         r
         for r, md in zip(cell_run.ranks, cell_run.result._metadata, strict=True)
-        if md.get("completed")
+        if md.get("completed") and md.get("error") is None
     ]
     what = "the ranks ended" if died else f"stall ({job.stalls[-1]['kind']})"
     cell_run.note = (
@@ -352,6 +369,15 @@ def _finish(ranks: CellRanks, cell_run: CellRun) -> bool:
     )
     cell_run.done.set()
     return True
+
+
+def _a_rank_died(cell_run: CellRun) -> bool:
+    """Whether a target rank failed the cell and its process is gone (killed, crashed): the
+    incarnation ends then, though the other ranks' errors may come first."""
+    if not any(_errors(cell_run)):
+        return False
+    records = rank_records(cell_run.run)
+    return any(r in records and not pid_alive(records[r].pid) for r in cell_run.ranks)
 
 
 def _completed(cell_run: CellRun) -> bool:
@@ -513,6 +539,8 @@ class RanksMagics:
             last = self.ranks.history[-1] if self.ranks.history else None
             if last is not None and not last.done.wait(timeout):
                 print(f"cell {last.cell} still runs after {timeout} s")
+            elif last is not None and last.follower is not None:
+                last.follower.join(10.0)  # its view's last redraw is sent
             return None
         raise CellsError(f"%ranks {command}: unknown; use start, status, wait, restart or stop")
 
