@@ -153,6 +153,12 @@ def test_cells_hang_card_restart(kernel, tmp_path):
     assert "on ranks [0, 2]" in text and "--- rank 2 ---\n21" in text, text
     assert "--- rank 1 ---" not in text
 
+    # Output flooding from every rank: each rank's view keeps its last lines.
+    flood, _ = k.run("%%ranks\nfor i in range(20000):\n    print(rank, i)")
+    text = _wait_view(k, flood, r"done on every rank")
+    assert text.count("characters of output before these left out") == 3, text[:500]
+    assert "2 19999" in text and len(text) < 4 * 20_000, len(text)
+
     # An error on one rank: its traceback, in the cell's own lines, on that rank only.
     bad, _ = k.run("%%ranks\ny = 1\nif rank == 1:\n    raise ValueError('boom on one')")
     text = _wait_view(k, bad, r"failed on ranks \[1\]")

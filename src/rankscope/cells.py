@@ -54,6 +54,9 @@ log = logging.getLogger(__name__)
 CLUSTER_ID = "rankscope"
 #: How often a running cell's view is redrawn.
 LIVE_S = 0.5
+#: A rank's output shown in a cell's view is its last this many characters: a cell that floods
+#: from every rank keeps a view the browser can draw at every redraw.
+OUTPUT_LIMIT = 20_000
 
 
 class CellsError(RuntimeError):
@@ -500,6 +503,9 @@ def _outputs(cell_run: CellRun) -> list[tuple[int, str, str | None]]:
         result_data = (md.get("execute_result") or {}).get("data") or {}
         if "text/plain" in result_data:
             text += result_data["text/plain"] + "\n"
+        if len(text) > OUTPUT_LIMIT:
+            cut = len(text) - OUTPUT_LIMIT
+            text = f"[{cut} characters of output before these left out]\n" + text[cut:]
         out.append((rank, text, error))
     return out
 
