@@ -360,7 +360,7 @@ def _finish(ranks: CellRanks, cell_run: CellRun) -> bool:
         cell_run.card = False
     done = [
         r
-        for r, md in zip(cell_run.ranks, cell_run.result._metadata, strict=True)
+        for r, md in zip(cell_run.ranks, _per_rank(cell_run), strict=True)
         if md.get("completed") and md.get("error") is None
     ]
     what = "the ranks ended" if died else f"stall ({job.stalls[-1]['kind']})"
@@ -387,10 +387,17 @@ def _completed(cell_run: CellRun) -> bool:
     return cell_run.ended and not any(_errors(cell_run))
 
 
+def _per_rank(cell_run: CellRun) -> list[dict[str, Any]]:
+    """IPython Parallel's record of the cell on each target rank (output, error, completion),
+    in the order of ``cell_run.ranks``."""
+    metadata = cell_run.result.metadata
+    return metadata if isinstance(metadata, list) else [metadata]  # one target: unwrapped
+
+
 def _errors(cell_run: CellRun) -> list[str | None]:
     """Per target rank, its error's traceback as text, or None."""
     out: list[str | None] = []
-    for md in cell_run.result._metadata:
+    for md in _per_rank(cell_run):
         err = md.get("error")
         out.append(None if err is None else _error_text(err))
     return out
@@ -491,10 +498,9 @@ class CellView:
 
 def _outputs(cell_run: CellRun) -> list[tuple[int, str, str | None]]:
     """Per target rank: its stdout and stderr so far (and displayed values), and its error."""
-    result = cell_run.result
     errors = _errors(cell_run) if cell_run.ended else [None] * len(cell_run.ranks)
     out = []
-    for rank, md, error in zip(cell_run.ranks, result._metadata, errors, strict=True):
+    for rank, md, error in zip(cell_run.ranks, _per_rank(cell_run), errors, strict=True):
         text = md.get("stdout", "") + md.get("stderr", "")
         for o in md.get("outputs", []):
             data = getattr(o, "data", None) or (o.get("data") if isinstance(o, dict) else None)
