@@ -21,6 +21,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from rankscope.probe import _core
+
 
 class CellError(RuntimeError):
     """What a cell did that a cell session does not allow, said so that the user can act."""
@@ -39,6 +41,9 @@ def setup(ns: dict[str, Any]) -> int:
         device = torch.device("cpu")
     if not dist.is_initialized():
         dist.init_process_group(backend)
+    probe = _core.current()
+    if probe is not None:  # a stop or restart ends the rank as a job's stop does, not a crash
+        probe.take_sigterm()
     ns.update(
         rank=dist.get_rank(),
         world_size=dist.get_world_size(),
