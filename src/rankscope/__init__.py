@@ -45,4 +45,11 @@ def __getattr__(name: str) -> Any:
     return getattr(import_module(module), name)
 
 
+def load_ipython_extension(shell: Any) -> None:
+    """``%load_ext rankscope``: the ``%ranks`` and ``%%ranks`` magics (:mod:`rankscope.cells`)."""
+    from rankscope.cells import load_ipython_extension as load
+
+    load(shell)
+
+
 __all__ = ["__version__", *_LAZY]

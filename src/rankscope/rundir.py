@@ -28,6 +28,11 @@ only place it is spelled out::
       accelerate_config.yaml   what `accelerate launch` read (launcher="accelerate")
       hostfile.cfg             what DeepSpeed's launcher read (launcher="deepspeed", hostfile=...)
       repro.py                 the replay written from the workbench (rankscope.replay)
+      cells/<cell N>           a cell session's (rankscope.cells) cell N as its ranks ran it; the
+                               ranks compile it under this path, so sites read "<cell N>:line"
+      cells/cells.jsonl        one line per cell run: {"cell", "ranks", "t", "replay"}, then its
+                               end {"cell", "end", "t", "ok", "failed"}
+      cells/session.json       the session: its folder, this incarnation's number, the previous one
 
 This module imports only the standard library: the probe loads it inside every rank.
 """
@@ -147,6 +152,12 @@ MACHINERY = (
     "/torch/distributed/distributed_c10d.py",
     "/torch/distributed/c10d_logger.py",
     "/torch/utils/_contextlib.py",
+    # A cell session's engines (rankscope.cells): what runs a cell is not the user's code.
+    "/ipyparallel/",
+    "/ipykernel/",
+    "/IPython/",
+    "/tornado/",
+    "/zmq/",
 )
 
 _STDLIB = frozenset(getattr(sys, "stdlib_module_names", ()))
@@ -355,6 +366,22 @@ class RunDir:
     @property
     def diagnosis_json(self) -> Path:
         return self.path / "diagnosis.json"
+
+    @property
+    def cells(self) -> Path:
+        return self.path / "cells"
+
+    def cell_source(self, cell: int) -> Path:
+        """Where cell ``cell`` of a cell session is kept; its file name is the site's name."""
+        return self.cells / f"<cell {cell}>"
+
+    @property
+    def cells_log(self) -> Path:
+        return self.cells / "cells.jsonl"
+
+    @property
+    def cells_session(self) -> Path:
+        return self.cells / "session.json"
 
     # --- discovery --------------------------------------------------------------------------
     def rank_ids(self) -> list[int]:

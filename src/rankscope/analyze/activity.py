@@ -57,6 +57,14 @@ WAITS: dict[str, tuple[str, str]] = {
         "standard input): make the I/O time out, keep slow I/O off the path between "
         "collectives, or do it on every rank alike.",
     ),
+    "cell_done": (
+        "done with its cell (idle, waiting for the next one)",
+        "In a cell session (%%ranks) this rank finished the cell without making the collective "
+        "that the others wait in: make every rank of the cell make it (a collective inside "
+        "`if rank == 0:` is the usual case), or give the ranks that take part a group of their "
+        "own (dist.new_group) and run the cell on them (%%ranks 0,2). %ranks restart starts "
+        "fresh ranks.",
+    ),
     "subprocess": (
         "waiting for a child process",
         "The rank waits for a child process that does not end: give the wait a timeout and "
@@ -81,6 +89,9 @@ _LIBRARY = [
     ("event", re.compile(r"(^|/)threading\.py$"), {"wait"}),
     ("lock", re.compile(r"(^|/)threading\.py$"), {"acquire", "__enter__"}),
     ("subprocess", re.compile(r"(^|/)subprocess\.py$"), {"wait", "communicate", "_wait"}),
+    # An IPython Parallel engine's own loop, with no user frame above it: a cell session's
+    # rank between cells (rankscope.cells). Before "io": that loop waits on its sockets.
+    ("cell_done", re.compile(r"/ipyparallel/engine/"), None),
     ("io", re.compile(r"(^|/)(socket|selectors|ssl)\.py$|(^|/)http/"), None),
 ]
 

@@ -12,8 +12,9 @@ import contextlib
 import os
 import signal
 import subprocess
+import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import psutil
@@ -125,6 +126,24 @@ def terminate(run: RunDir, *, roots: Iterable[int] = (), grace_s: float = 5.0) -
             os.killpg(pid, signal.SIGKILL)
     psutil.wait_procs([p for p in procs if _alive(p)], timeout=2)
     return killed
+
+
+def when_owner_gone(callback: Callable[[], None]) -> threading.Thread:
+    """Call ``callback`` (in a thread) when stdin reaches EOF: the owner holds the write end
+    of this process's stdin, so its death closes it, however it dies."""
+
+    def reader() -> None:
+        # Raw reads on fd 0: a buffered reader's lock would trip interpreter shutdown.
+        try:
+            while os.read(0, 1024):
+                pass
+        except OSError:
+            pass
+        callback()
+
+    thread = threading.Thread(target=reader, name="rankscope-owner", daemon=True)
+    thread.start()
+    return thread
 
 
 def pid_alive(pid: int | None, *, created: float | None = None) -> bool:

@@ -21,7 +21,7 @@ import time
 from typing import Any
 
 from rankscope.launch import slurm
-from rankscope.launch.procs import terminate
+from rankscope.launch.procs import terminate, when_owner_gone
 from rankscope.rundir import DIST_ENV, FINAL_STATES, RunDir, rank_summaries, torchrun_failures
 
 log = logging.getLogger("rankscope.launch.supervisor")  # it runs as __main__
@@ -97,19 +97,8 @@ class Supervisor:
 
     def watch_owner(self) -> None:
         """EOF on stdin (or a new parent) means the owner died: end the job unless detached."""
-        if self.detached:
-            return
-
-        def reader() -> None:
-            # Raw reads on fd 0: a buffered reader's lock would trip interpreter shutdown.
-            try:
-                while os.read(0, 1024):
-                    pass
-            except OSError:
-                pass
-            self.request_stop("owner_died")
-
-        threading.Thread(target=reader, daemon=True).start()
+        if not self.detached:
+            when_owner_gone(lambda: self.request_stop("owner_died"))
 
     def wait(self) -> None:
         timeout = self.data["spec"].get("timeout_s")

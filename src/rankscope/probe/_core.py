@@ -549,6 +549,13 @@ class Probe:
         )
         watcher.start()
 
+    def take_sigterm(self) -> None:
+        """Make SIGTERM a capture again over a handler the program set since the probe
+        started (an IPython Parallel engine sets one that stops its loop, which the rank would
+        end on as an exception: a stop would read as a crash). From the main thread only."""
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, self._on_signal)
+
     def _watch_signals(self, fd: int) -> None:
         while True:
             try:

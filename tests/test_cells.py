@@ -1,0 +1,288 @@
+"""A cell on every rank: a real Jupyter kernel loads the extension, starts 3 ranks (IPython
+Parallel engines under torchrun), runs cells on them, one of which hangs; the card shows in
+that cell's output, a restart replays the earlier cells, the fixed cell runs, and every process
+is gone at the end."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import queue
+import re
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+pytest.importorskip("ipyparallel")
+jupyter_client = pytest.importorskip("jupyter_client")
+
+pytestmark = pytest.mark.slow
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+
+
+class Kernel:
+    """A real kernel; ``run`` executes code and returns the text of what it showed, while every
+    display it made is kept by id with its latest content (the cells' views update later)."""
+
+    def __init__(self, cwd: Path):
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join([str(SRC), env.get("PYTHONPATH", "")]).rstrip(
+            os.pathsep
+        )
+        self.km = jupyter_client.KernelManager(kernel_name="python3")
+        self.km.kernel_cmd = [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"]
+        self.km.start_kernel(env=env, cwd=str(cwd))
+        self.kc = self.km.client()
+        self.kc.start_channels()
+        self.kc.wait_for_ready(timeout=120)
+        self.displays: dict[str, str] = {}
+        self.by_parent: dict[str, list[str]] = {}  # execute msg id -> its display ids
+        self.counts: dict[str, int] = {}  # execute msg id -> its In [N]
+
+    def _take(self, msg: dict) -> tuple[str | None, str]:
+        kind, content = msg["msg_type"], msg["content"]
+        parent = msg["parent_header"].get("msg_id")
+        text = ""
+        if kind == "stream":
+            text = content["text"]
+        elif kind in ("display_data", "update_display_data", "execute_result"):
+            text = content["data"].get("text/plain", "")
+            did = (content.get("transient") or {}).get("display_id")
+            if did:
+                self.displays[did] = text
+                if kind == "display_data":
+                    self.by_parent.setdefault(parent, []).append(did)
+        elif kind == "error":
+            text = "\n".join(content["traceback"])
+        return parent, text
+
+    def run(self, code: str, *, timeout: float = 300) -> tuple[str, str]:
+        """Execute; returns (msg id, the text it printed and showed)."""
+        msg_id = self.kc.execute(code)
+        out = []
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            assert left > 0, f"{code!r} gave no answer in {timeout} s; so far: {''.join(out)}"
+            try:
+                msg = self.kc.get_iopub_msg(timeout=left)
+            except queue.Empty:
+                continue
+            parent, text = self._take(msg)
+            if parent == msg_id:
+                out.append(text)
+                if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+                    break
+        while (reply := self.kc.get_shell_msg(timeout=30))["parent_header"].get("msg_id") != msg_id:
+            pass  # replies to earlier requests (kernel_info while waiting for the kernel)
+        self.counts[msg_id] = reply["content"].get("execution_count")
+        return msg_id, "".join(out)
+
+    def view(self, msg_id: str) -> str:
+        """The latest text of the cell view that execution ``msg_id`` displayed."""
+        ids = self.by_parent.get(msg_id) or []
+        return "\n".join(self.displays[d] for d in ids)
+
+    def close(self) -> None:
+        self.kc.stop_channels()
+        self.km.shutdown_kernel(now=False)
+
+
+def _ours(root: Path) -> list[psutil.Process]:
+    """Processes whose command line names the test's folder (controller, torchrun, ranks,
+    supervisors)."""
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        cmd = " ".join(p.info.get("cmdline") or [])
+        if str(root) in cmd and p.pid != os.getpid():
+            found.append(p)
+    return found
+
+
+@pytest.fixture
+def kernel(tmp_path):
+    k = Kernel(tmp_path)
+    kernel_pid = k.km.provisioner.process.pid  # type: ignore[union-attr]
+    try:
+        yield k
+    finally:
+        with contextlib.suppress(Exception):
+            k.run("%ranks stop", timeout=120)
+        k.close()
+        deadline = time.monotonic() + 60
+        while (left := _ours(tmp_path)) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        for p in left:  # what the test left: killed, and the test fails below
+            with contextlib.suppress(psutil.Error):
+                p.kill()
+        assert not psutil.pid_exists(kernel_pid) or psutil.Process(kernel_pid).status() == "zombie"
+        assert not left, f"processes left: {[(p.pid, p.cmdline()) for p in left]}"
+
+
+def _wait_view(k: Kernel, msg_id: str, pattern: str, timeout: float = 240) -> str:
+    """Let the kernel work (``%ranks wait``) until the cell's view matches ``pattern``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        k.run("%ranks wait 5", timeout=120)
+        text = k.view(msg_id)
+        if re.search(pattern, text):
+            return text
+    raise AssertionError(f"the cell's view never matched {pattern!r}: {k.view(msg_id)}")
+
+
+@pytest.mark.timeout(1200)
+def test_cells_hang_card_restart(kernel, tmp_path):
+    k = kernel
+    k.run("%load_ext rankscope")
+    _, out = k.run(f"%ranks start 3 --timeout 4 --runs {tmp_path / 'runs'}", timeout=400)
+    assert "3 ranks, incarnation 1: running" in out, out
+
+    # Every rank runs the cell, with torchrun's names defined; output apart, labelled.
+    first, _ = k.run("%%ranks\nx = rank * 10\nprint('hello', rank, world_size, device)")
+    text = _wait_view(k, first, r"done on every rank")
+    for r in range(3):
+        assert f"--- rank {r} ---\nhello {r} 3 cpu" in text, text
+
+    # State stays; a subset of the ranks; a last expression's value is shown.
+    subset, _ = k.run("%%ranks 0,2\nx + 1")
+    text = _wait_view(k, subset, r"done on every rank")
+    assert "on ranks [0, 2]" in text and "--- rank 2 ---\n21" in text, text
+    assert "--- rank 1 ---" not in text
+
+    # Output flooding from every rank: each rank's view keeps its last lines.
+    flood, _ = k.run("%%ranks\nfor i in range(20000):\n    print(rank, i)")
+    text = _wait_view(k, flood, r"done on every rank")
+    assert text.count("characters of output before these left out") == 3, text[:500]
+    assert "2 19999" in text and len(text) < 4 * 20_000, len(text)
+
+    # An error on one rank: its traceback, in the cell's own lines, on that rank only.
+    bad, _ = k.run("%%ranks\ny = 1\nif rank == 1:\n    raise ValueError('boom on one')")
+    text = _wait_view(k, bad, r"failed on ranks \[1\]")
+    n_bad = int(re.search(r"cell (\d+) on ranks", text).group(1))
+    assert "ValueError: boom on one" in text and f"<cell {n_bad}>" in text, text
+
+    # sys.exit() and a second init_process_group: a clear message, the ranks stay up.
+    exits, _ = k.run("%%ranks 0\nimport sys\nsys.exit(3)")
+    text = _wait_view(k, exits, r"failed on ranks \[0\]")
+    assert "sys.exit(3) in a cell: the ranks stay up" in text, text
+    again, _ = k.run("%%ranks\ndist.init_process_group('gloo')")
+    text = _wait_view(k, again, r"failed on ranks \[0, 1, 2\]")
+    assert "the ranks' default process group already exists" in text, text
+
+    # The hang: a rank-conditional all_reduce. The kernel stays free while it hangs.
+    hang, _ = k.run("%%ranks\nt = torch.ones(2)\nif rank == 0:\n    dist.all_reduce(t)")
+    began = time.monotonic()
+    _, out = k.run("print(6 * 7)", timeout=30)
+    assert "42" in out and time.monotonic() - began < 30
+    text = _wait_view(k, hang, r"HANG")
+    n_hang = int(re.search(r"cell (\d+) on ranks", text).group(1))
+    assert "stall (" in text and "ranks [1, 2] had finished it" in text, text
+    assert re.search(r"culprit ranks: 1-2", text), text
+    assert f"all_reduce at <cell {n_hang}>:3" in text, text
+    assert f'parted: rank 0 took the branch at <cell {n_hang}>:2 "if rank == 0:"' in text, text
+    assert n_hang == k.counts[hang]  # the number of the notebook's In [N]
+    assert "interactiveshell" not in text and "ipykernel" not in text, text
+
+    # Restart with replay: a new incarnation; the cells every rank completed run again.
+    _, out = k.run("%ranks restart --replay", timeout=400)
+    assert "incarnation 2: running" in out, out
+    assert "(replay)" in out and "boom on one" not in out, out
+    fixed, _ = k.run("%%ranks\nt = torch.ones(2)\ndist.all_reduce(t)\nprint(x, t.tolist())")
+    text = _wait_view(k, fixed, r"done on every rank")
+    for r in range(3):
+        assert f"--- rank {r} ---\n{r * 10} [3.0, 3.0]" in text, text
+
+    # The first incarnation's evidence stays readable, with the cell's source beside it.
+    import rankscope
+
+    (old,) = (tmp_path / "runs").glob("*-cells-*/*-cells-1-*")
+    d = rankscope.diagnose(rankscope.load_run(old))
+    assert d.culprit_ranks == [1, 2] and f"<cell {n_hang}>:3" in d.render(), d.render()
+    assert (old / "cells" / f"<cell {n_hang}>").read_text().startswith("t = torch.ones(2)")
+
+
+def test_cells_errors_without_ranks(tmp_path):
+    """The magics say what to do when there are no ranks, without starting anything."""
+    from rankscope.cells import CellsError, RanksMagics
+
+    magics = RanksMagics(shell=None)
+    with pytest.raises(CellsError, match="%ranks start N"):
+        magics.cell("", "print(1)")
+    with pytest.raises(CellsError, match="no ranks yet"):
+        magics.line("status")
+    with pytest.raises(CellsError, match="not understood"):
+        magics.line("start 3 --bogus")
+
+
+@pytest.mark.timeout(900)
+def test_cells_killed_rank_then_the_kernel_dies(tmp_path):
+    """A rank killed from outside while a cell runs: the cell says the ranks ended and shows
+    the card. Then the kernel is killed: the ranks, torchrun, the supervisor and the
+    controller all end with it."""
+    import signal
+
+    from rankscope.rundir import RunDir, rank_records
+
+    k = Kernel(tmp_path)
+    kernel_pid = k.km.provisioner.process.pid  # type: ignore[union-attr]
+    try:
+        k.run("%load_ext rankscope")
+        _, out = k.run(f"%ranks start 2 --timeout 30 --runs {tmp_path / 'runs'}", timeout=400)
+        assert "2 ranks, incarnation 1: running" in out, out
+        (run,) = (tmp_path / "runs").glob("*-cells-*/*-cells-1-*")
+        pid = rank_records(RunDir(run))[1].pid
+        assert pid, "rank 1 reported its pid at start"
+        cell, _ = k.run("%%ranks\nimport time\nif rank == 1:\n    time.sleep(600)\ndist.barrier()")
+        time.sleep(3)  # rank 0 in the barrier, rank 1 asleep
+        os.kill(pid, signal.SIGKILL)
+        text = _wait_view(k, cell, r"the ranks ended while cell \d+ ran")
+        assert "%ranks restart" in text and "rank 1" in text, text
+        assert "SIGKILL" in text, text
+        _, out = k.run("%%ranks\nprint(rank)")
+        assert "the ranks are not running" in out and "%ranks restart" in out, out
+        assert _ours(tmp_path), "the controller ends with the kernel, not before"
+    finally:
+        k.kc.stop_channels()
+        os.kill(kernel_pid, signal.SIGKILL)
+        k.km.shutdown_kernel(now=True)
+    deadline = time.monotonic() + 60
+    while (left := _ours(tmp_path)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    for p in left:
+        with contextlib.suppress(psutil.Error):
+            p.kill()
+    assert not left, f"processes left after the kernel died: {[p.pid for p in left]}"
+
+
+@pytest.mark.parametrize("how", ["owner_gone", "sigterm"])
+def test_tether_ends_its_child(how):
+    """The tether ends its child's process group when its owner's pipe closes or on SIGTERM."""
+    import signal
+    import subprocess
+
+    tether = subprocess.Popen(
+        [sys.executable, "-m", "rankscope.launch.tether", "sh", "-c", "sleep 600 & sleep 600"],
+        stdin=subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": str(SRC)},
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while len(psutil.Process(tether.pid).children(recursive=True)) < 2:
+            assert time.monotonic() < deadline, "the tether's child never started"
+            time.sleep(0.1)
+        family = psutil.Process(tether.pid).children(recursive=True)
+        if how == "owner_gone":
+            tether.stdin.close()  # type: ignore[union-attr]
+        else:
+            tether.send_signal(signal.SIGTERM)
+        tether.wait(30)
+        _, alive = psutil.wait_procs(family, timeout=30)
+        assert not alive, f"left: {[p.pid for p in alive]}"
+    finally:
+        with contextlib.suppress(OSError):
+            os.killpg(tether.pid, signal.SIGKILL)
