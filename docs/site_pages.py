@@ -1,6 +1,5 @@
 """The pages of the site that are made from other sources, written before Sphinx reads any:
 
-- ``guide/``: the README, one page per ``##`` section (the README stays the one source);
 - ``notebooks/``: the executed notebooks (``make_site.EXECUTED``), made static: a plotly figure
   becomes a ``<div>`` drawn by the plotly.js the site serves once (``_static/plotly.min.js``); a
   widget becomes the HTML of what it showed, from the widget state the run saved (cards, tables
@@ -8,7 +7,8 @@
 - ``recipes/``: a page per recipe D1-D23, the notebook section that teaches it (``## Dn: ...``)
   after what the scenario catalogue says of it, and an index of them.
 
-Every generated folder is listed in ``docs/.gitignore``.
+Every generated folder is listed in ``docs/.gitignore``. The guide (``guide/``) is written by
+hand: the README is the landing page and links to it.
 """
 
 from __future__ import annotations
@@ -35,39 +35,11 @@ WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
 RECIPES = [f"D{n}" for n in range(1, 24)]
 #: A section of a notebook that teaches one recipe starts with this heading.
 RECIPE_HEADING = re.compile(r"^## (D\d+): (.+)$", re.MULTILINE)
-GENERATED = ("guide", "notebooks", "recipes", "landing")
+GENERATED = ("notebooks", "recipes", "landing")
 #: The landing page shows the quickstart's card and timeline, as the quickstart's run drew them.
 SHOWCASE = "00-quickstart.ipynb"
 TAB_STYLE = "font-weight:600;border-bottom:1px solid #ccc;margin-top:0.8em"
 SCENARIO_GET = re.compile(r'\bget\("([\w-]+)"\)')
-SITE_LINK = re.compile(r"\]\(docs/_build/html/([\w/-]+)\.html\)")
-
-
-# --- the README ------------------------------------------------------------------------------
-
-
-def readme_pages(text: str) -> dict[str, str]:
-    """The README's ``##`` sections as pages: ``{"01-set-up": "# Set-up\\n..."}``; headings
-    inside code blocks are code, and what comes before the first section is the landing page's
-    (``docs/index.md`` includes it)."""
-    pages: dict[str, list[str]] = {}
-    current: list[str] | None = None
-    fence = False
-    for line in text.splitlines():
-        if line.startswith("```"):
-            fence = not fence
-        if not fence and line.startswith("## "):
-            title = line[3:].strip()
-            slug = re.sub(r"[^a-z0-9]+", "-", title.lower()).strip("-")
-            current = pages.setdefault(f"{len(pages) + 1:02d}-{slug}", [f"# {title}"])
-            continue
-        if current is not None:
-            current.append(line[1:] if not fence and line.startswith("###") else line)
-    # a link to a page of the built site (the README's to the entry page) points at its source
-    return {
-        name: SITE_LINK.sub(r"](../\1.md)", "\n".join(lines).rstrip() + "\n")
-        for name, lines in pages.items()
-    }
 
 
 # --- static outputs ---------------------------------------------------------------------------
@@ -324,8 +296,6 @@ def generate(app: Sphinx) -> None:
     for name in GENERATED:
         shutil.rmtree(src / name, ignore_errors=True)
         (src / name).mkdir()
-    for name, text in readme_pages((make_site.ROOT / "README.md").read_text()).items():
-        (src / "guide" / f"{name}.md").write_text(text)
 
     static: dict[str, nbformat.NotebookNode] = {}
     notebook_of: dict[str, str] = {}  # scenario id -> the first notebook that runs it
