@@ -4,6 +4,9 @@
   becomes a ``<div>`` drawn by the plotly.js the site serves once (``_static/plotly.min.js``); a
   widget becomes the HTML of what it showed, from the widget state the run saved (cards, tables
   and figures; its controls, which need a kernel, are left out); the run's folder is not shown;
+- ``reference/public.md``: the names ``import rankscope`` gives (its lazy ``__all__``), each
+  with the first line of its docstring and a link to its page of the API reference, which
+  documents it where it is defined;
 - ``recipes/``: a page per recipe D1-D23, the notebook section that teaches it (``## Dn: ...``)
   after what the scenario catalogue says of it, and an index of them.
 
@@ -35,7 +38,7 @@ WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
 RECIPES = [f"D{n}" for n in range(1, 24)]
 #: A section of a notebook that teaches one recipe starts with this heading.
 RECIPE_HEADING = re.compile(r"^## (D\d+): (.+)$", re.MULTILINE)
-GENERATED = ("notebooks", "recipes", "landing")
+GENERATED = ("notebooks", "recipes", "landing", "reference")
 #: The landing page shows the quickstart's card and timeline, as the quickstart's run drew them.
 SHOWCASE = "00-quickstart.ipynb"
 TAB_STYLE = "font-weight:600;border-bottom:1px solid #ccc;margin-top:0.8em"
@@ -288,6 +291,54 @@ def showcase(nb: nbformat.NotebookNode) -> str:
     )
 
 
+# --- the public names -------------------------------------------------------------------------
+
+
+def _assigns(module: Any, name: str) -> bool:
+    """Whether ``module``'s source assigns ``name`` at its top level (defines it, not imports it)."""
+    import ast
+
+    tree = ast.parse(Path(module.__file__).read_text())
+    for node in tree.body:
+        targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
+        if any(isinstance(t, ast.Name) and t.id == name for t in targets):
+            return True
+    return False
+
+
+def public_names() -> str:
+    """The API reference's root: every public name of the package, where it is documented."""
+    import sys
+
+    import rankscope
+
+    rows = []
+    for name in rankscope.__all__:
+        obj = getattr(rankscope, name)
+        if name == "__version__":
+            continue
+        where = getattr(obj, "__module__", None)
+        if where is None or not hasattr(obj, "__qualname__"):  # a value: the module defining it
+            where = next(
+                m
+                for m, mod in list(sys.modules.items())
+                if m.startswith("rankscope.") and vars(mod).get(name) is obj and _assigns(mod, name)
+            )
+            target = f"{where}.{name}"
+        else:
+            target = f"{where}.{obj.__qualname__}"
+        doc = (getattr(obj, "__doc__", None) or "").strip().split("\n\n")[0]
+        if not callable(obj) or not doc:
+            doc = f"defined in {{py:mod}}`{where}`"
+        rows.append(f"| {{py:obj}}`rankscope.{name} <{target}>` | {' '.join(doc.split())} |")
+    return (
+        "# Public API\n\n"
+        "What `import rankscope` gives; each name links to its page of the reference, where it "
+        "is defined. Every module: {doc}`the reference by module <../api/rankscope/index>`.\n\n"
+        "| name | what it is |\n| --- | --- |\n" + "\n".join(rows) + "\n"
+    )
+
+
 # --- the build --------------------------------------------------------------------------------
 
 
@@ -316,6 +367,7 @@ def generate(app: Sphinx) -> None:
             notebook_of.setdefault(scenario_id, path.name)
 
     (src / "landing" / "showcase.md").write_text(showcase(static[SHOWCASE]))
+    (src / "reference" / "public.md").write_text(public_names())
 
     found: dict[str, tuple[str, str, list[Any]]] = {}
     for name, nb in static.items():

@@ -6,6 +6,7 @@ internal link fails the build."""
 from __future__ import annotations
 
 import functools
+import re
 import subprocess
 import sys
 import threading
@@ -92,6 +93,11 @@ def test_the_site_shows_the_quickstart_and_a_recipe_with_their_figures(
         expect(page.locator(".rankscope-card").first).to_contain_text("Culprit rank")
         figure.scroll_into_view_if_needed()
         page.screenshot(path=str(ARTIFACTS / "site-recipe-d21.png"))
+        # the API's root lists the public names, each a link to where it is documented
+        page.goto(f"{served}/reference/public.html")
+        page.locator("a", has_text="rankscope.diagnose").first.click()
+        expect(page).to_have_url(re.compile(r"/api/rankscope/analyze/driver/index\.html#"))
+        page.screenshot(path=str(ARTIFACTS / "site-public-api.png"))
     # no folder of the machine that ran the notebooks on the pages
     local = [
         p
