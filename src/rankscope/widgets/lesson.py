@@ -14,6 +14,7 @@ lesson's run folder and list, so the last cell can check that none is left runni
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 from collections.abc import Sequence
@@ -96,7 +97,22 @@ class Lesson:
             fix_flag = ["--fix"] if fix and scenario.fix_flag else []
             settings["args"] = [*scenario.args, *extra, *fix_flag]
         settings.update(spec)
-        job = self.start(scenario.spec(fix=fix, **settings))
+        return self._to_the_end(scenario.spec(fix=fix, **settings))
+
+    def run_script(self, script: str | os.PathLike[str], **spec: Any) -> Job:
+        """Run a script of the notebook's own to its end (3 ranks, gloo, the lesson's stall
+        timeout, stopped once its evidence is captured), print how it ended, and return the
+        finished job. ``spec``: :class:`~rankscope.launch.JobSpec` settings over those."""
+        settings: dict[str, Any] = {"nproc_per_node": 3, "backend": "gloo", "on_stall": "stop"}
+        if self.hang_after_s is not None:
+            settings["stall_timeout_s"] = self.hang_after_s
+        if self.presets is not None:
+            settings["presets"] = self.presets
+        settings.update(spec)
+        return self._to_the_end(JobSpec(script=str(script), **settings))
+
+    def _to_the_end(self, spec: JobSpec) -> Job:
+        job = self.start(spec)
         try:
             job.wait(timeout=self.wait_s)
         finally:
@@ -121,12 +137,9 @@ class Lesson:
         """Run the broken scenario; show the workbench's results area and the diagnosis as
         text. The run must fail, with the verdict expected (see :class:`Lesson`)."""
         job = self.run(scenario, **spec)
-        panel = show(job.run.path)  # type: ignore[union-attr]
-        display(panel)
+        panel = self.results(job)
         d = panel.diagnosis
         assert d is not None
-        print(d.render())
-        assert job.poll() != 0, "the broken run should fail"
         want = self.verdict if verdict is _DEFAULT else verdict
         if want == CATALOGUE:
             wrong = scenario.wrong(d)
@@ -136,6 +149,17 @@ class Lesson:
         elif want is not None:
             assert d.verdict in want, d.summary
         return job, panel
+
+    @staticmethod
+    def results(job: Job) -> ResultsPanel:
+        """Show a broken run's results area and its diagnosis as text; the run must have
+        failed."""
+        panel = show(job.run.path)  # type: ignore[union-attr]
+        display(panel)
+        assert panel.diagnosis is not None
+        print(panel.diagnosis.render())
+        assert job.poll() != 0, "the broken run should fail"
+        return panel
 
     def verify(self, scenario: Scenario, **spec: Any) -> Job:
         """Run the scenario fixed: every rank must exit 0. Prints the run's diagnosis."""
@@ -150,16 +174,41 @@ class Lesson:
         print(f"{len(self.jobs)} jobs started, all ended")
 
 
-def show_lines(scenario: Scenario, first: int | str, last: int | str) -> None:
-    """Lines of the scenario's script, numbered as stacks and the diagnosis number them: from
-    line ``first`` to line ``last``, or from the first line containing the text ``first`` to the
-    next one containing ``last``."""
-    lines = scenario.path.read_text().splitlines()
+def show_lines(
+    script: Scenario | str | os.PathLike[str], first: int | str = 1, last: int | str = -1
+) -> None:
+    """Lines of a scenario's script (or of any script), numbered as stacks and the diagnosis
+    number them: from line ``first`` to line ``last`` (-1: the last line), or from the first
+    line containing the text ``first`` to the next one containing ``last``."""
+    path = script.path if isinstance(script, Scenario) else Path(script)
+    lines = path.read_text().splitlines()
     start = first - 1 if isinstance(first, int) else _find(lines, first, 0)
-    end = last - 1 if isinstance(last, int) else _find(lines, last, start)
-    print(f"# {scenario.path.name}")
+    if isinstance(last, str):
+        end = _find(lines, last, start)
+    else:
+        end = len(lines) - 1 if last == -1 else last - 1
+    print(f"# {path.name}")
     for i in range(start, end + 1):
         print(f"{i + 1:3}  {lines[i]}")
+
+
+def line_of(script: Scenario | str | os.PathLike[str], text: str) -> str:
+    """``file.py:N`` of the first line of the script containing ``text``, as the diagnosis
+    names a line."""
+    path = script.path if isinstance(script, Scenario) else Path(script)
+    return f"{path.name}:{_find(path.read_text().splitlines(), text, 0) + 1}"
+
+
+def needs(*packages: str) -> bool:
+    """Whether every package can be imported here. Where one cannot, one line says so and how
+    to install it: the notebook skips the part that needs it."""
+    missing = [name for name in packages if importlib.util.find_spec(name) is None]
+    if missing:
+        print(
+            f"skipped: this part needs {', '.join(missing)}, not installed here "
+            "(pip install -e '.[frameworks]')"
+        )
+    return not missing
 
 
 def _find(lines: list[str], text: str, start: int) -> int:
