@@ -53,16 +53,20 @@ from rankscope.probe._core import DEFAULT_FR_BUFFER, HEARTBEAT_S
 WORKER = Path(__file__).parent / "_probe_loop.py"
 
 
-def launch(*, probe: bool, run_dir: Path, args: list[str], nproc: int = 2) -> dict:
+def launch(
+    *, probe: bool, run_dir: Path, args: list[str], nproc: int = 2, worker: Path = WORKER
+) -> dict:
+    """Run ``worker`` under torchrun (and rankscope's bootstrap where ``probe``); rank 0's
+    JSON line."""
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}"]
     cmd.append(f"--master-port={free_port()}")
     env = dict(os.environ, TORCH_FR_BUFFER_SIZE=DEFAULT_FR_BUFFER)
     if probe:
         env["RANKSCOPE_RUN_DIR"] = str(run_dir)
         cmd += ["-m", "rankscope.probe.bootstrap"]
-    cmd += [str(WORKER), *args]
+    cmd += [str(worker), *args]
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900, check=True)
-    return json.loads(next(ln for ln in out.stdout.splitlines() if ln.startswith("{")))
+    return json.loads(next(ln for ln in out.stdout.splitlines() if ln.startswith('{"')))
 
 
 def ratio_ci(off: list[int], on: list[int]) -> tuple[float, float]:

@@ -105,3 +105,37 @@ def test_analyze_scale_bench_reuses_the_dumps_it_kept(tmp_path: Path) -> None:
         "rankscope-bench-16x20-missing-13",
         "rankscope-bench-16x20-missing-13.done",
     ]
+
+
+FRAMEWORKS = Path(__file__).parent.parent / "bench" / "framework_overhead.py"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+@pytest.mark.skipif(
+    importlib.util.find_spec("lightning") is None,
+    reason="needs lightning: pip install -e '.[frameworks]'",
+)
+def test_framework_overhead_bench_prints_the_ratio_under_lightnings_loop(tmp_path: Path) -> None:
+    args = ["--blocks=3", "--block=3", "--warmup=3", "--framework", "lightning"]
+    env = dict(os.environ, TMPDIR=str(tmp_path))
+    try:
+        out = subprocess.run(
+            [sys.executable, str(FRAMEWORKS), *args],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=360,
+        )
+    finally:
+        left = leftover_processes(tmp_path)
+        for proc in left:
+            proc.kill()
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert not left, f"processes outlived the bench: {[p.pid for p in left]}"
+    text = out.stdout
+    assert "Lightning Trainer (DDP):" in text, text
+    ratios = re.findall(r"ratio (\d+\.\d+) \+- (\d+\.\d+) \(95 %\)", text)
+    assert len(ratios) == 2, text  # as timed, and capped
+    assert all(0.3 < float(r) < 3 and float(h) >= 0 for r, h in ratios), text
+    assert re.search(r"steps over the cap .*: off \d+, on \d+ of 9 each", text), text
