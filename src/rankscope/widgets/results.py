@@ -210,7 +210,9 @@ class ResultsPanel(widgets.VBox):
             "sequence ladder": plot.sequence_ladder(
                 calls, culprit_ranks=culprits, classes=plot.alike(d)
             ),
-            "where is everyone": plot.where_is_everyone(run.stack_summary, culprit_ranks=culprits),
+            "where is everyone": plot.where_is_everyone(
+                run.stack_summary, culprit_ranks=culprits, ranks=ranks
+            ),
             "merged stacks": plot.merged_stacks(
                 run.stacks, run.stack_summary, culprit_ranks=culprits
             ),
