@@ -434,8 +434,30 @@ def placeholder_urls_as_text(app: Sphinx, doctree: nodes.document, docname: str)
             ref.replace_self(nodes.literal(text=ref.astext()))
 
 
+def plain_search_names(app: Sphinx, *_: Any) -> list[Any]:
+    """The search index gets the documented objects' names as text. Sphinx escapes them for
+    HTML, and its search page escapes what it shows again: a command documented by its help
+    ("Fetch every rank's Python stacks...") was listed as "rank&#x27;s". Runs before the index
+    is written (the HTML builder collects extra pages first); adds no page."""
+    indexer = getattr(app.builder, "indexer", None)
+    if indexer is not None and not hasattr(indexer.get_objects, "plain"):
+        escaped = indexer.get_objects
+
+        def get_objects(fn2index: dict[str, int]) -> dict[str, list[tuple[Any, ...]]]:
+            objects: dict[str, list[tuple[Any, ...]]] = {}
+            for prefix, rows in escaped(fn2index).items():
+                plain = [(*row[:-1], html.unescape(row[-1])) for row in rows]
+                objects.setdefault(html.unescape(prefix), []).extend(plain)
+            return objects
+
+        get_objects.plain = True  # type: ignore[attr-defined]
+        indexer.get_objects = get_objects
+    return []
+
+
 def setup(app: Sphinx) -> dict[str, Any]:
     app.connect("builder-inited", generate)
+    app.connect("html-collect-pages", plain_search_names)
     app.connect("doctree-resolved", placeholder_urls_as_text)
     app.add_css_file("rankscope.css")
     app.add_js_file("rankscope.js")

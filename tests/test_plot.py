@@ -337,6 +337,46 @@ def test_where_is_everyone_groups_ranks_by_place() -> None:
     )
 
 
+def test_where_is_everyone_says_in_words_what_is_unknown() -> None:
+    # Real runs: ranks whose stack was taken as they exited hold no frame of the user's code;
+    # monitored_barrier's rank 1 left no stack at all.
+    run = load_run(DATA / "gloo_clean" / "run")
+    ranks = run.ranks["rank"].astype(int).tolist()
+    fig = plot.where_is_everyone(run.stack_summary, ranks=ranks)
+    (bar,) = fig.data
+    assert list(bar.y) == ["exiting: your code had returned (stack taken at exit)"]
+    assert list(bar.text) == ["2 ranks: 0-1"]
+    run = load_run(DATA / "monitored_barrier" / "run")
+    groups = plot.where_groups(run.stack_summary, ranks=[0, 1])
+    assert groups[["place", "ranks"]].values.tolist() == [
+        ["exiting on an exception that left your code (stack taken at exit)", "0"],
+        ["no stack captured", "1"],
+    ]
+    # A rank waiting in a call with no user frame below it, a frame with no line; no "?".
+    _, summary = stack_tables(n=3, odd=2)
+    summary = summary[summary["capture_id"] == 1].reset_index(drop=True)
+    summary.loc[0, ["func", "file", "line", "site"]] = pd.NA
+    summary.loc[1, ["line", "site"]] = pd.NA
+    summary.loc[2, "func"] = pd.NA
+    places = plot.where_groups(summary)["place"].tolist()
+    assert sorted(places) == [
+        "all_reduce at train.py in step",
+        "all_reduce, called from outside your code",
+        "barrier at train.py:31",
+    ]
+    axis = plot.where_is_everyone(summary).data[0].y
+    assert "<b>all_reduce</b>, called from outside your code" in axis
+    assert not any("?" in p for p in places)
+
+
+def test_where_is_everyone_ticks_whole_ranks() -> None:
+    for n, odd in ((3, 2), (2, 1), (40, 39)):
+        fig = plot.where_is_everyone(stack_tables(n=n, odd=odd)[1])
+        xaxis = fig.layout.xaxis
+        assert xaxis.tick0 == 0 and float(xaxis.dtick).is_integer(), (n, xaxis.dtick)
+        assert max(fig.data[0].x) / xaxis.dtick <= 8  # a handful of ticks, not one per rank
+
+
 def test_merged_stacks_branch_where_ranks_part() -> None:
     stacks, summary = stack_tables()
     (icicle,) = plot.merged_stacks(stacks, summary, culprit_ranks=[7]).data

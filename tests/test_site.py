@@ -166,6 +166,25 @@ def test_the_site_reads_at_a_glance(chromium: str, served: str, tmp_path: Path) 
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # alone, it runs every notebook first
+def test_search_results_read_as_text(chromium: str, served: str, tmp_path: Path) -> None:
+    """A command the reference documents by its help ("Fetch every rank's Python stacks...")
+    is found by the site's search and listed as text: no entity (&#x27;) and no markup."""
+    from playwright.sync_api import expect
+
+    index = (HTML / "searchindex.js").read_text()
+    assert not re.search(r"&(#x?[0-9a-fA-F]+|[a-z]+);", index), "an HTML entity in the index"
+    with _page(chromium, tmp_path, "site-search") as page:
+        page.goto(f"{served}/search.html?q=python+stacks")
+        results = page.locator("#search-results ul.search li")
+        expect(results.first).to_be_visible(timeout=30_000)
+        expect(page.locator("#search-results")).to_contain_text("every rank's Python stacks")
+        text = page.locator("#search-results").inner_text()
+        assert "&#" not in text and "&amp;" not in text and "<code" not in text, text[:500]
+        page.screenshot(path=str(ARTIFACTS / "site-search.png"))
+
+
+@pytest.mark.slow
 def test_a_broken_internal_link_fails_the_build(tmp_path: Path) -> None:
     """The site's own build command and settings, on two small pages (only myst's extension:
     links are myst's to check): it builds with a good link and fails, naming the target,

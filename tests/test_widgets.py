@@ -255,6 +255,32 @@ def test_what_the_results_showed_stays_as_plain_outputs() -> None:
     assert "NA" not in ranks["data"]["text/html"]  # what is unknown is left blank
 
 
+def test_choosing_a_table_shows_its_rows_and_no_rows_say_why() -> None:
+    from rankscope.widgets.results import ResultsPanel
+
+    panel = ResultsPanel()
+    panel.table_name.value = "ranks"  # nothing loaded: no error, no grid
+    assert panel.table.layout.display == "none" and not panel.table_errors.outputs
+    panel = rankscope.show(DATA / "gloo_barrier_hang" / "run")
+    assert panel.table.caption == "calls" and panel.table.layout.display != "none"
+    panel.table_name.value = "stack_summary"  # at once, without "Show rows"
+    assert panel.table.caption == "stack_summary"
+    assert "waiting_in" in panel.table.df.columns and set(panel.table.df["rank"]) == {0, 1, 2, 3}
+    assert "<b>stack_summary</b>: " in panel.table_info.value
+    panel.table_name.value = "ranks"
+    assert list(panel.table.df["rank"]) == [0, 1, 2, 3] and "waiting_in" not in panel.table.df
+    panel.table_ranks.value = "9"  # no such rank: no empty grid, a sentence instead
+    panel.show_table.click()
+    assert panel.table.layout.display == "none"
+    assert panel.table_info.value == "<b>ranks</b>: no rows for rank 9"
+    panel.table_name.value = "nccl"  # a gloo run has no NCCL log
+    assert panel.table.layout.display == "none" and "no rows in this run" in panel.table_info.value
+    panel.table_ranks.value = ""
+    panel.table_name.value = "errors"
+    assert (panel.table.layout.display != "none") == (len(panel.table.df) > 0)
+    assert not panel.table_errors.outputs
+
+
 def test_the_results_tables_group_ranks_alike_at_64_ranks() -> None:
     """64 ranks (nccl_fr64: rank 37 all_gathers where the 7 others of its data-parallel group
     reduce_scatter): the grid shows a row per group of ranks alike, the culprit's first and

@@ -251,8 +251,9 @@ _NODE_FAILURE = re.compile(r"^srun: error: Node failure on (\S+)\s*$", re.MULTIL
 
 
 def failed_nodes_in(text: str) -> list[str]:
-    """The nodes srun reported lost in a job's output (``srun: error: Node failure on
-    node2``): what says which node failed after SLURM has already put it back in service."""
+    """The nodes srun reported lost in a job's output, as in
+    ``srun: error: Node failure on node2``: what says which node failed after SLURM has
+    already put it back in service."""
     return sorted(set(_NODE_FAILURE.findall(text)))
 
 

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import html
 from collections.abc import Iterable
+from typing import Any
 
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
 from rankscope.analyze.diagnosis import compact_ranks
-from rankscope.plot._common import ALERT, PALETTE, empty_figure, text_or
+from rankscope.plot._common import ALERT, PALETTE, empty_figure, nice_step, text_or
 from rankscope.rundir import OWN_FRAMES, user_span
 
 #: The dump a stack summary row comes from.
@@ -20,36 +21,79 @@ MAX_PLACES = 30
 
 
 def latest_stacks(stack_summary: pd.DataFrame) -> pd.DataFrame:
-    """Each rank's most recent row of the ``stack_summary`` table (its latest capture)."""
-    order = stack_summary.sort_values(
+    """Each rank's most recent row of the ``stack_summary`` table (its latest capture); a
+    capture whose rank is unknown (a file outside the run's layout) places no rank."""
+    order = stack_summary[stack_summary["rank"].notna()].sort_values(
         ["rank", "capture_id", "t_s", "capture"], kind="stable", na_position="first"
     )
     return order.drop_duplicates("rank", keep="last").reset_index(drop=True)
 
 
-def where_groups(stack_summary: pd.DataFrame) -> pd.DataFrame:
+def where_groups(stack_summary: pd.DataFrame, *, ranks: Iterable[int] = ()) -> pd.DataFrame:
     """Ranks grouped by where their latest stack is: the torch.distributed call they wait in
-    (if any) and the innermost user frame. Largest group first. Example::
+    (if any) and the innermost user frame, in words where that is unknown (a stack with no
+    frame of the user's code, a rank with no stack at all). Largest group first. Example::
 
-                                        place  count  ranks
-        0  all_reduce at train.py:14 in step      7    0-6
-        1             train.py:31 in <module>      1      7
+                                        place  count  ranks        call
+        0  all_reduce at train.py:14 in step      7    0-6  all_reduce
+        1                  no stack captured      1      7
+
+    Args:
+        stack_summary: the run's ``stack_summary`` table; each rank's latest capture is used.
+        ranks: the job's ranks; those with no stack are a group of their own.
     """
     latest = latest_stacks(stack_summary)
-    where = text_or(latest["site"], "")
-    where = where.where(where != "", text_or(latest["file"]) + ":" + text_or(latest["line"]))
     waiting = text_or(latest["waiting_in"], "")
-    place = waiting.where(waiting == "", waiting + " at ") + where
-    place = place + " in " + text_or(latest["func"])
-    grouped = latest.groupby(place.to_numpy(), sort=False)["rank"]
-    out = pd.DataFrame({"count": grouped.size(), "rank_list": grouped.agg(list)})
-    out = out.rename_axis("place").reset_index()
+    place = pd.Series(
+        [_place(row, call) for row, call in zip(latest.itertuples(), waiting, strict=True)],
+        dtype=object,
+    )
+    seen = set(latest["rank"].astype(int))
+    missing = sorted({int(r) for r in ranks} - seen)
+    ranks_of = pd.concat([latest["rank"].astype(int), pd.Series(missing, dtype=int)])
+    place = pd.concat([place, pd.Series([NO_STACK] * len(missing), dtype=object)])
+    call = pd.concat([waiting, pd.Series([""] * len(missing), dtype=object)])
+    frame = pd.DataFrame({"place": place.to_numpy(), "rank": ranks_of.to_numpy()})
+    frame["call"] = call.to_numpy()
+    grouped = frame.groupby("place", sort=False)
+    out = pd.DataFrame(
+        {
+            "count": grouped.size(),
+            "rank_list": grouped["rank"].agg(list),
+            "call": grouped["call"].first(),
+        }
+    ).reset_index()
     out["ranks"] = out["rank_list"].map(compact_ranks)
+    out = out[["place", "count", "rank_list", "ranks", "call"]]
     return out.sort_values(["count", "place"], ascending=[False, True], ignore_index=True)
 
 
+#: The place of a rank the job has but no capture reached.
+NO_STACK = "no stack captured"
+#: The place of a stack taken as the rank ended, after its code had left every user frame
+#: (the probe's capture reasons).
+_OUTSIDE = {
+    "exit": "exiting: your code had returned (stack taken at exit)",
+    "exception": "exiting on an exception that left your code (stack taken at exit)",
+}
+
+
+def _place(row: Any, call: str) -> str:
+    """Where one rank's latest stack is, in words: ``all_reduce at train.py:14 in step``; a
+    stack with none of the user's frames says so (and whether it was taken as the rank exited)."""
+    file, line, site, func = row.file, row.line, row.site, row.func
+    if pd.isna(file) and pd.isna(site):
+        if call:
+            return f"{call}, called from outside your code"
+        return _OUTSIDE.get(str(row.reason), "no frame of your code on the stack")
+    if pd.isna(site):
+        site = str(file).rsplit("/", 1)[-1] + ("" if pd.isna(line) else f":{line}")
+    where = f"{call} at {site}" if call else str(site)
+    return where if pd.isna(func) else f"{where} in {func}"
+
+
 def where_is_everyone(
-    stack_summary: pd.DataFrame, *, culprit_ranks: Iterable[int] = ()
+    stack_summary: pd.DataFrame, *, culprit_ranks: Iterable[int] = (), ranks: Iterable[int] = ()
 ) -> go.Figure:
     """One bar per place where ranks are (innermost user frame and the collective they wait in),
     as long as the number of ranks there: "7 ranks here, 1 rank there" at a glance.
@@ -57,6 +101,7 @@ def where_is_everyone(
     Args:
         stack_summary: the run's ``stack_summary`` table; each rank's latest capture is used.
         culprit_ranks: ranks to highlight; a bar holding one is drawn in red.
+        ranks: the job's ranks; those no capture reached are one bar, "no stack captured".
 
     Returns:
         A horizontal bar chart, the largest group on top.
@@ -64,12 +109,12 @@ def where_is_everyone(
     title = "Where is everyone"
     if stack_summary.empty:
         return empty_figure(title, "no stacks captured (capture evidence while the job runs)")
-    groups = where_groups(stack_summary)
+    groups = where_groups(stack_summary, ranks=ranks)
     if len(groups) > MAX_PLACES:
         rest = groups.iloc[MAX_PLACES - 1 :]
-        ranks = [r for rs in rest["rank_list"] for r in rs]
-        other = {"place": f"{len(rest)} other places", "count": len(ranks), "rank_list": ranks}
-        other["ranks"] = compact_ranks(ranks)
+        folded = [r for rs in rest["rank_list"] for r in rs]
+        other = {"place": f"{len(rest)} other places", "count": len(folded), "call": ""}
+        other |= {"rank_list": folded, "ranks": compact_ranks(folded)}
         groups = pd.concat(
             [groups.iloc[: MAX_PLACES - 1], pd.DataFrame([other])], ignore_index=True
         )
@@ -79,7 +124,7 @@ def where_is_everyone(
     fig = go.Figure(
         go.Bar(
             x=groups["count"],
-            y=groups["place"].map(_bold_call),
+            y=[_bold_call(p, c) for p, c in zip(groups["place"], groups["call"], strict=True)],
             orientation="h",
             marker={"color": colour},
             text=groups["count"].astype(str) + noun + groups["ranks"],
@@ -92,18 +137,25 @@ def where_is_everyone(
     fig.update_layout(
         title={"text": f"{title}: {n} ranks in {len(groups)} places"},
         height=int(min(max(160 + 36 * len(groups), 240), 900)),
-        xaxis={"title": {"text": "ranks"}, "rangemode": "tozero"},
+        # whole ranks only: no tick at 0.5 when every bar holds one or two ranks
+        xaxis={
+            "title": {"text": "ranks"},
+            "rangemode": "tozero",
+            "tick0": 0,
+            "dtick": nice_step(int(groups["count"].max()) / 6),
+        },
         yaxis={"autorange": "reversed", "automargin": True},
         margin={"l": 20, "r": 20, "t": 50, "b": 40},
     )
     return fig
 
 
-def _bold_call(place: str) -> str:
+def _bold_call(place: str, call: str) -> str:
     """The collective a group waits in, in bold, on the chart's axis (plotly's markup; the
     table of :func:`where_groups` stays plain text)."""
-    call, sep, rest = place.partition(" at ")
-    return f"<b>{html.escape(call)}</b> at {html.escape(rest)}" if sep else html.escape(place)
+    if not call or not place.startswith(call):
+        return html.escape(place)
+    return f"<b>{html.escape(call)}</b>{html.escape(place[len(call) :])}"
 
 
 #: Each distinct stack is at least as wide as this share of all ranks, however few it holds:

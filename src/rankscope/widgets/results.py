@@ -14,7 +14,7 @@ from itables.widget import ITable
 
 from rankscope import plot
 from rankscope.analyze import Diagnosis, diagnose
-from rankscope.analyze.diagnosis import CELL_STYLE
+from rankscope.analyze.diagnosis import CELL_STYLE, compact_ranks
 from rankscope.collect import Run, load_run
 from rankscope.replay import REPRO_NAME
 from rankscope.replay import build as build_replay
@@ -122,14 +122,16 @@ class ResultsPanel(widgets.VBox):
         self.table_info = widgets.HTML("")
         # A grid made for DataFrames: scrolls sideways, sorts and filters in the browser.
         self.table = ITable(**GRID)
+        self.table.layout.display = "none"  # no empty outlined grid: shown when it has rows
         self.show_table.on_click(lambda _: guarded(self.table_errors, self.show_rows)())
         self.table_group.observe(
             lambda _: guarded(self.table_errors, self._show_group)(), names="value"
         )
         self._groups: list[plot.RankGroup] = []
         self._grouping = False  # the group list is being remade: its choice is no click
+        # choosing a table shows its rows at once (its own columns, the same ranks)
         self.table_name.observe(
-            lambda _: guarded(self.table_errors, self._columns_of)(), names="value"
+            lambda _: guarded(self.table_errors, self._table_chosen)(), names="value"
         )
         self.replay = widgets.Button(
             description="Replay",
@@ -210,7 +212,9 @@ class ResultsPanel(widgets.VBox):
             "sequence ladder": plot.sequence_ladder(
                 calls, culprit_ranks=culprits, classes=plot.alike(d)
             ),
-            "where is everyone": plot.where_is_everyone(run.stack_summary, culprit_ranks=culprits),
+            "where is everyone": plot.where_is_everyone(
+                run.stack_summary, culprit_ranks=culprits, ranks=ranks
+            ),
             "merged stacks": plot.merged_stacks(
                 run.stacks, run.stack_summary, culprit_ranks=culprits
             ),
@@ -314,8 +318,7 @@ class ResultsPanel(widgets.VBox):
         finally:
             self._grouping = False
         self.table_group.disabled = not groups
-        self.table_info.value = info
-        self.table.update(rows, caption=name, **GRID)
+        self._put(rows, info, empty=f"<b>{html.escape(name)}</b>: {self._no_rows(ranks)}")
 
     def _show_group(self) -> None:
         """The rows of the group chosen in ``table_group``; every group's row again for none."""
@@ -329,11 +332,30 @@ class ResultsPanel(widgets.VBox):
             self._table(), at=group.rows, columns=self.table_columns.value
         )
         more = f", the first {len(rows)} shown" if matched > len(rows) else ""
-        self.table_info.value = (
-            f"<b>{html.escape(self.table_name.value)}</b>: the {matched} rows of "
-            f"{html.escape(group.label)}{more}"
+        name = html.escape(self.table_name.value)
+        self._put(
+            rows,
+            f"<b>{name}</b>: the {matched} rows of {html.escape(group.label)}{more}",
+            empty=f"<b>{name}</b>: no rows in {html.escape(group.label)}",
         )
+
+    def _table_chosen(self) -> None:
+        """Another table chosen: its rows at once, once a run is shown."""
+        if self.run is not None and self.diagnosis is not None:
+            self.show_rows()
+
+    def _put(self, rows: pd.DataFrame, info: str, *, empty: str) -> None:
+        """Rows into the grid and what they are above it; no rows hide the grid (an empty
+        outlined box) and ``empty`` says why instead."""
+        self.table_info.value = info if len(rows) else empty
         self.table.update(rows, caption=self.table_name.value, **GRID)
+        self.table.layout.display = "" if len(rows) else "none"
+
+    def _no_rows(self, ranks: list[int] | None) -> str:
+        """Why the chosen table shows no rows: none for the ranks asked, or none at all."""
+        if ranks and len(self._table()):
+            return f"no rows for rank{'s' if len(ranks) > 1 else ''} {compact_ranks(ranks)}"
+        return "no rows in this run (nothing of this kind was recorded)"
 
     def _table(self) -> pd.DataFrame:
         """The chosen table: the run's, or ``calls``, the diagnosis's (probe and recorder
