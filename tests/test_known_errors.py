@@ -207,7 +207,7 @@ def test_hostile_text_is_read_fast():
     for text in texts:
         start = time.perf_counter()
         assert recognise(text) is None
-        assert time.perf_counter() - start < 2.0, text[:60]
+        assert time.perf_counter() - start < 5.0, text[:60]  # linear: far under, at any load
 
 
 def test_every_known_error_is_a_crash_with_its_own_recipe():
