@@ -3,7 +3,9 @@ Playwright runs notebooks/01-workbench.ipynb, which launches a hanging job from 
 the diagnosis card must name the culprit rank and the timeline must render. Legibility is
 measured, not assumed: nothing in a card or a table is wider than its box, table cells are
 padded, the live panel's columns keep their widths between refreshes, a job's status line stays
-with its job, the grid sorts on a header's text and shows its search box. Screenshots are kept
+with its job, the grid sorts on a header's text and shows its search box. A cell session
+(``%%ranks``) shows a hanging cell's card in that cell's output by itself, while the kernel
+runs other cells, and leaves no process after ``%ranks stop``. Screenshots are kept
 under tests/artifacts/. The README's `make lab`, run as a user runs it (as root in CI, with no
 display, its port free or taken), serves the quickstart at the URL it prints. Skips only where
 chromium cannot be installed (and `make lab` where its environment is not installed)."""
