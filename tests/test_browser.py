@@ -3,7 +3,9 @@ Playwright runs notebooks/01-workbench.ipynb, which launches a hanging job from 
 the diagnosis card must name the culprit rank and the timeline must render. Legibility is
 measured, not assumed: nothing in a card or a table is wider than its box, table cells are
 padded, the live panel's columns keep their widths between refreshes, a job's status line stays
-with its job, the grid sorts on a header's text and shows its search box. Screenshots are kept
+with its job, the grid sorts on a header's text and shows its search box. A cell session
+(``%%ranks``) shows a hanging cell's card in that cell's output by itself, while the kernel
+runs other cells, and leaves no process after ``%ranks stop``. Screenshots are kept
 under tests/artifacts/. The README's `make lab`, run as a user runs it (as root in CI, with no
 display, its port free or taken), serves the quickstart at the URL it prints. Skips only where
 chromium cannot be installed (and `make lab` where its environment is not installed)."""
@@ -594,3 +596,125 @@ def test_every_view_of_1024_ranks_is_legible_in_chromium(chromium: str, tmp_path
             )
             named = [t for t in texts if re.search(rf"(^|\D){culprit}(\D|$)", t)]
             assert named, f"{name}: rank {culprit} is named nowhere in view: {texts[:40]}"
+
+
+#: The cells of a cell session, in the order the test runs them one by one (a hanging cell
+#: returns at once, so Run All would restart the ranks before its card is shown).
+CELLS = [
+    "%load_ext rankscope\n%ranks start 3 --timeout 4",
+    "%%ranks\nx = rank * 10\nprint('hello from rank', rank, 'of', world_size)",
+    "%%ranks\nt = torch.ones(2)\nif rank == 0:\n    dist.all_reduce(t)",
+    "print(6 * 7)",
+    "%ranks restart",
+    "%%ranks\nt = torch.ones(2)\ndist.all_reduce(t)\nprint(t.tolist())",
+    "%ranks stop",
+]
+#: A cell's prompt once the kernel has run it (``[*]`` while it runs, ``[ ]`` before).
+RAN = re.compile(r"\[\d+\]")
+STARTED = re.compile(r"\[(\*|\d+)\]")
+
+
+def _run_cell(page: Any, index: int, timeout_s: float = 120) -> tuple[Any, int]:
+    """Run the notebook's code cell ``index`` (click, Ctrl+Enter) and wait until its prompt
+    has a number; returns (its output area, that number: the cell's ``In [N]``)."""
+    from playwright.sync_api import expect
+
+    cell = page.locator(".jp-Notebook .jp-CodeCell").nth(index)
+    prompt = cell.locator(".jp-InputPrompt").first
+    # A key that lands while JupyterLab is still settling is sometimes lost (the prompt keeps
+    # its "[ ]"); "[*]" shows at once in the page when the cell is sent, so a retry is safe.
+    for _ in range(3):
+        page.keyboard.press("Escape")
+        cell.locator(".jp-InputArea-editor").click()
+        page.keyboard.press("Control+Enter")
+        with contextlib.suppress(AssertionError):
+            expect(prompt).to_have_text(STARTED, timeout=15_000)
+            break
+    else:
+        raise AssertionError(f"code cell {index} did not start (three tries)")
+    expect(prompt).to_have_text(RAN, timeout=timeout_s * 1000)
+    return cell.locator(".jp-OutputArea"), int(re.search(r"\d+", prompt.inner_text()).group())
+
+
+def _cell_processes(root: Path) -> list[psutil.Process]:
+    """The session's processes: ranks and their supervisor (by their run directory under
+    ``root``), torchrun and the IPython Parallel controller (by a command line naming it)."""
+    found = {p.pid: p for p in leftover_processes(root)}
+    for p in psutil.process_iter(["cmdline"]):
+        if str(root) in " ".join(p.info.get("cmdline") or []) and p.pid != os.getpid():
+            found[p.pid] = p
+    return list(found.values())
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+def test_a_cell_on_every_rank_shows_who_blocks_it_in_jupyterlab(
+    chromium: str, jupyter_lab: tuple[str, Path], tmp_path: Path
+) -> None:
+    """``%%ranks`` cells in JupyterLab: a hanging cell shows the card in its own output with
+    nothing pressed, another cell runs meanwhile, ``%ranks restart`` and the fixed cell work,
+    and ``%ranks stop`` leaves no process of the session."""
+    import nbformat
+    from playwright.sync_api import expect
+
+    url, root = jupyter_lab
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(source) for source in CELLS]
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3"}
+    nbformat.write(nb, root / "cells.ipynb")
+    with _page(chromium, tmp_path, "cells") as page:
+        _open(page, url.replace(NOTEBOOK.name, "cells.ipynb"))
+        out, _ = _run_cell(page, 0, timeout_s=400)  # three ranks start under a loaded machine
+        expect(out).to_contain_text("3 ranks, incarnation 1: running", timeout=30_000)
+        expect(out).not_to_contain_text("Error")
+
+        out, _ = _run_cell(page, 1)
+        expect(out).to_contain_text("done on every rank", timeout=120_000)
+        for rank in range(3):
+            expect(out.locator(".rankscope-rank", has_text=f"rank {rank}")).to_contain_text(
+                f"hello from rank {rank} of 3"
+            )
+        # a rank's output (and traceback) is code: the code font, not the text's
+        fonts = out.locator(".rankscope-rank pre").evaluate_all(
+            "(els) => els.map((e) => getComputedStyle(e).fontFamily)"
+        )
+        assert len(fonts) == 3 and all("monospace" in f for f in fonts), fonts
+        page.screenshot(path=str(ARTIFACTS / "cells-every-rank.png"))
+
+        # The hang: the cell returns at once and its output follows the ranks.
+        hung, n = _run_cell(page, 2)
+        # The kernel is not blocked: the next cell runs while the ranks hang.
+        answer, _ = _run_cell(page, 3, timeout_s=60)
+        expect(answer).to_contain_text("42", timeout=30_000)
+        # The card comes into the hung cell's output by itself (the stall timeout is 4 s).
+        card = hung.locator(".rankscope-card")
+        expect(card).to_contain_text("HANG", timeout=240_000)
+        expect(card.locator(".rankscope-culprits")).to_contain_text("Culprit ranks 1-2")
+        expect(card).to_contain_text(f"<cell {n}>:3")  # rank 0's all_reduce
+        expect(card).to_contain_text(f"<cell {n}>:2")  # the line where the paths parted
+        expect(hung).to_contain_text(f"while cell {n} ran")
+        expect(hung).to_contain_text("%ranks restart")
+        expect(hung).not_to_contain_text("ipykernel")
+        card.scroll_into_view_if_needed()
+        page.screenshot(path=str(ARTIFACTS / "cells-hang-card.png"))
+        assert_legible(card, "the card in the cell")
+
+        out, _ = _run_cell(page, 4, timeout_s=400)
+        expect(out).to_contain_text("3 ranks, incarnation 2: running", timeout=30_000)
+        out, _ = _run_cell(page, 5)
+        expect(out).to_contain_text("done on every rank", timeout=120_000)
+        for rank in range(3):
+            expect(out.locator(".rankscope-rank", has_text=f"rank {rank}")).to_contain_text(
+                "[3.0, 3.0]"
+            )
+        out.scroll_into_view_if_needed()
+        page.screenshot(path=str(ARTIFACTS / "cells-fixed.png"))
+
+        out, _ = _run_cell(page, 6, timeout_s=120)
+        expect(out).to_contain_text("ranks stopped", timeout=30_000)
+        # Every process of the session is gone, with the kernel still up.
+        deadline = time.monotonic() + 60
+        while (left := _cell_processes(root / "runs")) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert not left, f"still running after %ranks stop: {[p.cmdline() for p in left]}"
+        page.screenshot(path=str(ARTIFACTS / "cells-stopped.png"), full_page=True)

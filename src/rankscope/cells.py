@@ -57,6 +57,12 @@ LIVE_S = 0.5
 #: A rank's output shown in a cell's view is its last this many characters: a cell that floods
 #: from every rank keeps a view the browser can draw at every redraw.
 OUTPUT_LIMIT = 20_000
+#: A rank's output and traceback as code, in the notebook's code font (JupyterLab draws a
+#: ``<pre>`` of HTML output in the text's font otherwise), its lines kept and wrapped.
+RANK_PRE_CSS = (
+    "margin:0 0 4px 0;font-family:var(--jp-code-font-family,monospace);"
+    "font-size:var(--jp-code-font-size,0.9em);white-space:pre-wrap"
+)
 
 
 class CellsError(RuntimeError):
@@ -488,7 +494,7 @@ class CellView:
                 body += f"<span style='color:#d62728'>{html.escape(error)}</span>"
             parts.append(
                 f"<div class='rankscope-rank'><b>rank {rank}</b>"
-                f"<pre style='margin:0 0 4px 0'>{body}</pre></div>"
+                f"<pre style='{RANK_PRE_CSS}'>{body}</pre></div>"
             )
         card = self.cell_run.card
         if card:
