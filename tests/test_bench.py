@@ -19,17 +19,17 @@ from .conftest import leftover_processes
 BENCH = Path(__file__).parent.parent / "bench" / "probe_overhead.py"
 
 
-@pytest.mark.slow
-def test_probe_overhead_bench_prints_its_ratios(tmp_path: Path) -> None:
-    args = ["--calls=50", "--blocks=20", "--block=5", "--loop=200", "--jobs=1", "--age=0.5"]
-    env = dict(os.environ, TMPDIR=str(tmp_path))  # its run directories, for the leftover check
+def run_bench(bench: Path, args: list[str], tmp_path: Path, *, timeout: float) -> str:
+    """A bench's standard output; it must succeed and leave no process behind (its run
+    directories go under ``tmp_path``, where the leftover check looks)."""
+    env = dict(os.environ, TMPDIR=str(tmp_path))
     try:
         out = subprocess.run(
-            [sys.executable, str(BENCH), *args],
+            [sys.executable, str(bench), *args],
             env=env,
             capture_output=True,
             text=True,
-            timeout=300,
+            timeout=timeout,
         )
     finally:
         left = leftover_processes(tmp_path)
@@ -37,7 +37,13 @@ def test_probe_overhead_bench_prints_its_ratios(tmp_path: Path) -> None:
             proc.kill()
     assert out.returncode == 0, out.stderr[-3000:]
     assert not left, f"processes outlived the bench: {[p.pid for p in left]}"
-    text = out.stdout
+    return out.stdout
+
+
+@pytest.mark.slow
+def test_probe_overhead_bench_prints_its_ratios(tmp_path: Path) -> None:
+    args = ["--calls=50", "--blocks=20", "--block=5", "--loop=200", "--jobs=1", "--age=0.5"]
+    text = run_bench(BENCH, args, tmp_path, timeout=300)
     built = "Python (no C extension built)"
     if _core._fast is not None:
         built = "C, reading tensors" if _core._META is not None else "C, with torch's getters"
@@ -118,22 +124,7 @@ FRAMEWORKS = Path(__file__).parent.parent / "bench" / "framework_overhead.py"
 )
 def test_framework_overhead_bench_prints_the_ratio_under_lightnings_loop(tmp_path: Path) -> None:
     args = ["--blocks=3", "--block=3", "--warmup=3", "--framework", "lightning"]
-    env = dict(os.environ, TMPDIR=str(tmp_path))
-    try:
-        out = subprocess.run(
-            [sys.executable, str(FRAMEWORKS), *args],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=360,
-        )
-    finally:
-        left = leftover_processes(tmp_path)
-        for proc in left:
-            proc.kill()
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert not left, f"processes outlived the bench: {[p.pid for p in left]}"
-    text = out.stdout
+    text = run_bench(FRAMEWORKS, args, tmp_path, timeout=360)
     assert "Lightning Trainer (DDP):" in text, text
     ratios = re.findall(r"ratio (\d+\.\d+) \+- (\d+\.\d+) \(95 %\)", text)
     assert len(ratios) == 2, text  # as timed, and capped
