@@ -386,7 +386,12 @@ def test_the_live_panel_and_the_controls_answer_in_the_browser(
         expect(ranks).to_contain_text("waiting in barrier", timeout=90_000)
         expect(ranks).to_contain_text("at hang.py:")
         # The columns keep their widths from one refresh to the next (every 0.5 s).
+        expect(ranks).to_be_visible(timeout=30_000)
+        deadline = time.monotonic() + 30
+        while not all(ranks.evaluate(WIDTHS)) and time.monotonic() < deadline:
+            page.wait_for_timeout(200)  # laid out once its output area is drawn
         before, seconds = ranks.evaluate(WIDTHS), ranks.inner_text()
+        assert all(before), f"the ranks table has columns of no width: {before}"
         deadline = time.monotonic() + 10
         while ranks.inner_text() == seconds and time.monotonic() < deadline:
             page.wait_for_timeout(200)

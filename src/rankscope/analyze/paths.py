@@ -656,8 +656,9 @@ def p2p_divergence(
 def earliest(divs: Iterable[FirstDivergence], calls: pd.DataFrame) -> FirstDivergence | None:
     """Of the groups' first divergences, the one whose culprits did something there (made a
     call: where one rank called on another group than its own, that call says what it did,
-    its absence on its own group does not), then the first in time (the start of its earliest
-    call; one without a call at all, last). The first rule keeps the choice independent of
+    its absence on its own group does not), then the first the ranks reached (one where a rank
+    made its call before one where that rank made none), then the first in time (the start of
+    its earliest call; one without a call at all, last). The first rule keeps the choice independent of
     the timing of two groups that part at once."""
 
     def when(d: FirstDivergence) -> tuple[bool, float]:
@@ -667,7 +668,20 @@ def earliest(divs: Iterable[FirstDivergence], calls: pd.DataFrame) -> FirstDiver
         return (own is None or own.op is None, np.inf if pd.isna(t) else float(t))
 
     divs = list(divs)
-    return min(divs, key=when) if divs else None
+    if not divs:
+        return None
+    # Where no culprit made a call, the order the ranks themselves saw decides: a divergence
+    # where some rank made its call comes before one where that same rank made none (it never
+    # got there).
+    pool = [d for d in divs if not when(d)[0]] or divs
+    reached = [{r for c in d.classes if c.op is not None for r in c.ranks} for d in pool]
+    missing = [{r for c in d.classes if c.op is None for r in c.ranks} for d in pool]
+    first = [
+        d
+        for j, d in enumerate(pool)
+        if not any(i != j and reached[i] & missing[j] for i in range(len(pool)))
+    ]
+    return min(first or pool, key=when)
 
 
 def step_at(events: pd.DataFrame, rank: int, t_s: float | None) -> int | None:
