@@ -274,7 +274,8 @@ def first_divergences(
             members,
             ranks,
             complete,
-            {r: ps - {int(pg_codes[lo])} for r, ps in stuck.items()},
+            stuck,
+            int(pg_codes[lo]),
         )
         if found is not None:
             out.append(found)
@@ -369,8 +370,10 @@ def _group_divergence(
     ranks: Collection[int],
     complete: Collection[int],
     stuck: Mapping[int, set[int]],
+    code: int,
 ) -> FirstDivergence | None:
-    """``stuck``: of each rank with an unfinished call on another group, those groups."""
+    """``stuck``: of each rank with an unfinished call, the groups (codes) it waits in;
+    ``code``: this group's."""
     bounds = np.flatnonzero(np.diff(g.rank)) + 1
     starts = np.r_[0, bounds].astype(np.int64)
     start = int(g.seq[starts].max())
@@ -450,7 +453,11 @@ def _group_divergence(
         # ranks that made no call here because they wait in another group's call did not
         # leave this path: the call they wait in says what they did (a class that made a
         # call here is named in their place)
-        away = {c.ranks for c in made if c.op is None and all(stuck.get(r) for r in c.ranks)}
+        away = {
+            c.ranks
+            for c in made
+            if c.op is None and all(stuck.get(r, set()) - {code} for r in c.ranks)
+        }
         if away and culprit - away:
             culprit -= away
     made = [
