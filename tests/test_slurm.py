@@ -36,6 +36,18 @@ def start_slurm(cluster: LocalSlurm, start_job: JobFactory) -> Iterator[JobFacto
     assert cluster.squeue() == [], "a job outlived its test in SLURM's queue"
 
 
+def _story(job: Job) -> str:
+    """What a failed SLURM test needs to be read: run.json's state and error, then the tail of
+    SLURM's output, each node's launcher log and the supervisor's log."""
+    info = job.info()
+    parts = [f"state {info.get('state')}, slurm {info.get('slurm')}, error {info.get('error')}"]
+    names = ["slurm-*.out", "launcher.node*.log", "supervisor.log"]
+    for path in sorted(p for name in names for p in job.run.path.glob(name)):
+        tail = path.read_text(errors="replace").splitlines()[-15:]
+        parts.append(f"--- {path.name}\n" + "\n".join(tail))
+    return "\n".join(parts)
+
+
 def _spec(script: str, **kw: object) -> JobSpec:
     return JobSpec(script=str(SCRIPTS / script), launcher="slurm", nnodes=2, nproc_per_node=2, **kw)
 
@@ -184,11 +196,18 @@ def test_the_job_does_not_outlive_its_owner(cluster, tmp_path):
     assert not leftover_processes(tmp_path)
 
 
+@pytest.mark.timeout(360)
 def test_a_node_that_fails_ends_the_job_with_slurm_s_reason(start_slurm, cluster):
     job = start_slurm.spec(_spec("slurm/second_node_hang.py", stall_timeout_s=60.0))
-    deadline = time.monotonic() + 90
-    while len(job.ranks()) < 4 and time.monotonic() < deadline:
+    # The node goes down once every rank has made the first all_reduce: a job that ended before
+    # (it failed to start) says how, rather than reading as a node failure that never happened.
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and job.poll() is None:
+        if sum((r.get("done") or 0) >= 1 for r in job.ranks()) == 4:
+            break
         time.sleep(0.2)
+    else:
+        pytest.fail(f"the job did not reach its hang before the node went down:\n{_story(job)}")
     try:
         down = cluster.scontrol("update", "NodeName=node2", "State=DOWN", "Reason=rankscope-test")
         assert down.returncode == 0, down.stderr
@@ -196,7 +215,7 @@ def test_a_node_that_fails_ends_the_job_with_slurm_s_reason(start_slurm, cluster
     finally:
         cluster.resume("node2")
     info = job.info()
-    assert info["slurm"]["state"] == "NODE_FAIL"
+    assert info["slurm"]["state"] == "NODE_FAIL", _story(job)
     # SLURM's reason where the node was seen down, else srun's word (it may be back already)
     assert list(info["slurm"]["lost_nodes"]) == ["node2"], info["slurm"]
     assert "NODE_FAIL" in info["error"] and "NodeDown" in info["error"]
