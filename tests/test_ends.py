@@ -55,6 +55,7 @@ def end_stacks(run, rank: int, reason: str):
     ("how", "end", "tag"),
     [
         ("sys_exit", "sys_exit", "sys_exit"),
+        ("record_sys_exit", "sys_exit", "sys_exit"),
         ("raise", "exception", "raise"),
         ("os_exit", "os._exit", "os_exit"),
     ],

@@ -11,12 +11,14 @@ import json
 import os
 import runpy
 import sys
+import threading
 import time
 import traceback
 from types import FrameType, TracebackType
+from typing import Any
 
 from rankscope.probe import _core
-from rankscope.probe._core import install, tb_stack
+from rankscope.probe._core import frame_stack, install, tb_stack
 
 # Frames of the bootstrap, runpy and the probe's collective wrappers are not the user's: a
 # traceback printed by the bootstrap leaves them out, as if the script had run under plain python.
@@ -78,6 +80,29 @@ def _record_error_file(exc: BaseException, text: str) -> None:
         pass
 
 
+class _ExitAsked:
+    """``sys.exit`` as the script sees it, remembering the last call: where code swallows the
+    ``SystemExit`` before it reaches the bootstrap (torchrun's ``@record`` turns
+    ``sys.exit(0)`` into a return), the rank still ends as one that called ``sys.exit``, at the
+    line that called it, not as one whose script returned."""
+
+    def __init__(self, real: Any) -> None:
+        self.real = real
+        self.code: object = None
+        self.frame: FrameType | None = None
+
+    def __call__(self, status: object = None) -> None:
+        if threading.current_thread() is threading.main_thread():  # another thread's only ends it
+            self.code, self.frame = status, sys._getframe(1)
+        self.real(status)
+
+    def swallowed(self) -> tuple[list[list[Any]], FrameType] | None:
+        """The stack and frame of a ``sys.exit(0)`` whose ``SystemExit`` never got out."""
+        if self.frame is None or _exit_code(self.code) != 0:
+            return None
+        return frame_stack(self.frame), self.frame
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or (argv[:1] == ["-m"] and len(argv) < 2):
@@ -96,6 +121,8 @@ def main(argv: list[str] | None = None) -> None:
         script = os.path.abspath(target)
         sys.argv = [target, *args]
         sys.path[0] = os.path.dirname(script)
+    asked = _ExitAsked(sys.exit)
+    sys.exit = asked
     try:
         if module:
             runpy.run_module(module, run_name="__main__", alter_sys=True)
@@ -123,7 +150,11 @@ def main(argv: list[str] | None = None) -> None:
         code = 130 if isinstance(exc, KeyboardInterrupt) else 1
         probe.end(code, reason="exception", stack=stack, frame=frame)
         raise SystemExit(code) from None
-    probe.end(0, how="returned")
+    swallowed = asked.swallowed()
+    if swallowed is not None:
+        probe.end(0, how="sys_exit", stack=swallowed[0], frame=swallowed[1])
+    else:
+        probe.end(0, how="returned")
 
 
 if __name__ == "__main__":

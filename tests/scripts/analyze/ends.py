@@ -1,6 +1,8 @@
 """Ways rank 1 leaves (argv[1]) after one all_reduce with the others, inside a function:
 
 - ``sys_exit``: it prints why and calls ``sys.exit(0)`` (a NaN guard);
+- ``record_sys_exit``: the same under torch's ``record``, which turns that ``sys.exit(0)`` into a
+  return of ``main``;
 - ``raise``: an uncaught ValueError;
 - ``os_exit``: it prints why and calls ``os._exit(3)``;
 - ``abort``: the script's ``main`` is wrapped in torch's ``record`` (which enables faulthandler
@@ -24,7 +26,7 @@ how = sys.argv[1]
 def guard(step: int, loss: float) -> None:
     if loss != loss:
         print(f"loss is nan at step {step}, stopping", flush=True)
-        if how == "sys_exit":
+        if how in ("sys_exit", "record_sys_exit"):
             sys.exit(0)  # site: sys_exit
         if how == "os_exit":
             os._exit(3)  # site: os_exit
@@ -46,4 +48,4 @@ def main() -> None:
     dist.all_reduce(torch.ones(4))
 
 
-(record(main) if how == "abort" else main)()
+(record(main) if how in ("abort", "record_sys_exit") else main)()
