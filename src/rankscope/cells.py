@@ -46,6 +46,7 @@ from rankscope.launch import Job, JobSpec
 from rankscope.launch.procs import pid_alive
 from rankscope.launch.tracker import doing_now
 from rankscope.rundir import FINAL_STATES, RunDir, new_run_dir, rank_records
+from rankscope.state import ranks_text
 
 log = logging.getLogger(__name__)
 
@@ -152,7 +153,7 @@ class CellRanks:
             lambda: url.exists() and client_url.exists(),
             60.0,
             f"the IPython Parallel controller wrote no {url.name} (see "
-            f"{self.session / 'controller.log'})",
+            f"{shown_path(self.session)}/controller.log)",
         )
         if self._client is None:
             self._client = ipp.Client(str(client_url), timeout=60)
@@ -192,7 +193,7 @@ class CellRanks:
         except ipp.TimeoutError:
             raise CellsError(
                 f"the ranks did not initialise their process group in "
-                f"{self.startup_timeout_s:.0f} s; see {run.path}/logs"
+                f"{self.startup_timeout_s:.0f} s; see {shown_path(run.path)}/logs"
             ) from None
         return self
 
@@ -207,12 +208,12 @@ class CellRanks:
             state = self.job.status()
             if state in FINAL_STATES:
                 raise CellsError(
-                    f"the ranks ended while starting ({state}); see {self.job.run.path}"  # type: ignore[union-attr]
+                    f"the ranks ended while starting ({state}); see {shown_path(self.job.run.path)}"  # type: ignore[union-attr]
                 )
             if time.monotonic() > deadline:
                 raise CellsError(
                     f"{len(new)} of {self.nproc} ranks connected after "
-                    f"{self.startup_timeout_s:.0f} s; see {self.job.run.path}/logs"  # type: ignore[union-attr]
+                    f"{self.startup_timeout_s:.0f} s; see {shown_path(self.job.run.path)}/logs"  # type: ignore[union-attr]
                 )
             time.sleep(0.2)
         ranks = self._client[new].apply_sync(_rank_of_engine)
@@ -288,7 +289,10 @@ class CellRanks:
         path.write_text(source)
         _log(run, {"cell": cell, "ranks": ranks, "t": time.time(), "replay": replay})
         view = self._client[[self.engines[r] for r in ranks]]
-        result = view.execute(f"__rankscope_cells.run_cell({str(path)!r}, globals())", block=False)
+        number = len(self.history)  # the probe's cell events name this run of the cell
+        result = view.execute(
+            f"__rankscope_cells.run_cell({str(path)!r}, globals(), {number})", block=False
+        )
         cell_run = CellRun(
             cell=cell,
             ranks=ranks,
@@ -322,7 +326,7 @@ class CellRanks:
             return "no ranks"
         return (
             f"{self.nproc} ranks, incarnation {self.incarnation}: {self.job.status()} "
-            f"(run directory {self.job.run.path})"  # type: ignore[union-attr]
+            f"(run {shown_path(self.job.run.path)})"  # type: ignore[union-attr]
         )
 
 
@@ -369,15 +373,44 @@ def _finish(ranks: CellRanks, cell_run: CellRun) -> bool:
         for r, md in zip(cell_run.ranks, _per_rank(cell_run), strict=True)
         if md.get("completed") and md.get("error") is None
     ]
-    what = "the ranks ended" if died else f"stall ({job.stalls[-1]['kind']})"
-    cell_run.note = (
-        f"{what} while cell {cell_run.cell} ran"
-        + (f"; ranks {done} had finished it" if done else "")
-        + ": %ranks restart starts new ranks (--replay runs the earlier cells again)"
-        + (f"; {cell_run.note}" if cell_run.note else "")
-    )
+    failure = cell_run.note
+    cell_run.note = _stall_words(
+        cell_run.cell,
+        None if died else job.stalls[-1],
+        done,
+        ranks.stall_timeout_s,  # type: ignore[union-attr]
+    ) + (f" ({failure})" if failure else "")
     cell_run.done.set()
     return True
+
+
+def _stall_words(cell: int, stall: dict[str, Any] | None, done: list[int], timeout_s: float) -> str:
+    """The state line of a cell whose ranks stalled (``stall``, the job's record of it) or
+    died (None), as a sentence, with what to do next."""
+    finished = f" ({ranks_text(done)} had finished it)" if done else ""
+    if stall is None:
+        what = f"The ranks ended while cell [{cell}] ran{finished}."
+    elif stall.get("proven"):
+        what = f"Cell [{cell}] hangs, proven: {str(stall['proven']).rstrip('.')}."
+    elif stall.get("kind") == "busy":
+        what = (
+            f"Cell [{cell}] is stalled: ranks have waited in a call for {timeout_s:g} s while "
+            f"another works outside the collectives{finished}."
+        )
+    else:
+        what = (
+            f"Cell [{cell}] hangs: no rank completed a call for {timeout_s:g} s (the stall "
+            f"timeout){finished}."
+        )
+    return f"{what} %ranks restart starts new ranks (--replay runs the earlier cells again)."
+
+
+def shown_path(path: Path) -> str:
+    """A run's folder as the user is shown it: relative to the working directory where it
+    lies under it, else its name (never this machine's absolute path)."""
+    with contextlib.suppress(ValueError):
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    return path.name
 
 
 def _a_rank_died(cell_run: CellRun) -> bool:
@@ -543,7 +576,7 @@ class RanksMagics:
             return self.ranks.job
         if command == "stop":
             self.ranks.stop()
-            print(f"ranks stopped; their run directories are under {self.ranks.session}")
+            print(f"ranks stopped; their runs stay in {shown_path(self.ranks.session)}")
             self.ranks = None
             return None
         if command == "restart":

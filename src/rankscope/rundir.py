@@ -92,6 +92,9 @@ EVENT_KINDS = {
     "exit": "id, op, pg, seq, dur_s, ok, error: the end of a call whose enter line was written",
     "step": "step (the user's step marker)",
     "exception": "type, message, traceback",
+    "cell": "cell (N of the cell's file <cell N>), run (the session's number for this run of "
+    "it), phase (start, or end: however it ended on this rank), threads (at its end: threads "
+    "the cell started that still run); written by a cell session's rank (rankscope.probe.cells)",
     "capture": "id, reason, files (what the probe wrote for an evidence request)",
     "dropped": "since (the time of the first write that failed), writes (how many failed), error "
     "(the OS's word: No space left on device): what the probe could not write to this file and "
@@ -768,6 +771,12 @@ class RankRecord:
     end_how: str | None = None
     """How it ended, as its end event says (``how`` in :data:`EVENT_KINDS`): ``returned``,
     ``sys_exit``, ``exception``, ``os._exit`` or the signal's name."""
+    cell: tuple[int | None, int | None] | None = None
+    """In a cell session: ``(cell, run)`` of the latest cell it started (its ``cell`` event)."""
+    cell_ended: bool = False
+    """That cell ended on it (a later cell's start clears it)."""
+    cell_threads: int | None = None
+    """At that cell's end, the threads the cell started that still ran (None: not said)."""
 
     def apply(self, ev: dict[str, Any]) -> bool:
         """Fold one event in; True when it is progress (a start, a collective returned from, a
@@ -865,6 +874,11 @@ class RankRecord:
             tid = ev.get("main_tid")
             self.main_thread = f"0x{tid:016x}" if type(tid) is int and tid >= 0 else None
             return True
+        if kind == "cell":
+            self.cell = (as_int(ev.get("cell")), as_int(ev.get("run")))
+            self.cell_ended = ev.get("phase") == "end"
+            self.cell_threads = as_int(ev.get("threads")) if self.cell_ended else None
+            return False
         if kind == "exception":
             self.exception = f"{as_str(ev.get('type'))}: {as_str(ev.get('message'))}"
             return False
