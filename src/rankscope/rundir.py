@@ -155,12 +155,15 @@ MACHINERY = (
     "/torch/distributed/distributed_c10d.py",
     "/torch/distributed/c10d_logger.py",
     "/torch/utils/_contextlib.py",
-    # A cell session's engines (rankscope.cells): what runs a cell is not the user's code.
+    # A cell session's engines (rankscope.cells): what runs a cell is not the user's code (its
+    # event loop, and the line the engine compiles to run the cell, in ipykernel_<pid>/).
     "/ipyparallel/",
     "/ipykernel/",
+    "/ipykernel_",
     "/IPython/",
     "/tornado/",
     "/zmq/",
+    "/asyncio/",
 )
 
 _STDLIB = frozenset(getattr(sys, "stdlib_module_names", ()))
