@@ -4,7 +4,7 @@
 
     %ranks start 3 [--timeout S] [--backend gloo|nccl|auto]   # 3 ranks, torch.distributed ready
     %%ranks            # the cell runs on every rank; %%ranks 0,2 on ranks 0 and 2
-    %ranks status | wait [S] | restart [--replay] | stop
+    %ranks status | wait [S] | interrupt | restart [--replay] [--timeout S] | stop
 
 The ranks are IPython Parallel engines (``python -m ipyparallel.engine``) that a
 :class:`~rankscope.launch.Job` starts under torchrun, so each is a rank as a script's would be:
@@ -21,6 +21,13 @@ by timeout) or a rank dies, the diagnosis card of the run directory, whose sites
 (``<cell 7>:3``: the cell's source is kept as the run directory's ``cells/<cell 7>``, see
 :mod:`rankscope.probe.cells`).
 
+A ``%%ranks`` cell has returned by the time it runs, so Kernel > Interrupt reaches it only
+through ``%ranks wait`` (the interrupt is passed on) or ``%ranks interrupt``: the ranks still
+running the cell get a KeyboardInterrupt, and the answer says which, and which wait inside a
+collective (an interrupt cannot stop a call the backend holds: those need ``restart``). A rank
+that the interrupt ends the cell on has finished the cell: where the others wait in a call it
+did not make, that is the proof of a hang (see :mod:`rankscope.waitfor`).
+
 ``restart`` ends the ranks and starts new ones in a new run directory (an incarnation) in the
 same session folder; each incarnation's directory stays readable by ``rankscope.load_run``,
 ``diagnose`` and ``show``. ``--replay`` runs again, in order, the cells that every rank of the
@@ -33,7 +40,9 @@ import contextlib
 import html
 import json
 import logging
+import os
 import shlex
+import signal
 import subprocess
 import sys
 import threading
@@ -321,6 +330,46 @@ class CellRanks:
         thread.start()
         return thread
 
+    def interrupt(self) -> str:
+        """Send a KeyboardInterrupt (SIGINT, which an engine takes as one while it runs a cell)
+        to the ranks still running the latest cell; says which got it, and which wait inside a
+        collective, where it cannot reach them until the call returns (those need a restart)."""
+        last = next((c for c in reversed(self.history) if c.run == self.run), None)
+        if last is None or last.result.ready():
+            return "No cell runs on the ranks: nothing to interrupt."
+        running = [
+            r for r, md in zip(last.ranks, _per_rank(last), strict=True) if not md.get("completed")
+        ]
+        records = rank_records(self.run)
+        sent = []
+        for r in running:
+            pid = records[r].pid if r in records else None
+            if pid is not None and pid_alive(pid):
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGINT)
+                    sent.append(r)
+        stuck = sorted(
+            s["rank"]
+            for s in self.job.ranks()
+            if s["rank"] in sent and s.get("status") == "waiting"  # type: ignore[union-attr]
+        )
+        if not sent:
+            return f"Cell [{last.cell}] runs on no live rank: nothing to interrupt."
+        said = (
+            f"Interrupted cell [{last.cell}]: KeyboardInterrupt sent to {ranks_text(sent)}, "
+            "still running it."
+        )
+        if stuck:
+            said += (
+                f" {ranks_text(stuck).capitalize()} wait{'s' if len(stuck) == 1 else ''} inside a "
+                "collective, which an interrupt cannot stop until the call returns: "
+                "%ranks restart starts new ranks (--replay runs the earlier cells again)."
+            )
+        else:
+            said += " The ranks stay up, with their state."
+        _log(last.run, {"cell": last.cell, "interrupt": sent, "t": time.time()})
+        return said
+
     def status_text(self) -> str:
         if self.job is None:
             return "no ranks"
@@ -387,7 +436,7 @@ def _finish(ranks: CellRanks, cell_run: CellRun) -> bool:
 def _stall_words(cell: int, stall: dict[str, Any] | None, done: list[int], timeout_s: float) -> str:
     """The state line of a cell whose ranks stalled (``stall``, the job's record of it) or
     died (None), as a sentence, with what to do next."""
-    finished = f" ({ranks_text(done)} had finished it)" if done else ""
+    finished = f"; {ranks_text(done)} had finished it" if done else ""
     if stall is None:
         what = f"The ranks ended while cell [{cell}] ran{finished}."
     elif stall.get("proven"):
@@ -399,8 +448,8 @@ def _stall_words(cell: int, stall: dict[str, Any] | None, done: list[int], timeo
         )
     else:
         what = (
-            f"Cell [{cell}] hangs: no rank completed a call for {timeout_s:g} s (the stall "
-            f"timeout){finished}."
+            f"Cell [{cell}] hangs: no rank completed a call for {timeout_s:g} s, the stall "
+            f"timeout{finished}."
         )
     return f"{what} %ranks restart starts new ranks (--replay runs the earlier cells again)."
 
@@ -565,7 +614,10 @@ class RanksMagics:
     def line(self, line: str) -> Any:
         args = shlex.split(line)
         if not args:
-            raise CellsError("%ranks start N | status | wait [S] | restart [--replay] | stop")
+            raise CellsError(
+                "%ranks start N | status | wait [S] | interrupt | restart [--replay] [--timeout S] "
+                "| stop"
+            )
         command, rest = args[0], args[1:]
         if command == "start":
             return self._start(rest)
@@ -580,20 +632,35 @@ class RanksMagics:
             self.ranks = None
             return None
         if command == "restart":
+            if "--timeout" in rest:  # the new ranks' stall timeout
+                at = rest.index("--timeout") + 1
+                try:
+                    self.ranks.stall_timeout_s = float(rest[at])
+                except (IndexError, ValueError):
+                    raise CellsError("%ranks restart [--replay] [--timeout S]") from None
             replayed = self.ranks.restart(replay="--replay" in rest)
             print(self.ranks.status_text())
             for run in replayed:
                 print(repr(CellView(self.ranks, run)))
             return None
+        if command == "interrupt":
+            print(self.ranks.interrupt())
+            return None
         if command == "wait":
             timeout = float(rest[0]) if rest else None
             last = self.ranks.history[-1] if self.ranks.history else None
-            if last is not None and not last.done.wait(timeout):
-                print(f"cell {last.cell} still runs after {timeout} s")
-            elif last is not None and last.follower is not None:
-                last.follower.join(10.0)  # its view's last redraw is sent
+            try:
+                if last is not None and not last.done.wait(timeout):
+                    print(f"cell [{last.cell}] still runs after {timeout:g} s")
+                elif last is not None and last.follower is not None:
+                    # its view's last redraw is sent (slow on a loaded machine)
+                    last.follower.join(30.0)
+            except KeyboardInterrupt:  # Kernel > Interrupt while waiting: passed on to the ranks
+                print(self.ranks.interrupt())
             return None
-        raise CellsError(f"%ranks {command}: unknown; use start, status, wait, restart or stop")
+        raise CellsError(
+            f"%ranks {command}: unknown; use start, status, wait, interrupt, restart or stop"
+        )
 
     def _start(self, args: list[str]) -> Any:
         if self.ranks is not None and self.ranks.job is not None and self.ranks.job.poll() is None:

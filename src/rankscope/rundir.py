@@ -31,7 +31,8 @@ only place it is spelled out::
       cells/<cell N>           a cell session's (rankscope.cells) cell N as its ranks ran it; the
                                ranks compile it under this path, so sites read "<cell N>:line"
       cells/cells.jsonl        one line per cell run: {"cell", "ranks", "t", "replay"}, then its
-                               end {"cell", "end", "t", "ok", "failed"}
+                               end {"cell", "end", "t", "ok", "failed"}; an interrupt of it:
+                               {"cell", "interrupt" (the ranks sent it), "t"}
       cells/session.json       the session: its folder, this incarnation's number, the previous one
 
 This module imports only the standard library: the probe loads it inside every rank.
@@ -155,15 +156,14 @@ MACHINERY = (
     "/torch/distributed/distributed_c10d.py",
     "/torch/distributed/c10d_logger.py",
     "/torch/utils/_contextlib.py",
-    # A cell session's engines (rankscope.cells): what runs a cell is not the user's code (its
-    # event loop, and the line the engine compiles to run the cell, in ipykernel_<pid>/).
+    # A cell session's engines (rankscope.cells): what runs a cell is not the user's code (nor
+    # is the line the engine compiles to run it, in ipykernel_<pid>/).
     "/ipyparallel/",
     "/ipykernel/",
     "/ipykernel_",
     "/IPython/",
     "/tornado/",
     "/zmq/",
-    "/asyncio/",
 )
 
 _STDLIB = frozenset(getattr(sys, "stdlib_module_names", ()))
