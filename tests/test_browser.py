@@ -691,13 +691,14 @@ def test_a_cell_on_every_rank_shows_who_blocks_it_in_jupyterlab(
         # The kernel is not blocked: the next cell runs while the ranks hang.
         answer, _ = _run_cell(page, 3, timeout_s=60)
         expect(answer).to_contain_text("42", timeout=30_000)
-        # The card comes into the hung cell's output by itself (the stall timeout is 4 s).
+        # The card comes into the hung cell's output by itself: ranks 1-2 finished the cell
+        # without the all_reduce rank 0 waits in, which proves the hang.
         card = hung.locator(".rankscope-card")
         expect(card).to_contain_text("HANG", timeout=240_000)
         expect(card.locator(".rankscope-culprits")).to_contain_text("Culprit ranks 1-2")
         expect(card).to_contain_text(f"<cell {n}>:3")  # rank 0's all_reduce
         expect(card).to_contain_text(f"<cell {n}>:2")  # the line where the paths parted
-        expect(hung).to_contain_text(f"while cell {n} ran")
+        expect(hung).to_contain_text(f"Cell [{n}] hangs, proven: rank 1 finished cell [{n}]")
         expect(hung).to_contain_text("%ranks restart")
         expect(hung).not_to_contain_text("ipykernel")
         card.scroll_into_view_if_needed()

@@ -138,8 +138,11 @@ def _wait_view(k: Kernel, msg_id: str, pattern: str, timeout: float = 240) -> st
 def test_cells_hang_card_restart(kernel, tmp_path):
     k = kernel
     k.run("%load_ext rankscope")
-    _, out = k.run(f"%ranks start 3 --timeout 4 --runs {tmp_path / 'runs'}", timeout=400)
+    # A stall timeout longer than the test waits for the hang's card: only the proof calls it.
+    _, out = k.run(f"%ranks start 3 --timeout 120 --runs {tmp_path / 'runs'}", timeout=400)
     assert "3 ranks, incarnation 1: running" in out, out
+    assert re.search(r"\(run runs/[^/ ]*-cells-[^/ ]*/[^/ ]*-cells-1-[^/ )]*\)", out), out
+    assert str(tmp_path) not in out, out
 
     # Every rank runs the cell, with torchrun's names defined; output apart, labelled.
     first, _ = k.run("%%ranks\nx = rank * 10\nprint('hello', rank, world_size, device)")
@@ -173,14 +176,20 @@ def test_cells_hang_card_restart(kernel, tmp_path):
     text = _wait_view(k, again, r"failed on ranks \[0, 1, 2\]")
     assert "the ranks' default process group already exists" in text, text
 
-    # The hang: a rank-conditional all_reduce. The kernel stays free while it hangs.
+    # The hang: a rank-conditional all_reduce. The kernel stays free while it hangs. Ranks 1
+    # and 2 finish the cell without the call rank 0 waits in: proven, long before the timeout.
     hang, _ = k.run("%%ranks\nt = torch.ones(2)\nif rank == 0:\n    dist.all_reduce(t)")
     began = time.monotonic()
     _, out = k.run("print(6 * 7)", timeout=30)
     assert "42" in out and time.monotonic() - began < 30
-    text = _wait_view(k, hang, r"HANG")
+    text = _wait_view(k, hang, r"HANG", timeout=100)
+    assert time.monotonic() - began < 100, "the proof, not the 120 s timeout, called it"
     n_hang = int(re.search(r"cell (\d+) on ranks", text).group(1))
-    assert "stall (" in text and "ranks [1, 2] had finished it" in text, text
+    assert re.search(
+        rf"Cell \[{n_hang}\] hangs, proven: rank 1 finished cell \[{n_hang}\] without calling "
+        r"all_reduce #\d+ of group 0 that rank 0 waits in\. %ranks restart",
+        text,
+    ), text
     assert re.search(r"culprit ranks: 1-2", text), text
     assert f"all_reduce at <cell {n_hang}>:3" in text, text
     assert f'parted: rank 0 took the branch at <cell {n_hang}>:2 "if rank == 0:"' in text, text
@@ -203,6 +212,63 @@ def test_cells_hang_card_restart(kernel, tmp_path):
     d = rankscope.diagnose(rankscope.load_run(old))
     assert d.culprit_ranks == [1, 2] and f"<cell {n_hang}>:3" in d.render(), d.render()
     assert (old / "cells" / f"<cell {n_hang}>").read_text().startswith("t = torch.ones(2)")
+
+
+def _run_interrupted(k: Kernel, code: str, after_s: float, timeout: float = 120) -> str:
+    """Execute ``code``, press Kernel > Interrupt after ``after_s``; the text it printed."""
+    msg_id = k.kc.execute(code)
+    time.sleep(after_s)
+    k.km.interrupt_kernel()
+    out, deadline = [], time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            msg = k.kc.get_iopub_msg(timeout=5)
+        except queue.Empty:
+            continue
+        parent, text = k._take(msg)
+        if parent == msg_id:
+            out.append(text)
+            if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+                return "".join(out)
+    raise AssertionError(f"{code!r} did not end after the interrupt: {''.join(out)}")
+
+
+@pytest.mark.timeout(900)
+def test_cells_interrupt_and_a_cell_that_never_returns_on_one_rank(kernel, tmp_path):
+    """A cell that never returns on rank 1 while rank 0 waits in a barrier: no proof while
+    rank 1 runs it. Kernel > Interrupt while waiting for the cell passes a KeyboardInterrupt
+    to the ranks still running it and says which wait inside a collective; rank 1 then has
+    finished the cell without the barrier: proven. After a restart, the same cell left alone
+    is called by the stall timeout."""
+    k = kernel
+    k.run("%load_ext rankscope")
+    _, out = k.run(f"%ranks start 2 --timeout 120 --runs {tmp_path / 'runs'}", timeout=400)
+    assert "2 ranks, incarnation 1: running" in out, out
+    never = "%%ranks\nimport time\nif rank == 1:\n    time.sleep(3600)\ndist.barrier()"
+    cell, _ = k.run(never)
+    out = _run_interrupted(k, "%ranks wait 600", after_s=10)
+    n = k.counts[cell]
+    assert (
+        f"Interrupted cell [{n}]: KeyboardInterrupt sent to ranks 0-1, still running it. "
+        "Rank 0 waits inside a collective, which an interrupt cannot stop" in out
+    ), out
+    text = _wait_view(k, cell, r"HANG", timeout=100)
+    assert re.search(
+        rf"Cell \[{n}\] hangs, proven: rank 1 finished cell \[{n}\] without calling barrier "
+        r"#\d+ of group 0 that rank 0 waits in\.",
+        text,
+    ), text
+    assert re.search(r"culprit ranks: 1\b", text), text
+
+    _, out = k.run("%ranks restart --timeout 5", timeout=400)
+    assert "incarnation 2: running" in out, out
+    cell, _ = k.run(never)
+    n = k.counts[cell]
+    text = _wait_view(k, cell, r"HANG", timeout=120)
+    assert f"Cell [{n}] hangs: no rank completed a call for 5 s, the stall timeout." in text, text
+    assert re.search(r"culprit ranks: 1\b", text) and "proven" not in text, text
+    _, out = k.run("%ranks interrupt")
+    assert "KeyboardInterrupt sent to ranks 0-1" in out, out
 
 
 def test_cells_errors_without_ranks(tmp_path):
@@ -239,7 +305,7 @@ def test_cells_killed_rank_then_the_kernel_dies(tmp_path):
         cell, _ = k.run("%%ranks\nimport time\nif rank == 1:\n    time.sleep(600)\ndist.barrier()")
         time.sleep(3)  # rank 0 in the barrier, rank 1 asleep
         os.kill(pid, signal.SIGKILL)
-        text = _wait_view(k, cell, r"the ranks ended while cell \d+ ran")
+        text = _wait_view(k, cell, r"The ranks ended while cell \[\d+\] ran")
         assert "%ranks restart" in text and "rank 1" in text, text
         assert "SIGKILL" in text, text
         _, out = k.run("%%ranks\nprint(rank)")
@@ -286,3 +352,28 @@ def test_tether_ends_its_child(how):
     finally:
         with contextlib.suppress(OSError):
             os.killpg(tether.pid, signal.SIGKILL)
+
+
+def test_cells_state_lines_read_as_sentences(tmp_path, monkeypatch):
+    """The state line of a stalled cell, for each way it stalls, and the run's folder as the
+    magics print it: relative to the working directory, else its name, never absolute."""
+    from rankscope.cells import _stall_words, shown_path
+
+    proven = {"kind": "proven", "proven": "rank 2 finished cell [7] without calling x."}
+    assert _stall_words(7, proven, [2], 10.0).startswith(
+        "Cell [7] hangs, proven: rank 2 finished cell [7] without calling x. %ranks restart"
+    )
+    assert _stall_words(7, {"kind": "no_progress"}, [1, 2], 4.0).startswith(
+        "Cell [7] hangs: no rank completed a call for 4 s, the stall timeout; ranks 1-2 had "
+        "finished it."
+    )
+    assert "is stalled" in _stall_words(7, {"kind": "busy"}, [], 4.0)
+    assert _stall_words(7, None, [0], 4.0).startswith(
+        "The ranks ended while cell [7] ran; rank 0 had finished it."
+    )
+    run = tmp_path / "runs" / "s" / "r"
+    run.mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    assert shown_path(run) == "runs/s/r"
+    monkeypatch.chdir(run)
+    assert shown_path(tmp_path / "runs") == "runs"

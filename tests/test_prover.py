@@ -306,3 +306,37 @@ def test_by_the_recorder_only_an_end_that_says_its_count_is_an_end():
         "rank 2 ended (exit code 0) after 11 call(s) on group 0; rank 0 waits in all_reduce, "
         "call #12 of group 0"
     )
+
+
+def _cell_rank(r: int, *evs: dict) -> RankState:
+    """A rank of a cell session (``cell`` events: cell 7, run 3) over a 3-rank group."""
+    return _state(events({"ev": "cell", "cell": 7, "run": 3, "phase": "start"}, *evs))
+
+
+def test_a_rank_that_finished_the_cell_without_the_call_proves_a_hang():
+    waits = [_cell_rank(r, enter(1, "all_reduce", 1, pg_ranks=[0, 1, 2])) for r in (0, 1)]
+    end = {"ev": "cell", "cell": 7, "run": 3, "phase": "end", "threads": 0}
+    ranks = {0: waits[0], 1: waits[1], 2: _cell_rank(2, end)}
+    assert ranks[2].cell == (7, 3) and ranks[2].cell_finished
+    assert prove(ranks) == (
+        "rank 2 finished cell [7] without calling all_reduce #1 of group 0 that ranks 0, 1 wait in"
+    )
+    # Per cell, soundly: a rank still in the cell, in a later cell (whose calls could still
+    # match), one whose cell left a thread running, or an end that did not say: no proof.
+    still = _cell_rank(2)
+    later = _state(events(end, {"ev": "cell", "cell": 8, "run": 4, "phase": "start"}))
+    threads = _cell_rank(2, {**end, "threads": 1})
+    unsaid = _cell_rank(2, {k: v for k, v in end.items() if k != "threads"})
+    for other in (still, later, threads, unsaid):
+        assert prove({**ranks, 2: other}) is None, other
+    # Another run of cell 7 (a replay's number, a later run) is not the run the others wait in.
+    again = _state(events({**end, "run": 9}))
+    assert prove({**ranks, 2: again}) is None
+    # A rank that made the call in the cell and finished it proves nothing.
+    made = _cell_rank(
+        2, enter(1, "all_reduce", 1, pg_ranks=[0, 1, 2]), {"ev": "exit", "id": 1}, end
+    )
+    assert prove({**ranks, 2: made}) is None
+    # Hostile values in the event are read as unknown, not trusted.
+    bad = _state(events({"ev": "cell", "cell": "x", "run": [1], "phase": "end", "threads": 0}))
+    assert prove({**ranks, 2: bad}) is None

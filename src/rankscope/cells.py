@@ -4,7 +4,7 @@
 
     %ranks start 3 [--timeout S] [--backend gloo|nccl|auto]   # 3 ranks, torch.distributed ready
     %%ranks            # the cell runs on every rank; %%ranks 0,2 on ranks 0 and 2
-    %ranks status | wait [S] | restart [--replay] | stop
+    %ranks status | wait [S] | interrupt | restart [--replay] [--timeout S] | stop
 
 The ranks are IPython Parallel engines (``python -m ipyparallel.engine``) that a
 :class:`~rankscope.launch.Job` starts under torchrun, so each is a rank as a script's would be:
@@ -21,6 +21,13 @@ by timeout) or a rank dies, the diagnosis card of the run directory, whose sites
 (``<cell 7>:3``: the cell's source is kept as the run directory's ``cells/<cell 7>``, see
 :mod:`rankscope.probe.cells`).
 
+A ``%%ranks`` cell has returned by the time it runs, so Kernel > Interrupt reaches it only
+through ``%ranks wait`` (the interrupt is passed on) or ``%ranks interrupt``: the ranks still
+running the cell get a KeyboardInterrupt, and the answer says which, and which wait inside a
+collective (an interrupt cannot stop a call the backend holds: those need ``restart``). A rank
+that the interrupt ends the cell on has finished the cell: where the others wait in a call it
+did not make, that is the proof of a hang (see :mod:`rankscope.waitfor`).
+
 ``restart`` ends the ranks and starts new ones in a new run directory (an incarnation) in the
 same session folder; each incarnation's directory stays readable by ``rankscope.load_run``,
 ``diagnose`` and ``show``. ``--replay`` runs again, in order, the cells that every rank of the
@@ -33,7 +40,9 @@ import contextlib
 import html
 import json
 import logging
+import os
 import shlex
+import signal
 import subprocess
 import sys
 import threading
@@ -46,6 +55,7 @@ from rankscope.launch import Job, JobSpec
 from rankscope.launch.procs import pid_alive
 from rankscope.launch.tracker import doing_now
 from rankscope.rundir import FINAL_STATES, RunDir, new_run_dir, rank_records
+from rankscope.state import ranks_text
 
 log = logging.getLogger(__name__)
 
@@ -152,7 +162,7 @@ class CellRanks:
             lambda: url.exists() and client_url.exists(),
             60.0,
             f"the IPython Parallel controller wrote no {url.name} (see "
-            f"{self.session / 'controller.log'})",
+            f"{shown_path(self.session)}/controller.log)",
         )
         if self._client is None:
             self._client = ipp.Client(str(client_url), timeout=60)
@@ -192,7 +202,7 @@ class CellRanks:
         except ipp.TimeoutError:
             raise CellsError(
                 f"the ranks did not initialise their process group in "
-                f"{self.startup_timeout_s:.0f} s; see {run.path}/logs"
+                f"{self.startup_timeout_s:.0f} s; see {shown_path(run.path)}/logs"
             ) from None
         return self
 
@@ -207,12 +217,12 @@ class CellRanks:
             state = self.job.status()
             if state in FINAL_STATES:
                 raise CellsError(
-                    f"the ranks ended while starting ({state}); see {self.job.run.path}"  # type: ignore[union-attr]
+                    f"the ranks ended while starting ({state}); see {shown_path(self.job.run.path)}"  # type: ignore[union-attr]
                 )
             if time.monotonic() > deadline:
                 raise CellsError(
                     f"{len(new)} of {self.nproc} ranks connected after "
-                    f"{self.startup_timeout_s:.0f} s; see {self.job.run.path}/logs"  # type: ignore[union-attr]
+                    f"{self.startup_timeout_s:.0f} s; see {shown_path(self.job.run.path)}/logs"  # type: ignore[union-attr]
                 )
             time.sleep(0.2)
         ranks = self._client[new].apply_sync(_rank_of_engine)
@@ -288,7 +298,10 @@ class CellRanks:
         path.write_text(source)
         _log(run, {"cell": cell, "ranks": ranks, "t": time.time(), "replay": replay})
         view = self._client[[self.engines[r] for r in ranks]]
-        result = view.execute(f"__rankscope_cells.run_cell({str(path)!r}, globals())", block=False)
+        number = len(self.history)  # the probe's cell events name this run of the cell
+        result = view.execute(
+            f"__rankscope_cells.run_cell({str(path)!r}, globals(), {number})", block=False
+        )
         cell_run = CellRun(
             cell=cell,
             ranks=ranks,
@@ -317,12 +330,52 @@ class CellRanks:
         thread.start()
         return thread
 
+    def interrupt(self) -> str:
+        """Send a KeyboardInterrupt (SIGINT, which an engine takes as one while it runs a cell)
+        to the ranks still running the latest cell; says which got it, and which wait inside a
+        collective, where it cannot reach them until the call returns (those need a restart)."""
+        last = next((c for c in reversed(self.history) if c.run == self.run), None)
+        if last is None or last.result.ready():
+            return "No cell runs on the ranks: nothing to interrupt."
+        running = [
+            r for r, md in zip(last.ranks, _per_rank(last), strict=True) if not md.get("completed")
+        ]
+        records = rank_records(self.run)
+        sent = []
+        for r in running:
+            pid = records[r].pid if r in records else None
+            if pid is not None and pid_alive(pid):
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGINT)
+                    sent.append(r)
+        stuck = sorted(
+            s["rank"]
+            for s in self.job.ranks()
+            if s["rank"] in sent and s.get("status") == "waiting"  # type: ignore[union-attr]
+        )
+        if not sent:
+            return f"Cell [{last.cell}] runs on no live rank: nothing to interrupt."
+        said = (
+            f"Interrupted cell [{last.cell}]: KeyboardInterrupt sent to {ranks_text(sent)}, "
+            "still running it."
+        )
+        if stuck:
+            said += (
+                f" {ranks_text(stuck).capitalize()} wait{'s' if len(stuck) == 1 else ''} inside a "
+                "collective, which an interrupt cannot stop until the call returns: "
+                "%ranks restart starts new ranks (--replay runs the earlier cells again)."
+            )
+        else:
+            said += " The ranks stay up, with their state."
+        _log(last.run, {"cell": last.cell, "interrupt": sent, "t": time.time()})
+        return said
+
     def status_text(self) -> str:
         if self.job is None:
             return "no ranks"
         return (
             f"{self.nproc} ranks, incarnation {self.incarnation}: {self.job.status()} "
-            f"(run directory {self.job.run.path})"  # type: ignore[union-attr]
+            f"(run {shown_path(self.job.run.path)})"  # type: ignore[union-attr]
         )
 
 
@@ -369,15 +422,44 @@ def _finish(ranks: CellRanks, cell_run: CellRun) -> bool:
         for r, md in zip(cell_run.ranks, _per_rank(cell_run), strict=True)
         if md.get("completed") and md.get("error") is None
     ]
-    what = "the ranks ended" if died else f"stall ({job.stalls[-1]['kind']})"
-    cell_run.note = (
-        f"{what} while cell {cell_run.cell} ran"
-        + (f"; ranks {done} had finished it" if done else "")
-        + ": %ranks restart starts new ranks (--replay runs the earlier cells again)"
-        + (f"; {cell_run.note}" if cell_run.note else "")
-    )
+    failure = cell_run.note
+    cell_run.note = _stall_words(
+        cell_run.cell,
+        None if died else job.stalls[-1],
+        done,
+        ranks.stall_timeout_s,  # type: ignore[union-attr]
+    ) + (f" ({failure})" if failure else "")
     cell_run.done.set()
     return True
+
+
+def _stall_words(cell: int, stall: dict[str, Any] | None, done: list[int], timeout_s: float) -> str:
+    """The state line of a cell whose ranks stalled (``stall``, the job's record of it) or
+    died (None), as a sentence, with what to do next."""
+    finished = f"; {ranks_text(done)} had finished it" if done else ""
+    if stall is None:
+        what = f"The ranks ended while cell [{cell}] ran{finished}."
+    elif stall.get("proven"):
+        what = f"Cell [{cell}] hangs, proven: {str(stall['proven']).rstrip('.')}."
+    elif stall.get("kind") == "busy":
+        what = (
+            f"Cell [{cell}] is stalled: ranks have waited in a call for {timeout_s:g} s while "
+            f"another works outside the collectives{finished}."
+        )
+    else:
+        what = (
+            f"Cell [{cell}] hangs: no rank completed a call for {timeout_s:g} s, the stall "
+            f"timeout{finished}."
+        )
+    return f"{what} %ranks restart starts new ranks (--replay runs the earlier cells again)."
+
+
+def shown_path(path: Path) -> str:
+    """A run's folder as the user is shown it: relative to the working directory where it
+    lies under it, else its name (never this machine's absolute path)."""
+    with contextlib.suppress(ValueError):
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    return path.name
 
 
 def _a_rank_died(cell_run: CellRun) -> bool:
@@ -532,7 +614,10 @@ class RanksMagics:
     def line(self, line: str) -> Any:
         args = shlex.split(line)
         if not args:
-            raise CellsError("%ranks start N | status | wait [S] | restart [--replay] | stop")
+            raise CellsError(
+                "%ranks start N | status | wait [S] | interrupt | restart [--replay] [--timeout S] "
+                "| stop"
+            )
         command, rest = args[0], args[1:]
         if command == "start":
             return self._start(rest)
@@ -543,24 +628,39 @@ class RanksMagics:
             return self.ranks.job
         if command == "stop":
             self.ranks.stop()
-            print(f"ranks stopped; their run directories are under {self.ranks.session}")
+            print(f"ranks stopped; their runs stay in {shown_path(self.ranks.session)}")
             self.ranks = None
             return None
         if command == "restart":
+            if "--timeout" in rest:  # the new ranks' stall timeout
+                at = rest.index("--timeout") + 1
+                try:
+                    self.ranks.stall_timeout_s = float(rest[at])
+                except (IndexError, ValueError):
+                    raise CellsError("%ranks restart [--replay] [--timeout S]") from None
             replayed = self.ranks.restart(replay="--replay" in rest)
             print(self.ranks.status_text())
             for run in replayed:
                 print(repr(CellView(self.ranks, run)))
             return None
+        if command == "interrupt":
+            print(self.ranks.interrupt())
+            return None
         if command == "wait":
             timeout = float(rest[0]) if rest else None
             last = self.ranks.history[-1] if self.ranks.history else None
-            if last is not None and not last.done.wait(timeout):
-                print(f"cell {last.cell} still runs after {timeout} s")
-            elif last is not None and last.follower is not None:
-                last.follower.join(10.0)  # its view's last redraw is sent
+            try:
+                if last is not None and not last.done.wait(timeout):
+                    print(f"cell [{last.cell}] still runs after {timeout:g} s")
+                elif last is not None and last.follower is not None:
+                    # its view's last redraw is sent (slow on a loaded machine)
+                    last.follower.join(30.0)
+            except KeyboardInterrupt:  # Kernel > Interrupt while waiting: passed on to the ranks
+                print(self.ranks.interrupt())
             return None
-        raise CellsError(f"%ranks {command}: unknown; use start, status, wait, restart or stop")
+        raise CellsError(
+            f"%ranks {command}: unknown; use start, status, wait, interrupt, restart or stop"
+        )
 
     def _start(self, args: list[str]) -> Any:
         if self.ranks is not None and self.ranks.job is not None and self.ranks.job.poll() is None:

@@ -31,7 +31,8 @@ only place it is spelled out::
       cells/<cell N>           a cell session's (rankscope.cells) cell N as its ranks ran it; the
                                ranks compile it under this path, so sites read "<cell N>:line"
       cells/cells.jsonl        one line per cell run: {"cell", "ranks", "t", "replay"}, then its
-                               end {"cell", "end", "t", "ok", "failed"}
+                               end {"cell", "end", "t", "ok", "failed"}; an interrupt of it:
+                               {"cell", "interrupt" (the ranks sent it), "t"}
       cells/session.json       the session: its folder, this incarnation's number, the previous one
 
 This module imports only the standard library: the probe loads it inside every rank.
@@ -92,6 +93,9 @@ EVENT_KINDS = {
     "exit": "id, op, pg, seq, dur_s, ok, error: the end of a call whose enter line was written",
     "step": "step (the user's step marker)",
     "exception": "type, message, traceback",
+    "cell": "cell (N of the cell's file <cell N>), run (the session's number for this run of "
+    "it), phase (start, or end: however it ended on this rank), threads (at its end: threads "
+    "the cell started that still run); written by a cell session's rank (rankscope.probe.cells)",
     "capture": "id, reason, files (what the probe wrote for an evidence request)",
     "dropped": "since (the time of the first write that failed), writes (how many failed), error "
     "(the OS's word: No space left on device): what the probe could not write to this file and "
@@ -152,9 +156,11 @@ MACHINERY = (
     "/torch/distributed/distributed_c10d.py",
     "/torch/distributed/c10d_logger.py",
     "/torch/utils/_contextlib.py",
-    # A cell session's engines (rankscope.cells): what runs a cell is not the user's code.
+    # A cell session's engines (rankscope.cells): what runs a cell is not the user's code (nor
+    # is the line the engine compiles to run it, in ipykernel_<pid>/).
     "/ipyparallel/",
     "/ipykernel/",
+    "/ipykernel_",
     "/IPython/",
     "/tornado/",
     "/zmq/",
@@ -768,6 +774,12 @@ class RankRecord:
     end_how: str | None = None
     """How it ended, as its end event says (``how`` in :data:`EVENT_KINDS`): ``returned``,
     ``sys_exit``, ``exception``, ``os._exit`` or the signal's name."""
+    cell: tuple[int | None, int | None] | None = None
+    """In a cell session: ``(cell, run)`` of the latest cell it started (its ``cell`` event)."""
+    cell_ended: bool = False
+    """That cell ended on it (a later cell's start clears it)."""
+    cell_threads: int | None = None
+    """At that cell's end, the threads the cell started that still ran (None: not said)."""
 
     def apply(self, ev: dict[str, Any]) -> bool:
         """Fold one event in; True when it is progress (a start, a collective returned from, a
@@ -865,6 +877,11 @@ class RankRecord:
             tid = ev.get("main_tid")
             self.main_thread = f"0x{tid:016x}" if type(tid) is int and tid >= 0 else None
             return True
+        if kind == "cell":
+            self.cell = (as_int(ev.get("cell")), as_int(ev.get("run")))
+            self.cell_ended = ev.get("phase") == "end"
+            self.cell_threads = as_int(ev.get("threads")) if self.cell_ended else None
+            return False
         if kind == "exception":
             self.exception = f"{as_str(ev.get('type'))}: {as_str(ev.get('message'))}"
             return False

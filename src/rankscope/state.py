@@ -232,7 +232,10 @@ def group_name(pg: Any, desc: str | None = None, ranks: Iterable[int] | None = N
 
 def proof_text(proven: str) -> str:
     """The stall prover's finding (:func:`rankscope.waitfor.prove`) as a sentence."""
-    return f"No rank could move again, as the ranks' live state proved: {proven.rstrip('.')}."
+    return (
+        "The ranks that wait could never leave their call, as the ranks' live state proved: "
+        f"{proven.rstrip('.')}."
+    )
 
 
 def stopping(info: dict[str, Any]) -> bool:

@@ -190,6 +190,12 @@ class RankState:
     exited: int | None = None
     """Its exit code 0 when it ended cleanly (it calls nothing again); None while it runs or
     when it failed (torchrun ends a job whose rank failed: that is its answer, not a hang)."""
+    cell: tuple[int | None, int | None] | None = None
+    """In a cell session (:mod:`rankscope.cells`): ``(cell, run)`` of the cell it runs now, or
+    of the one it finished last where ``cell_finished``."""
+    cell_finished: bool = False
+    """It finished ``cell`` and runs no cell now, and the cell left no thread of its own running
+    (which could still make calls)."""
 
 
 def prove(ranks: Mapping[int, RankState]) -> str | None:
@@ -209,7 +215,11 @@ def prove(ranks: Mapping[int, RankState]) -> str | None:
             cells.setdefault(cell, []).append(rank)
     behind: dict[tuple[str, int], frozenset[int]] = {}
     for cell, waiting in sorted(cells.items()):
-        fact = _differ(ranks, cell, waiting) or _ended(ranks, cell, waiting)
+        fact = (
+            _differ(ranks, cell, waiting)
+            or _ended(ranks, cell, waiting)
+            or _finished_cell(ranks, cell, waiting)
+        )
         if fact:
             return fact
     for rank, st in sorted(ranks.items()):
@@ -316,6 +326,42 @@ def _ended(ranks: Mapping[int, RankState], cell: tuple[str, int], waiting: list[
         return (
             f"rank {m} ended (exit code {st.exited}) after {st.called.get(pg, 0)} call(s) on "
             f"group {pg}; rank {rank} waits in {op}, call #{seq} of group {pg}"
+        )
+    return None
+
+
+def _finished_cell(
+    ranks: Mapping[int, RankState], cell: tuple[str, int], waiting: list[int]
+) -> str | None:
+    """In a cell session, a member that finished the notebook cell in which ranks wait in the
+    call ``cell`` (group, seq), without calling it.
+
+    The proof is per cell: a rank blocked in a call while it runs cell N made that call in
+    cell N, and a member that finished that same run of cell N, runs no cell since and left no
+    thread of the cell running, made every call cell N makes on it; the call is not among
+    them, so cell N cannot end on the ranks that wait. A member still running the cell, one
+    that has started a later cell (which could still make the call), or whose cell left a
+    thread running proves nothing."""
+    pg, seq = cell
+    inside = sorted(
+        r
+        for r in waiting
+        if ranks[r].blocked == cell and ranks[r].cell is not None and None not in ranks[r].cell
+    )
+    if not inside:
+        return None
+    at = ranks[inside[0]].cell
+    held = [r for r in inside if ranks[r].cell == at]
+    for m in _members(ranks, held, pg):
+        st = ranks.get(m)
+        if st is None or not st.cell_finished or st.cell != at or st.called.get(pg, 0) >= seq:
+            continue
+        facts = ranks[held[0]].calls.get(cell)
+        op = facts[0] if facts else "a collective"
+        who = ("rank " if len(held) == 1 else "ranks ") + ", ".join(map(str, held))
+        return (
+            f"rank {m} finished cell [{at[0]}] without calling {op} #{seq} of group {pg} "  # type: ignore[index]
+            f"that {who} wait{'s' if len(held) == 1 else ''} in"
         )
     return None
 

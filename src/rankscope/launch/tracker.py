@@ -459,6 +459,8 @@ def _state(record: RankRecord) -> RankState:
         "called": record.collectives,
         "calls": record.recent,
         "sent": sent,
+        "cell": record.cell,
+        "cell_finished": record.cell_ended and record.cell_threads == 0,
     }
     if record.ended:
         return RankState(**common, exited=0 if record.exit_code == 0 else None)

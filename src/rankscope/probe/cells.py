@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 import sys
+import threading
 from types import TracebackType
 from typing import Any
 
@@ -55,12 +57,39 @@ def setup(ns: dict[str, Any]) -> int:
     return dist.get_rank()
 
 
-def run_cell(path: str, ns: dict[str, Any]) -> None:
+def run_cell(path: str, ns: dict[str, Any], run: int | None = None) -> None:
     """Run the cell whose source is the file ``path`` in the namespace ``ns`` (the engine's
     own: state stays for the next cell). A last expression's value is displayed, as IPython
-    does; ``sys.exit()`` and a second ``init_process_group`` raise :class:`CellError`."""
+    does; ``sys.exit()`` and a second ``init_process_group`` raise :class:`CellError`.
+
+    ``run`` numbers the cell runs of the session (the kernel's count): the probe writes a
+    ``cell`` event as the cell starts and as it ends on this rank (however it ends), with the
+    threads the cell started that still run then, which the stall prover reads (a rank that
+    finished the cell without making a call that others wait in during it)."""
     with open(path, encoding="utf-8") as f:
         source = f.read()
+    number = _cell_number(path)
+    probe = _core.current()
+    before = set(threading.enumerate())
+    if probe is not None:
+        probe.emit("cell", cell=number, run=run, phase="start")
+        probe.flush()
+    try:
+        _run(source, path, ns)
+    finally:
+        if probe is not None:
+            left = [t for t in threading.enumerate() if t not in before and t.is_alive()]
+            probe.emit("cell", cell=number, run=run, phase="end", threads=len(left))
+            probe.flush()
+
+
+def _cell_number(path: str) -> int | None:
+    """``7`` for a file named ``<cell 7>``."""
+    match = re.fullmatch(r"<cell (\d+)>", os.path.basename(path))
+    return int(match.group(1)) if match else None
+
+
+def _run(source: str, path: str, ns: dict[str, Any]) -> None:
     tree = ast.parse(source, path)
     last = None
     if tree.body and isinstance(tree.body[-1], ast.Expr):
