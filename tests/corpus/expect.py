@@ -128,9 +128,11 @@ def check(case: Case, d: Any) -> list[str]:
         # a framework's case: the culprits' call is named by the user's line that led into the
         # framework, not by the framework's line that made the call
         classes = (d.first_divergence or {}).get("classes", [])
-        own = [c for c in classes if set(c.get("ranks", [])) & set(d.culprit_ranks)]
+        own = [
+            c for c in classes if set(c.get("ranks", [])) & set(d.culprit_ranks) and c.get("op")
+        ]  # a class that made no call there (it had left) has no call to name
         named = [f"{c.get('via') or ''} {c.get('site') or ''}" for c in own]
-        if not any(case.line(case.site) in n for n in named):
+        if own and not any(case.line(case.site) in n for n in named):
             wrong.append(f"the culprits' call at the first divergence is named {named}")
     if "?" in text.replace("could not read", ""):
         wrong.append("a '?' in the diagnosis")
