@@ -134,8 +134,31 @@ def check(case: Case, d: Any) -> list[str]:
         named = [f"{c.get('via') or ''} {c.get('site') or ''}" for c in own]
         if own and not any(case.line(case.site) in n for n in named):
             wrong.append(f"the culprits' call at the first divergence is named {named}")
+    wrong.extend(_proof_wrong(d))
     if "?" in text.replace("could not read", ""):
         wrong.append("a '?' in the diagnosis")
+    return wrong
+
+
+_PROOF_WAITS = re.compile(r"rank (\d+) waits in (\S+), call #(\d+) of group (\S+?)[;.]")
+
+
+def _proof_wrong(d: Any) -> list[str]:
+    """The live proof's note numbers each call as the rest of the card does: the call it says
+    a rank waits in is that rank's call of that number in the diagnosis's calls table."""
+    calls = getattr(d, "calls", None)
+    if calls is None:
+        return []
+    wrong = []
+    for m in _PROOF_WAITS.finditer(" ".join(d.notes)):
+        rank, op, seq, pg = int(m[1]), m[2], int(m[3]), m[4]
+        rows = calls[(calls["rank"] == rank) & (calls["pg"].astype(str) == pg)]
+        rows = rows[(rows["seq"] == seq).fillna(False)]
+        if rows.empty or str(rows["op"].iloc[0]) != op:
+            wrong.append(
+                f"the proof's note names {op} #{seq} of group {pg} on rank {rank}, which "
+                "the calls table numbers otherwise"
+            )
     return wrong
 
 
