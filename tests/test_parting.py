@@ -272,6 +272,20 @@ def test_an_unreadable_source_gives_no_parting(tmp_path):
     assert p is None and "could not be read" in reason
 
 
+@pytest.mark.parametrize("file", ["<string>", "<eval_with_key>.3"])
+def test_generated_code_gives_no_parting_and_says_so(tmp_path, file):
+    """Frames of exec'd text or of torch's generated graph code have no source to read: the
+    reason names the file it could not read."""
+    f, at = _script(tmp_path, "step()  # call\n")
+    p, reason = find_parting(
+        *_sides(
+            {1: [(f, "<module>", at("call")), (file, "step", 2)]},
+            {0: [(f, "<module>", at("call")), (file, "step", 3)]},
+        )
+    )
+    assert p is None and f"the source of {file} could not be read" in reason
+
+
 def test_the_probe_captures_only_simple_values_its_conditions_read():
     """A thread waits inside a function whose conditions read a bool, an int, a str, a float
     and a list: the capture holds the four simple values and nothing of the list."""

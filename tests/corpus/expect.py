@@ -40,6 +40,9 @@ class Case:
     """Tag of the line of the decision that sent the culprits another way (``parting.site``)."""
     values: list[str] = field(default_factory=list)
     """Names the parting line must give values of (on some rank)."""
+    unread: list[str] = field(default_factory=list)
+    """Files with no source to read (``<string>``: exec'd text) that the card must say it could
+    not read, where it would name a line."""
     nodes: int = 1
     """Simulated nodes (``ranks`` per node)."""
     run: dict[str, Any] = field(default_factory=dict)
@@ -134,6 +137,11 @@ def check(case: Case, d: Any) -> list[str]:
         named = [f"{c.get('via') or ''} {c.get('site') or ''}" for c in own]
         if own and not any(case.line(case.site) in n for n in named):
             wrong.append(f"the culprits' call at the first divergence is named {named}")
+    wrong.extend(
+        f"the card does not say it could not read {name}"
+        for name in case.unread
+        if f"the source of {name} could not be read" not in text
+    )
     wrong.extend(_proof_wrong(d))
     if "?" in text.replace("could not read", ""):
         wrong.append("a '?' in the diagnosis")
