@@ -90,7 +90,8 @@ CASES = {
         (),
         2,
         "hang",
-        "early_exit",
+        # rank 1 returned from its script after one batch fewer: it ran out of the loop's data
+        "uneven_inputs",
         "D9",
         [1],
         [0],

@@ -31,6 +31,7 @@ from rankscope.collect import (
 from rankscope.collect.events import parse_events
 from rankscope.collect.flight_recorder import parse_ranks
 from rankscope.collect.stacks import is_user_file
+from rankscope.rundir import library_of
 
 from .conftest import as_probe_lines, older_lines
 
@@ -527,11 +528,32 @@ def test_a_thread_importing_torch_distributed_is_not_the_blocked_one(tmp_path):
         ("torch/distributed/c10d_logger.py", False),
         ("/home/u/rankscope/src/rankscope/probe/_core.py", False),
         ("/opt/conda/lib/python3.11/site-packages/numpy/core.py", False),
+        ("<eval_with_key>.3", False),  # torch.fx's generated graph code (torch.compile)
+        ("<ipython-input-3-0a1b>", True),
         (None, False),
     ],
 )
 def test_is_user_file(path, user):
     assert is_user_file(path) is user
+
+
+@pytest.mark.parametrize(
+    ("path", "library"),
+    [
+        ("/v/lib/python3.11/site-packages/lightning/pytorch/loops/fit_loop.py", "lightning"),
+        # a version the corpus never saw, in the folder's name: the same package
+        ("/v/site-packages/lightning-9.9.9-py3.11.egg/lightning/pytorch/trainer.py", "lightning"),
+        ("/v/site-packages/transformers-99.0.0/trainer.py", "transformers"),
+        # a framework nobody told rankscope about is still a library, by its own name
+        ("/v/dist-packages/newframework/loops/batch.py", "newframework"),
+        ("/v/site-packages/six.py", "six"),
+        ("<eval_with_key>.12", "torch"),
+        ("<string>", None),
+        ("/home/u/train.py", None),
+    ],
+)
+def test_library_of_reads_any_package_and_version(path, library):
+    assert library_of(path) == library
 
 
 # --- errors -------------------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 """Coexisting with the frameworks: a rank whose script (or its framework: Lightning's Trainer)
 takes SIGTERM over still leaves its stacks and flight recorder when the job is stopped, and the
-card says where they come from rather than that none exist. Real jobs under torchrun, gloo."""
+card says where they come from rather than that none exist; a framework's own launcher
+(`accelerate launch`) gives the card torchrun gives. Real jobs, gloo."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ from rankscope.analyze import diagnose
 from rankscope.collect import load_run
 from rankscope.launch import JobSpec
 
-from .corpus.expect import cases
+from .corpus.expect import cases, check
+from .test_corpus import FRAMEWORK_WAIT_S
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -64,3 +66,37 @@ def test_lightnings_sigterm_handler_leaves_the_evidence(start_job):
     job = start_job.spec(JobSpec(script=str(case.path), nproc_per_node=case.ranks, **SPEC))
     _run, d = stopped_with_own_handler(job, case.ranks)
     assert d.culprit_ranks == [0], d.render()
+
+
+#: Each framework's own launcher that starts several CPU processes here, and a case of the
+#: corpus it runs: the card must be the one the corpus expects under torchrun. Lightning has no
+#: launcher of its own beyond torchrun (its `python train.py` start re-executes the script in
+#: processes it spawns itself, outside any launcher rankscope starts). DeepSpeed's launcher
+#: (`launcher="deepspeed"`, tested in test_launchers.py) starts the ranks, but its
+#: `init_distributed` then builds DeepSpeed's shared-memory op with torch's cpp_extension (ninja)
+#: in every rank: on a loaded two-core machine that ran past six minutes, so no card is asked of it.
+OWN_LAUNCHERS = {"accelerate": ("fw_accelerate_gather_on_main", {})}
+
+
+@pytest.mark.timeout(FRAMEWORK_WAIT_S + 60)
+@pytest.mark.parametrize("launcher", sorted(OWN_LAUNCHERS))
+def test_a_framework_s_own_launcher_gives_the_card_torchrun_gives(start_job, launcher):
+    name, settings = OWN_LAUNCHERS[launcher]
+    case = next(c for c in cases() if c.name == name)
+    missing = [n for n in sorted({launcher, *case.needs}) if importlib.util.find_spec(n) is None]
+    if missing:
+        pytest.skip(f"needs {', '.join(missing)}: pip install -e '.[frameworks]'")
+    job = start_job.spec(
+        JobSpec(
+            script=str(case.path),
+            nproc_per_node=case.ranks,
+            launcher=launcher,
+            **settings,
+            **case.spec_settings(),
+        )
+    )
+    assert job.wait(timeout=FRAMEWORK_WAIT_S) is not None, "the job did not end"
+    assert job.info()["spec"]["launcher"] == launcher
+    d = diagnose(job.run.path)
+    wrong = check(case, d)
+    assert not wrong, "\n".join(wrong) + "\n\n" + d.render()

@@ -9,7 +9,7 @@ import textwrap
 import pandas as pd
 import pytest
 
-from rankscope.analyze.parting import env_origin, find_parting
+from rankscope.analyze.parting import Parting, env_origin, find_parting, loop_around, runs_alike
 
 
 def _script(tmp_path, text: str):
@@ -272,6 +272,20 @@ def test_an_unreadable_source_gives_no_parting(tmp_path):
     assert p is None and "could not be read" in reason
 
 
+@pytest.mark.parametrize("file", ["<string>", "<eval_with_key>.3"])
+def test_generated_code_gives_no_parting_and_says_so(tmp_path, file):
+    """Frames of exec'd text or of torch's generated graph code have no source to read: the
+    reason names the file it could not read."""
+    f, at = _script(tmp_path, "step()  # call\n")
+    p, reason = find_parting(
+        *_sides(
+            {1: [(f, "<module>", at("call")), (file, "step", 2)]},
+            {0: [(f, "<module>", at("call")), (file, "step", 3)]},
+        )
+    )
+    assert p is None and f"the source of {file} could not be read" in reason
+
+
 def test_the_probe_captures_only_simple_values_its_conditions_read():
     """A thread waits inside a function whose conditions read a bool, an int, a str, a float
     and a list: the capture holds the four simple values and nothing of the list."""
@@ -421,3 +435,57 @@ def test_the_framework_s_decision_where_the_user_s_frames_stand_at_the_same_line
     )
     assert p is not None, why
     assert p.site == f"loop.py:{lib_at('lib-decide')}"
+
+
+def test_a_rank_that_ran_out_of_a_framework_s_loop_is_parted_at_that_loop(tmp_path):
+    """The ranks' calls came from the same line of a framework's batch loop, the culprit's fewer
+    times (it ran out of batches and returned): the parting line is the loop that holds the
+    call, the framework's, under the user's line that leads into it."""
+    lib = tmp_path / "site-packages" / "fw"
+    lib.mkdir(parents=True)
+    loop = lib / "loop.py"
+    loop.write_text(
+        textwrap.dedent(
+            """
+            def run(self):
+                while not self.done:  # loop
+                    self.advance()  # advance
+            """
+        ).lstrip()
+    )
+    f, at = _script(tmp_path, "trainer.fit(model, data)  # fit\n")
+    lines = loop.read_text().splitlines()
+    line = {
+        t: next(n for n, s in enumerate(lines, 1) if f"# {t}" in s) for t in ("loop", "advance")
+    }
+    path = [(f, "<module>", at("fit")), (str(loop), "run", line["advance"])]
+    p = loop_around(path, [2], [0, 1])
+    assert p is not None
+    assert (p.site, p.kind, p.left_loop) == (f"loop.py:{line['loop']}", "while", True)
+    assert (p.ranks_in, p.ranks_out) == ([0, 1], [2])
+    assert f"under train.py:{at('fit')} (fit)" in p.into
+    assert "ranks 0-1 stayed in the loop" in p.text() and "rank 2 left it" in p.text()
+    assert not runs_alike(p)
+
+
+def test_a_loop_of_constant_count_is_not_one_a_rank_ran_out_of(tmp_path):
+    """``for step in range(3):`` runs as often on every rank: a rank that made its call fewer
+    times skipped one by a branch the paths do not show, and no loop is named."""
+    f, at = _script(
+        tmp_path,
+        """
+        for step in range(3):  # loop
+            loss.backward()  # call
+        """,
+    )
+    assert loop_around([(f, "<module>", at("call"))], [2], [0, 1]) is None
+    counted = Parting(
+        site="x",
+        source="for step in range(3):",
+        kind="for",
+        ranks_in=[0],
+        ranks_out=[1],
+        into="",
+        left_loop=True,
+    )
+    assert runs_alike(counted)

@@ -3,7 +3,7 @@ cycles."""
 
 from __future__ import annotations
 
-from rankscope.waitfor import Call, differs, paired, walk
+from rankscope.waitfor import Call, RankState, differs, paired, prove, walk
 
 
 def test_differs_names_the_first_fact_that_differs():
@@ -43,3 +43,69 @@ def test_walk_finds_roots_and_cycles():
     roots, cycles = walk({0: frozenset({1}), 1: frozenset({0, 2}), 2: frozenset({5})})
     assert roots == (5,) and cycles == ()
     assert walk({}) == ((), ())
+
+
+def test_the_diagnosis_renumbers_every_form_of_the_proof():
+    """The diagnosis restates the prover's sentence in its own numbering of each group's calls
+    (the recorder's, with torch's own collectives): each form the prover writes is one it
+    reads."""
+    from rankscope.analyze.driver import _CYCLE, _DIFFER, _ENDED_AFTER, _WAITS_IN
+
+    call = ("all_reduce", "[[4]]", '["float32"]', None)
+    pair = {"0": [0, 1], "1": [0, 1]}
+    ended = prove(
+        {
+            0: RankState(
+                rank=0,
+                members=pair,
+                called={"0": 3},
+                calls={("0", 3): call},
+                pending=(("0", 3),),
+                blocked=("0", 3),
+            ),
+            1: RankState(rank=1, members=pair, called={"0": 2}, calls={}, exited=0),
+        }
+    )
+    assert ended and _WAITS_IN.search(ended) and _ENDED_AFTER.search(ended), ended
+    differ = prove(
+        {
+            0: RankState(
+                rank=0,
+                members=pair,
+                called={"0": 1},
+                calls={("0", 1): call},
+                pending=(("0", 1),),
+                blocked=("0", 1),
+            ),
+            1: RankState(
+                rank=1,
+                members=pair,
+                called={"0": 1},
+                calls={("0", 1): ("barrier", "[]", "[]", None)},
+                pending=(("0", 1),),
+                blocked=("0", 1),
+            ),
+        }
+    )
+    assert differ and _DIFFER.search(differ), differ
+    cycle = prove(
+        {
+            0: RankState(
+                rank=0,
+                members=pair,
+                called={"0": 1},
+                calls={("0", 1): call},
+                pending=(("0", 1),),
+                blocked=("0", 1),
+            ),
+            1: RankState(
+                rank=1,
+                members=pair,
+                called={"1": 1},
+                calls={("1", 1): call},
+                pending=(("1", 1),),
+                blocked=("1", 1),
+            ),
+        }
+    )
+    assert cycle and len(_CYCLE.findall(cycle)) == 2, cycle

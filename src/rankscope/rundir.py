@@ -169,6 +169,11 @@ MACHINERY = (
 _STDLIB = frozenset(getattr(sys, "stdlib_module_names", ()))
 _STDLIB_DIR = re.compile(r"/lib(?:64)?/python\d(?:\.\d+)?/")
 _INSTALLED = ("site-packages", "dist-packages")
+#: File names of code that torch generates (torch.fx's graph modules, as torch.compile runs
+#: them), and the interpreter's frozen modules: never the user's, whatever the ``<`` says.
+_GENERATED = ("<frozen", "<eval_with_key>")
+#: A version in an installed folder's name (``lightning-2.6.6``): the package is the same.
+_VERSION = re.compile(r"-\d[\w.+]*$")
 
 
 def is_user_file(path: str | None) -> bool:
@@ -180,8 +185,8 @@ def is_user_file(path: str | None) -> bool:
     py-spy's short ones (``threading.py``, ``torch/distributed/distributed_c10d.py``)."""
     if not path:
         return False
-    if path.startswith("<"):
-        return not path.startswith("<frozen")
+    if path.startswith("<"):  # exec'd text, a notebook cell: the user's; not torch's own
+        return not path.startswith(_GENERATED)
     norm = path.replace("\\", "/")
     if "rankscope/scenarios/scripts/" in norm:
         return True  # the scenarios are user scripts that happen to ship with rankscope
@@ -201,11 +206,15 @@ def library_of(path: str | None) -> str | None:
     (the standard library, frozen code)."""
     if not path or is_user_file(path):
         return None
+    if path.startswith(_GENERATED[1:]):
+        return "torch"
     parts = path.replace("\\", "/").split("/")
     for i, part in enumerate(parts[:-1]):
         if part in _INSTALLED:
             name = parts[i + 1]
-            return name.removesuffix(".py") or None
+            if name.endswith(".egg") and i + 2 < len(parts) - 1:
+                name = parts[i + 2]  # lightning-2.6.6-py3.11.egg/lightning/...: the package
+            return _VERSION.sub("", name.removesuffix(".py")) or None
     for name in ("torch", "rankscope"):
         if name in parts[:-1]:
             return name

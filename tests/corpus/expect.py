@@ -40,6 +40,9 @@ class Case:
     """Tag of the line of the decision that sent the culprits another way (``parting.site``)."""
     values: list[str] = field(default_factory=list)
     """Names the parting line must give values of (on some rank)."""
+    unread: list[str] = field(default_factory=list)
+    """Files with no source to read (``<string>``: exec'd text) that the card must say it could
+    not read, where it would name a line."""
     nodes: int = 1
     """Simulated nodes (``ranks`` per node)."""
     run: dict[str, Any] = field(default_factory=dict)
@@ -128,12 +131,42 @@ def check(case: Case, d: Any) -> list[str]:
         # a framework's case: the culprits' call is named by the user's line that led into the
         # framework, not by the framework's line that made the call
         classes = (d.first_divergence or {}).get("classes", [])
-        own = [c for c in classes if set(c.get("ranks", [])) & set(d.culprit_ranks)]
+        own = [
+            c for c in classes if set(c.get("ranks", [])) & set(d.culprit_ranks) and c.get("op")
+        ]  # a class that made no call there (it had left) has no call to name
         named = [f"{c.get('via') or ''} {c.get('site') or ''}" for c in own]
-        if not any(case.line(case.site) in n for n in named):
+        if own and not any(case.line(case.site) in n for n in named):
             wrong.append(f"the culprits' call at the first divergence is named {named}")
+    wrong.extend(
+        f"the card does not say it could not read {name}"
+        for name in case.unread
+        if f"the source of {name} could not be read" not in text
+    )
+    wrong.extend(_proof_wrong(d))
     if "?" in text.replace("could not read", ""):
         wrong.append("a '?' in the diagnosis")
+    return wrong
+
+
+_PROOF_WAITS = re.compile(r"rank (\d+) waits in (\S+), call #(\d+) of group (\S+?)[;.]")
+
+
+def _proof_wrong(d: Any) -> list[str]:
+    """The live proof's note numbers each call as the rest of the card does: the call it says
+    a rank waits in is that rank's call of that number in the diagnosis's calls table."""
+    calls = getattr(d, "calls", None)
+    if calls is None:
+        return []
+    wrong = []
+    for m in _PROOF_WAITS.finditer(" ".join(d.notes)):
+        rank, op, seq, pg = int(m[1]), m[2], int(m[3]), m[4]
+        rows = calls[(calls["rank"] == rank) & (calls["pg"].astype(str) == pg)]
+        rows = rows[(rows["seq"] == seq).fillna(False)]
+        if rows.empty or str(rows["op"].iloc[0]) != op:
+            wrong.append(
+                f"the proof's note names {op} #{seq} of group {pg} on rank {rank}, which "
+                "the calls table numbers otherwise"
+            )
     return wrong
 
 

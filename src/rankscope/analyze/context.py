@@ -39,6 +39,7 @@ from rankscope.analyze.parting import (
     Parting,
     find_parting,
     left_loop_by_sites,
+    loop_around,
     loop_parting,
     rank_path,
     without_machinery,
@@ -344,14 +345,21 @@ class Context(Phrasing):
             return None, "nothing tells which side left the common path"
         other = fd.other_class()
         paths = {}
+        last_call = False
         for c in (own, other):
             path = list(c.path) if c.op is not None else self.rank_path(c.ranks[0])
             if not path and c.op is None:  # it left with no stacks: its last recorded call
                 path = list(self.last_call_path(c.ranks[0]))
+                last_call = bool(path)
             if path:
                 paths[c.ranks[0]] = path
         values = self.ev.table("values")
-        return find_parting(list(own.ranks), list(other.ranks), paths, values, diverged=True)
+        found = find_parting(list(own.ranks), list(other.ranks), paths, values, diverged=True)
+        if found[0] is None and last_call and len(set(map(tuple, paths.values()))) == 1:
+            # it made the others' call there before, fewer times, and left: the loop holding it
+            loop = loop_around(paths[own.ranks[0]], list(own.ranks), list(other.ranks), values)
+            found = (loop, "") if loop is not None else found
+        return found
 
     def last_call_path(self, rank: int) -> tuple[Frame, ...]:
         """The path of ``rank``'s last call the probe recorded (process-group management, such

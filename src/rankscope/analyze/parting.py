@@ -448,6 +448,19 @@ def _outermost_loop(file: str, chain: Chain, path: list[Frame], i: int) -> _Deci
     return _Decision(f[0], f[1], node.lineno, head, kind, _into(path, depth), names)
 
 
+def runs_alike(p: Parting) -> bool:
+    """Whether the parting line is a loop whose count is written as constants (``for step in
+    range(3):``): it runs as often on every rank, so a rank that made its call fewer times
+    skipped one by a branch; it did not run out of iterations."""
+    if p.kind not in _LOOP_KINDS:
+        return False
+    try:
+        tree = ast.parse(p.source.rstrip().rstrip(":") + ": pass")
+    except SyntaxError:
+        return False
+    return bool(tree.body) and _fixed_count(tree.body[0])
+
+
 def _fixed_count(loop: ast.AST) -> bool:
     """``for _ in range(2):``: a loop whose count is written as constants."""
     it = getattr(loop, "iter", None)
@@ -747,6 +760,64 @@ def loop_parting(
         values=_values_of(values, d, names, ranks) if values is not None else {},
         env={n: v for n in names if (v := env_origin(d.file, n)) is not None},
     )
+
+
+def loop_around(
+    path: list[Frame],
+    culprits: list[int],
+    others: list[int],
+    values: pd.DataFrame | None = None,
+) -> Parting | None:
+    """The parting line of ranks that made the call at the end of ``path`` (outermost first)
+    as the others did, fewer times, and then left: the innermost loop that holds the call, in
+    the user's frames where one holds it, else in the library's (the user's frames of both
+    sides stand at the same line: Lightning's batch loop under ``trainer.fit``). The others are
+    still in it; the culprits left it (they ran out of iterations). None where no loop holds it,
+    or where that loop's count is written as constants (the culprits skipped the call by a
+    branch the paths do not show)."""
+    found = None
+    for depth in sorted(range(len(path)), key=lambda d: (not is_user_file(path[d][0]), -d)):
+        file, func, line = path[depth]
+        tree = _tree(file)
+        if tree is None:
+            continue
+        loops = [n for n, _arm in _chain(_body_of(tree, func, line), line) if isinstance(n, _LOOPS)]
+        if loops:
+            found = (depth, loops[-1])
+            break
+    if found is None or _fixed_count(found[1]):
+        return None  # a loop over range(3) runs as often everywhere: a branch skipped the call
+    depth, loop = found
+    file = path[depth][0]
+    kind = "while" if isinstance(loop, ast.While) else "for"
+    names = _names(loop.test if isinstance(loop, ast.While) else loop.iter)  # type: ignore[attr-defined]
+    d = _Decision(file, path[depth][1], loop.lineno, _header(file, loop.lineno), kind, "", names)
+    return Parting(
+        site=short_site(file, loop.lineno),
+        source=d.source,
+        kind=kind,
+        ranks_in=sorted(others),
+        ranks_out=sorted(culprits),
+        into=_into(path, depth) + _under_user(path, depth),
+        left_loop=True,
+        values=_values_of(values, d, names, sorted({*culprits, *others}))
+        if values is not None
+        else {},
+        env={n: v for n in names if (v := env_origin(file, n)) is not None},
+    )
+
+
+def _under_user(path: list[Frame], depth: int) -> str:
+    """``, under train.py:41 (trainer.fit)``: the user's innermost frame above a library's
+    decision at ``depth``, the line of the user's that leads into it; empty for the user's own."""
+    if is_user_file(path[depth][0]):
+        return ""
+    user = [f for f in path[:depth] if is_user_file(f[0])]
+    if not user:
+        return ""
+    file, _func, line = user[-1]
+    code = _code_call(file, line)
+    return f", under {short_site(file, line)}" + (f" ({code})" if code else "")
 
 
 def left_loop_by_sites(their: Frame, own: Frame) -> bool | None:

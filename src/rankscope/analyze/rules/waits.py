@@ -16,6 +16,7 @@ from rankscope.analyze.calls import done, opt, opt_int
 from rankscope.analyze.causes import ASKED_EXIT_FIX, UNEVEN_FIX, Cause
 from rankscope.analyze.context import Context, Where
 from rankscope.analyze.diagnosis import CollectiveInfo, who_of
+from rankscope.analyze.parting import runs_alike
 from rankscope.analyze.rules.failures import crash_story, failure_cause
 from rankscope.analyze.rules.finding import Decided, Finding, rule
 from rankscope.analyze.rules.loops import fewer_calls, left_the_loop, thread_notes
@@ -36,7 +37,11 @@ def waits(ctx: Context) -> Finding | None:
         # Ranks known to have stayed away come first; ranks that left no record are said to be
         # missing, not blamed, unless nothing else is there to blame.
         known = [r for r in g.roots if r in ctx.evidence_ranks]
-        found = _roots(ctx, known or list(g.roots))
+        # A root that failed because of a peer (its call raised gloo's "Connection closed by
+        # peer" when a rank that had returned went away) only waited: the rank it waited on is
+        # the culprit, and it is one of the ranks left waiting.
+        own = [r for r in known if r not in ctx.victims]
+        found = _roots(ctx, own or known or list(g.roots), also_waiting=set(known) - set(own))
     elif g.cycles:
         found = _cycle(ctx, list(g.cycles[0]))
     else:
@@ -44,12 +49,14 @@ def waits(ctx: Context) -> Finding | None:
     return found
 
 
-def _roots(ctx: Context, roots: list[int]) -> Finding:
-    """Ranks the waiting ranks wait for, which wait for nothing themselves."""
+def _roots(ctx: Context, roots: list[int], *, also_waiting: set[int] = frozenset()) -> Finding:
+    """Ranks the waiting ranks wait for, which wait for nothing themselves (``also_waiting``:
+    ranks whose wait ended in an error a peer caused, left waiting with the others)."""
     g = ctx.graph
     waiting = g.waiting_on(roots)
     direct = [r for r in waiting if g.waits[r].waits_for & set(roots)]
     w = g.waits[direct[0]] if direct else g.waits[waiting[0]]
+    waiting = sorted(set(waiting) | (set(also_waiting) - set(roots)))
     d = ctx.divergence_with(set(roots)) or (ctx.cell(w.pg, w.seq) if w.seq is not None else None)
     where = ctx.whereabouts(roots)
     rows = d.rows if d is not None else ctx.calls.iloc[[w.row]]
@@ -112,6 +119,9 @@ def _decide_root_cause(
                 facts["culprit_site"] = f.end_site
                 facts["exit_fix"] = ASKED_EXIT_FIX.format(exit_at=at(f.end_site))
                 return Decided(Cause.early_exit, asked, facts, recipe=None)
+            short_of = _returned_short(ctx, exited, waiting)
+            if short_of is not None:
+                return ran_out(exited, done=short_of, went="returned from its script (exit 0)")
             return Decided(Cause.early_exit, exited, facts)
         fact = ctx.facts[first]
         cause = failure_cause(text=fact.exception)
@@ -166,6 +176,27 @@ def _decide_root_cause(
             },
         )
     return lagging(roots, doing=_some(where))
+
+
+def _returned_short(ctx: Context, exited: list[int], waiting: list[int]) -> str | None:
+    """Whether ranks whose script returned (no exit asked for) made the call of the loop the
+    others are still in fewer times (``3 calls of broadcast at train.py:41 → loop.py:265 where
+    ranks 0-1 made 4``): they ran out of work (uneven data, fewer epochs or steps), which is why
+    they left. None where a rank's end is not known to be a return, the parting line is not a
+    loop the culprits left, or the counts do not say."""
+    if not waiting or any(ctx.facts[r].end_how != "returned" for r in exited):
+        return None
+    p, _ = ctx.parting(exited, waiting)
+    if p is None or not p.left_loop or runs_alike(p) or not set(exited) <= set(p.ranks_out):
+        return None  # not known to have left a loop the others are in
+    d = ctx.divergence_with(set(exited))
+    if d is None:
+        return None
+    theirs = d.rows[d.rows["rank"].isin(waiting)]
+    if theirs.empty:
+        return None
+    peers = sorted(set(theirs["rank"].astype(int).tolist()))
+    return fewer_calls(ctx, exited, theirs.index[0], peers)
 
 
 def lagging(ranks: list[int], *, doing: str) -> Decided:
