@@ -77,7 +77,9 @@ class CollectiveInfo:
     shapes_by_rank: dict[int, str | None] = field(default_factory=dict)
     dtypes_by_rank: dict[int, str | None] = field(default_factory=dict)
     state_by_rank: dict[int, str] = field(default_factory=dict)
-    """``completed``, ``waiting``, ``failed``, or what a rank that never made the call did."""
+    """The call's state in every view's words (:func:`rankscope.state.state_words`:
+    ``completed``, ``failed``, ``issued, waiting``, ``issued, never completed: ...``), or for
+    a rank that never made the call ``never called it: ...`` and what it did instead."""
     source: str = "collectives"
     """Which table the calls come from: ``collectives`` (the probe) or ``flight_recorder``."""
 

@@ -96,25 +96,28 @@ def rank_timeline(
     latest = float(np.nanmax(np.concatenate([start, end])))
     now = latest if now is None else max(float(now), latest)
     t0 = float(start.min())
-    # Not completed by the backend is in flight, returned from or not (an async call, an nccl
-    # call returned from at enqueue): drawn up to now.
-    inflight = ~table["completed"].fillna(False).to_numpy(dtype=bool)
+    # A call's state is every view's (rankscope.state.call_state, the calls table's column):
+    # issued or started is in flight, returned from or not (an async call, an nccl call
+    # returned from at enqueue), drawn up to now.
+    state = table["state"].astype(str).to_numpy()
+    inflight = (state == "issued") | (state == "started")
     end = np.where(inflight, now, np.where(np.isnan(end), start, end))
     rows = rank_rows(
         all_ranks,
         culprits=culprits,
         classes=classes,
-        state=_last_calls(table, inflight) if len(all_ranks) > ALIKE_FROM else None,
+        state=_last_calls(table) if len(all_ranks) > ALIKE_FROM else None,
     )
     # a row per rank, or per group of ranks alike (drawn by its lowest rank)
     rank = rows.y(table["rank"].to_numpy(dtype=np.int64))
     drawn = ~np.isnan(rank)
     n_calls = len(table)
-    table, start, end, inflight, rank = (
+    table, start, end, inflight, state, rank = (
         table[drawn],
         start[drawn],
         end[drawn],
         inflight[drawn],
+        state[drawn],
         rank[drawn],
     )
     took = end - start
@@ -157,7 +160,19 @@ def rank_timeline(
             width=max(width / 3, 1.0),
             points=points,
         )
-    shown = _with_hover(table, culprits=culprits, inflight=inflight)
+    failed = state == "failed"
+    if failed.any():  # a call that raised: a red cross where it ended
+        fig.add_trace(
+            scatter(points)(
+                x=x1[failed],
+                y=rank[failed],
+                mode="markers",
+                marker={"symbol": "x", "size": max(min(width, 12), 6), "color": ALERT},
+                name="failed",
+                hoverinfo="skip",
+            )
+        )
+    shown = _with_hover(table, culprits=culprits, inflight=inflight | failed)
     fig.add_trace(
         scatter(points)(
             x=((x0 + x1) / 2)[shown].astype(np.float32),
@@ -165,7 +180,7 @@ def rank_timeline(
             mode="markers",
             # Invisible: the bars are drawn by the line traces, these only carry the hover.
             marker={"size": width, "color": "rgba(0, 0, 0, 0)", "symbol": "square"},
-            hovertext=_hover(table[shown], op[shown], took[shown], inflight[shown]),
+            hovertext=_hover(table[shown], op[shown], took[shown]),
             hoverinfo="text",
             name="calls",
             showlegend=False,
@@ -219,6 +234,15 @@ def _op_groups(op: pd.Series) -> tuple[pd.Series, dict[str, str]]:
     return op.where(op.isin(named), "other"), colours
 
 
+#: How a hover says each state (:data:`rankscope.state.CALL_STATES`), before the duration.
+STATE_WORDS = {
+    "issued": "issued, in flight for ",
+    "started": "started, in flight for ",
+    "completed": "completed, took ",
+    "failed": "failed after ",
+}
+
+
 def _with_hover(table: pd.DataFrame, *, culprits: list[int], inflight: np.ndarray) -> np.ndarray:
     """Which calls get a hover text: all within the budget, else the latest per rank and more."""
     if len(table) <= HOVER_BUDGET:
@@ -228,14 +252,11 @@ def _with_hover(table: pd.DataFrame, *, culprits: list[int], inflight: np.ndarra
     return latest | inflight | table["rank"].isin(culprits).to_numpy()
 
 
-def _hover(table: pd.DataFrame, op: pd.Series, dur: np.ndarray, inflight: np.ndarray) -> np.ndarray:
+def _hover(table: pd.DataFrame, op: pd.Series, dur: np.ndarray) -> np.ndarray:
     number = text_or(table["seq"].fillna(table["p2p_seq"]))
     took = pd.Series(dur, index=table.index).map("{:.3f} s".format)
-    # a calls table says whether the device started it (nccl with timing): issued or started
-    started = table["state"].eq("started").to_numpy(dtype=bool) if "state" in table else False
-    state = np.where(
-        inflight, np.where(started, "started, in flight for ", "issued, in flight for "), "took "
-    )
+    # the call's state, in the words every view uses (rankscope.state.CALL_STATES)
+    state = table["state"].astype(str).map(STATE_WORDS).fillna("took ").to_numpy(dtype=object)
     text = (
         "rank "
         + table["rank"].astype(str)
@@ -339,18 +360,18 @@ def _draw_chain(
                 drawn += 1
 
 
-def _last_calls(table: pd.DataFrame, inflight: np.ndarray) -> dict[int, str]:
-    """Each rank's last call (op, group, number, in flight or not): ranks whose last call is
-    the same are alike where no classes are given."""
-    last = table.assign(_inflight=inflight).sort_values("t_start_s", kind="stable")
-    last = last.groupby("rank", sort=True).tail(1)
+def _last_calls(table: pd.DataFrame) -> dict[int, str]:
+    """Each rank's last call (op, group, number, its state): ranks whose last call is the same
+    are alike where no classes are given."""
+    last = table.sort_values("t_start_s", kind="stable").groupby("rank", sort=True).tail(1)
     state = (
         text_or(last["op"]).astype(str)
         + " "
         + last["pg"].astype(str)
         + " #"
         + last["seq"].astype("string").fillna("?")
-        + np.where(last["_inflight"].to_numpy(dtype=bool), " in flight", " done")
+        + " "
+        + last["state"].astype(str)
     )
     return dict(zip(last["rank"].astype(int), state, strict=True))
 
