@@ -24,7 +24,7 @@ from rankscope.plot._common import as_calls
 from rankscope.plot.ladder import ladder_table
 from rankscope.plot.timeline import STATE_WORDS
 from rankscope.rundir import MANAGEMENT_OPS
-from rankscope.state import CALL_STATES, state_words
+from rankscope.state import CALL_STATES, STEP_LABEL, state_words
 from rankscope.widgets.live import ranks_html
 
 SCRIPT = "views/ends.py"
@@ -70,11 +70,29 @@ def _views(job: Job) -> dict[int, dict[str, str]]:
         # the CLI's status line of the rank, and the notebook's table
         line = next(s for s in status if s.startswith(f"  rank {rank:>3}"))
         assert f" {snap['status']} " in line and snap["end"] in line, line
+        # the step: the last one it marked (rankscope.state.STEP_LABEL), the same number in
+        # the CLI, the live panel, the notebook's table and the progress plot
+        # (a rank that dies by a signal may lose its last events: its calls are in its ring,
+        # its step markers are not, and then no view shows a step)
+        step = snap["step"]
+        assert step == 2 or (step is None and snap["status"] in ("aborted", "killed")), snap
+        assert f"done {snap['done']:>5}  {STEP_LABEL} {step or '-':>5}" in line, line
         assert f"<td>{snap['end']}</td>" in html
         # counts: done beside the last completed call, on the one group these jobs use
         if snap["last_done"] is not None:
             assert snap["last_done"].endswith(f"#{snap['done']})"), snap
     assert "running" not in state_text(job.info(), list(snaps.values()))
+    assert f"<th>{STEP_LABEL}</th>" in html and "<th>last completed</th>" in html
+    progress = plot.progress(run.events)
+    assert [a.text for a in progress.layout.annotations][:2] == [
+        "collectives completed",
+        STEP_LABEL,
+    ]
+    for rank, snap in snaps.items():
+        for axis, number in (("y", snap["done"]), ("y2", snap["step"])):
+            line = [t for t in progress.data if t.yaxis == axis and t.name == f"rank {rank}"]
+            drawn = [y for y in line[0].y if y == y][-1] if line else None
+            assert drawn == number, (rank, axis, line)
     _last_calls_agree(job, snaps)
     return snaps
 
@@ -90,6 +108,11 @@ def _last_calls_agree(job: Job, snaps: dict[int, dict]) -> dict[int, str]:
     hovers = [t for trace in timeline.data if trace.name == "calls" for t in trace.hovertext]
     card = diagnose(run)
     panel = ranks_html(list(snaps.values()))
+    assert f">{STEP_LABEL}<" in panel
+    parted = card.first_divergence
+    if parted and parted.get("step") is not None:  # the culprits' step, as every view says it
+        assert {snaps[r]["step"] for r in parted["culprits"]} == {parted["step"]}, parted
+        assert f"last step marked: {parted['step']}" in card.render()
     states = {}
     for rank, call in last.iterrows():
         op, pg, seq, state = str(call["op"]), str(call["pg"]), int(call["seq"]), call["state"]

@@ -57,6 +57,19 @@ STATUSES = (
 BAD_STATUSES = frozenset({"aborted", "crashed", "killed", "failed", "dead"})
 
 
+#: What every view heads a rank's step with. A rank's step is the last step it marked
+#: (``rankscope.probe.step``), not the step its loop is in: a loop marks a step where the user
+#: put the marker (after the step's collectives, or before), so a rank waiting in the next
+#: step's first collective still shows the step it marked last, while the card's values of the
+#: user's own variable (``step = 3``) say where the loop is.
+STEP_LABEL = "step marked"
+
+
+def step_words(step: Any) -> str:
+    """A rank's step in a sentence (see :data:`STEP_LABEL`): ``last step marked: 2``."""
+    return f"last step marked: {step}"
+
+
 #: A call's states, every view's words for them: ``issued`` (the backend has not completed it:
 #: in flight, or left so at the rank's end), ``started`` (on the device: nccl with timing),
 #: ``completed`` (the backend completed it and it returned normally), ``failed`` (it raised).
