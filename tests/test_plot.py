@@ -887,3 +887,31 @@ def test_ranks_spread_over_many_places_keep_the_tree_legible() -> None:
     counted = sum(int(k.split(" | ")[1].split(" rank")[0]) for k in leaves)
     assert counted == 1024
     assert "40 at the end" in fig.layout.title.text
+
+
+def test_at_1024_ranks_the_nccl_view_groups_ranks_alike_and_hovers_name_the_group() -> None:
+    """The NCCL view of 1024 ranks has a row per group of ranks alike and one for the culprit
+    (whose last init never completed), named; a grouped row's hover in it and in the timeline
+    names the ranks it stands for."""
+    spec = importlib.util.spec_from_file_location("plot_build", ROOT / "bench" / "plot_build.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    comms, log = bench.nccl(1024)
+    fig = plot.nccl_view(comms, log, culprit_ranks=[bench.CULPRIT])
+    ticks = fig.layout.yaxis.ticktext
+    assert len(ticks) <= 8 and ticks[0] == f"<b><span style='color:{plot.ALERT}'>37 ✖</span></b>"
+    assert ticks[1] == "1023 ranks: 0-36, 38-1023", ticks
+    hovers = [h for t in fig.data if t.hovertext is not None for h in t.hovertext]
+    assert any("<br>ranks 0-36, 38-1023 (1023 ranks), like rank 0<br>" in h for h in hovers)
+    assert any("<br>rank 37<br>" in h for h in hovers)
+    stuck = next(t for t in fig.data if t.name == "init not completed")
+    assert {y for y in stuck.y if y == y} == {0.0}  # the culprit's row, the top one
+    warn = next(t for t in fig.data if t.name == "WARN")
+    assert list(warn.y) == [0.0] and warn.hovertext[0].startswith("rank 37: ")
+
+    calls = bench.collectives(1024, 20)
+    timeline = plot.rank_timeline(calls, culprit_ranks=[bench.CULPRIT])
+    hover = next(t for t in timeline.data if t.name == "calls").hovertext
+    grouped = [h for h in hover if h.startswith("ranks ")]
+    assert grouped and all(" ranks), like rank " in h.split("<br>")[0] for h in grouped)
+    assert any(h.startswith("rank 37<br>") for h in hover)

@@ -382,7 +382,8 @@ class Phrasing:
             text = f"rank {rank} {how}"
             if len(mine):
                 kind = str(mine["kind"].iloc[0])
-                text += f" after it reported {kind} ({short(mine['message'].iloc[0], 100)})"
+                # the error's own words, not the key of the text it matched
+                text += f' after it reported "{short(mine["message"].iloc[0], 100)}"'
                 text += f", which says {SIGNATURE_DOCS[kind]}" if kind in SIGNATURE_DOCS else ""
             notes.append(text)
         return notes

@@ -180,7 +180,9 @@ def rank_timeline(
             mode="markers",
             # Invisible: the bars are drawn by the line traces, these only carry the hover.
             marker={"size": width, "color": "rgba(0, 0, 0, 0)", "symbol": "square"},
-            hovertext=_hover(table[shown], op[shown], took[shown]),
+            hovertext=_hover(
+                table[shown], op[shown], took[shown], rows.who(table["rank"].to_numpy()[shown])
+            ),
             hoverinfo="text",
             name="calls",
             showlegend=False,
@@ -252,14 +254,13 @@ def _with_hover(table: pd.DataFrame, *, culprits: list[int], inflight: np.ndarra
     return latest | inflight | table["rank"].isin(culprits).to_numpy()
 
 
-def _hover(table: pd.DataFrame, op: pd.Series, dur: np.ndarray) -> np.ndarray:
+def _hover(table: pd.DataFrame, op: pd.Series, dur: np.ndarray, who: np.ndarray) -> np.ndarray:
     number = text_or(table["seq"].fillna(table["p2p_seq"]))
     took = pd.Series(dur, index=table.index).map("{:.3f} s".format)
     # the call's state, in the words every view uses (rankscope.state.CALL_STATES)
     state = table["state"].astype(str).map(STATE_WORDS).fillna("took ").to_numpy(dtype=object)
     text = (
-        "rank "
-        + table["rank"].astype(str)
+        pd.Series(who, index=table.index)  # a grouped row's hover says the group
         + "<br><b>"
         + op
         + "</b> on group "
