@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import json
 import subprocess
 import sys
@@ -915,3 +916,20 @@ def test_at_1024_ranks_the_nccl_view_groups_ranks_alike_and_hovers_name_the_grou
     grouped = [h for h in hover if h.startswith("ranks ")]
     assert grouped and all(" ranks), like rank " in h.split("<br>")[0] for h in grouped)
     assert any(h.startswith("rank 37<br>") for h in hover)
+
+
+def test_gap_labels_never_touch() -> None:
+    """Three short waits side by side (the README's timeline): each label on the top line
+    where it keeps its distance from the one before, else a line lower; far apart, all on top."""
+    from rankscope.plot.timeline import CHAR_PX, LABEL_GAP_PX, NARROWEST_PX, label_lines
+
+    width = 1.0
+    centres, chars = [0.14, 0.22, 0.30], [10, 10, 10]
+    lines = label_lines(centres, chars, width)
+    assert lines == [0, 1, 0]
+    for line in set(lines):  # on each line, gaps of at least LABEL_GAP_PX between labels
+        on = sorted(c * NARROWEST_PX for c, li in zip(centres, lines, strict=True) if li == line)
+        assert all(b - a >= 10 * CHAR_PX + LABEL_GAP_PX for a, b in itertools.pairwise(on))
+    assert label_lines([0.1, 0.5, 0.9], chars, width) == [0, 0, 0]
+    assert label_lines([0.5, 0.1], [10, 10], width) == [0, 0]  # any order in, the same out
+    assert label_lines([0.50, 0.5001, 0.5002], chars, width) == [0, 1, 2]

@@ -71,6 +71,7 @@ def nccl_view(
     warn = lines[
         (lines["level"].astype(str) == "WARN").to_numpy() & lines["rank"].notna().to_numpy()
     ]
+    n_warn = len(warn)
     rows = rank_rows(ranks, culprits=culprits, classes=classes, state=_alike(comms, warn, ranks))
     # the rows drawn: a rank of its own, or the lowest rank of a group alike
     comms = comms[~np.isnan(rows.y(comms["rank"].to_numpy(dtype=np.int64)))]
@@ -148,7 +149,10 @@ def nccl_view(
     highlight_ranks(fig, rows.y(np.array(culprits, dtype=np.int64)).astype(int).tolist(), axis="y")
     n_comms = nccl_comms["comm_id"].nunique()
     fig.update_layout(
-        title={"text": f"{TITLE}: {n_comms} communicators, {len(warn)} warnings"},
+        title={
+            "text": f"{TITLE}: {n_comms} communicator{'s' * (n_comms != 1)}, "
+            f"{n_warn} warning{'s' * (n_warn != 1)}"
+        },
         height=height,
         xaxis={"title": {"text": "line in the rank's NCCL log"}, "rangemode": "tozero"},
         yaxis=rows.axis(),

@@ -428,19 +428,59 @@ class _TimeAxis:
         }
 
     def mark_breaks(self, fig: go.Figure) -> None:
-        """Shade each collapsed stretch and say how long it really is."""
-        for a, b in self.breaks:
-            x0, x1 = (float(v) for v in self.shown(np.asarray([a, b])))
+        """Shade each collapsed stretch and say how long it really is; a label that would
+        come near the one before it goes a line lower (:func:`label_lines`): none touch."""
+        spans = [tuple(float(v) for v in self.shown(np.asarray([a, b]))) for a, b in self.breaks]
+        texts = [f"⋯ {duration(b - a)} ⋯" for a, b in self.breaks]
+        lines = label_lines(
+            [(x0 + x1) / 2 for x0, x1 in spans], [len(t) for t in texts], self.width
+        )
+        for (x0, x1), text, line in zip(spans, texts, lines, strict=True):
             fig.add_vrect(
                 x0=x0,
                 x1=x1,
                 fillcolor="rgba(120, 120, 120, 0.12)",
                 line={"width": 0},
                 layer="below",
-                annotation_text=f"⋯ {duration(b - a)} ⋯",
+                annotation_text=text,
                 annotation_position="top",
-                annotation_font={"size": 11, "color": "#555"},
+                annotation_font={"size": LABEL_FONT, "color": "#555"},
+                annotation_yshift=-LABEL_LINE_PX * line,
             )
+
+
+#: The gap labels' font size, the height of a line of them, and the narrowest plot area
+#: (px) their spacing is worked out for: a wider figure only spreads them further apart.
+LABEL_FONT = 11
+LABEL_LINE_PX = 15
+NARROWEST_PX = 560
+#: A label's width per character at :data:`LABEL_FONT` (px, on the wide side), and the room
+#: kept free between two labels on one line.
+CHAR_PX = 7.0
+LABEL_GAP_PX = 8.0
+
+
+def label_lines(centres: Sequence[float], chars: Sequence[int], width: float) -> list[int]:
+    """The line (0 the top one) of each label centred at ``centres`` (axis units of an axis
+    ``width`` wide) of ``chars`` characters: the top line where it keeps
+    :data:`LABEL_GAP_PX` from the label before it on that line, in a plot area as narrow as
+    :data:`NARROWEST_PX`, else the next line down."""
+    px = NARROWEST_PX / max(width, 1e-12)
+    right: list[float] = []  # where each line's last label ends (px)
+    out = []
+    for centre, n in sorted(zip(centres, chars, strict=True), key=lambda c: c[0]):
+        half = n * CHAR_PX / 2
+        left = centre * px - half
+        line = next((i for i, end in enumerate(right) if end + LABEL_GAP_PX <= left), len(right))
+        if line == len(right):
+            right.append(0.0)
+        right[line] = centre * px + half
+        out.append(line)
+    order = sorted(range(len(centres)), key=lambda i: centres[i])
+    lines = [0] * len(centres)
+    for i, line in zip(order, out, strict=True):
+        lines[i] = line
+    return lines
 
 
 def nice_seconds(rough: float) -> float:
