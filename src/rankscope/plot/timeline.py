@@ -27,6 +27,7 @@ from rankscope.plot._common import (
     time_origin,
     translucent,
 )
+from rankscope.state import shapes_text
 
 TITLE = "Rank timeline"
 #: Calls that get a hover text: past this many, only each rank's latest calls, the calls in
@@ -236,6 +237,14 @@ def _op_groups(op: pd.Series) -> tuple[pd.Series, dict[str, str]]:
     return op.where(op.isin(named), "other"), colours
 
 
+def _shapes(shapes: pd.Series) -> pd.Series:
+    """Each call's shapes as a person reads them (:func:`rankscope.state.shapes_text`: ``16``,
+    ``4096x1024``, ``scalar``), worked out once per distinct value."""
+    values = shapes.astype("category")
+    words = {c: shapes_text(c) for c in values.cat.categories}
+    return values.map(words).astype(object).fillna("").astype(str)
+
+
 #: How a hover says each state (:data:`rankscope.state.CALL_STATES`), before the duration.
 STATE_WORDS = {
     "issued": "issued, in flight for ",
@@ -268,7 +277,7 @@ def _hover(table: pd.DataFrame, op: pd.Series, dur: np.ndarray, who: np.ndarray)
         + " #"
         + number
         + "<br>shapes "
-        + text_or(table["shapes"], "")
+        + _shapes(table["shapes"])
         + "<br>at "
         + text_or(table["site"])
         + "<br>"
