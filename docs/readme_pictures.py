@@ -74,8 +74,8 @@ def screenshot(fig: plot.go.Figure, out: Path, *, chromium: str, work: Path) -> 
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
         page = browser.new_page(viewport={"width": WIDTH, "height": HEIGHT})
-        page.goto(page_file.as_uri())
-        page.wait_for_selector(".main-svg")
+        page.goto(page_file.as_uri(), timeout=120_000)  # a loaded machine is slow
+        page.wait_for_selector(".main-svg", timeout=120_000)
         page.locator(".js-plotly-plot").screenshot(path=str(out))
         browser.close()
 
