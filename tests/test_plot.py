@@ -481,6 +481,9 @@ def test_table_rows_and_log_tail() -> None:
     picked, _ = plot.table_rows(hang_calls(), columns=["op", "rank", "nope", "peer"])
     assert list(picked.columns) == ["op", "rank", "peer"]
     assert set(picked["peer"]) == {""}  # unknown is blank, not "<NA>"
+    # shapes and dtypes as a person reads them, not the probe's lists
+    words, _ = plot.table_rows(hang_calls(), columns=["shapes", "dtypes"])
+    assert set(words["shapes"]) <= {"4", "no tensor"} and "[" not in "".join(words["dtypes"])
     with pytest.raises(ValueError, match="no rank column"):
         plot.table_rows(schema.empty("problems"), ranks=[0])
     logs = schema.conform(

@@ -304,6 +304,19 @@ def shapes_text(shapes: Any) -> str:
     return ", ".join("scalar" if not s else "x".join(map(str, s)) for s in shapes)
 
 
+def dtypes_text(dtypes: Any) -> str:
+    """A call's tensor dtypes as a person reads them: ``float32``, ``float32, int64``; takes the
+    list the probe records or its text (``["float32"]``); other text comes back as it is."""
+    if isinstance(dtypes, str):
+        try:
+            dtypes = json.loads(dtypes)
+        except ValueError:
+            return dtypes
+    if not isinstance(dtypes, list):
+        return "" if dtypes is None else str(dtypes)
+    return ", ".join(map(str, dtypes)) if dtypes else "no tensor"
+
+
 def group_name(pg: Any, desc: str | None = None, ranks: Iterable[int] | None = None) -> str:
     """``group 0 (default_pg)``; where torch's description says nothing (none, or
     ``undefined``), the group's ranks instead: ``group 3 (ranks 0, 2)``."""
