@@ -246,7 +246,7 @@ def figures(n_ranks: int, n_calls: int) -> dict[str, Callable[[], go.Figure | pd
         "where_is_everyone": lambda: plot.where_is_everyone(summary, culprit_ranks=culprits),
         "merged_stacks": lambda: plot.merged_stacks(frames, summary, culprit_ranks=culprits),
         "progress": lambda: plot.progress(evs, highlight=culprits),
-        "nccl_view": lambda: plot.nccl_view(comms, log),
+        "nccl_view": lambda: plot.nccl_view(comms, log, culprit_ranks=culprits),
         # the results panel's grid past a few dozen ranks: a row per group of ranks alike
         "ranks (grouped)": lambda: plot.grouped_rows(people, culprits=culprits)[0],
         "calls (grouped)": lambda: plot.grouped_rows(calls, culprits=culprits)[0],

@@ -565,9 +565,16 @@ def test_every_view_of_1024_ranks_is_legible_in_chromium(chromium: str, tmp_path
     figures = {
         name: build()
         for name, build in bench.figures(1024, 200).items()
-        # the views that take the culprits (the NCCL view marks its own warnings)
-        if name in ("rank_timeline", "sequence_ladder", "where_is_everyone", "merged_stacks")
-        or name == "progress"
+        # the views that take the culprits
+        if name
+        in (
+            "rank_timeline",
+            "sequence_ladder",
+            "where_is_everyone",
+            "merged_stacks",
+            "progress",
+            "nccl_view",
+        )
     }
     culprit = str(bench.CULPRIT)
     with _page(chromium, tmp_path, "views-1024") as page:

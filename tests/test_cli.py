@@ -63,7 +63,7 @@ def test_hang_is_caught_and_stopped(tmp_path):
     )
     # the card of the frozen job comes with the stall, before the stop; the one after the stop
     # is not printed again when it says the same
-    card = out.stdout.index("HANG: rank_conditional_collective")
+    card = out.stdout.index("HANG: rank-conditional collective")
     assert out.stdout.index("STALL") < card < out.stdout.index("rankscope: job stopped")
     assert out.stdout.count("HANG:") == 1, out.stdout
     assert "the diagnosis after the stop is the one above" in out.stdout
@@ -81,7 +81,7 @@ def test_a_kept_stall_is_diagnosed_while_the_job_is_still_frozen(tmp_path):
     out = rankscope(*args, script, cwd=tmp_path)
     assert out.returncode == 1, out.stdout + out.stderr
     stall = out.stdout.index("STALL: no progress")
-    hang = out.stdout.index("HANG: rank_conditional_collective")
+    hang = out.stdout.index("HANG: rank-conditional collective")
     ended = out.stdout.index("rankscope: job stopped")
     assert stall < hang < ended, out.stdout
     assert not leftover_processes(tmp_path)

@@ -354,7 +354,7 @@ def test_cli_attach_prints_the_diagnosis_and_keeps_the_evidence(
     out = tmp_path / "evidence"
     assert main(["attach", hung_job.url, "-o", str(out)]) == 0
     captured = capsys.readouterr()
-    assert "HANG: stuck_outside" in captured.out
+    assert "HANG: a rank is stuck outside the collectives" in captured.out
     assert "culprit ranks: 1; waiting ranks: 0" in captured.out
     assert captured.err.startswith("rankscope attach: 2 ranks -> ")
     assert json.loads((out / "diagnosis.json").read_text())["culprit_ranks"] == [1]

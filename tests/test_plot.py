@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import json
 import subprocess
 import sys
@@ -118,7 +119,7 @@ def test_rank_timeline_bars_in_flight_divergence_and_culprit() -> None:
     assert left <= 0 and right > end
     hover = list(traces["calls"].hovertext)
     barrier = next(h for h in hover if "barrier" in h)
-    assert "rank 2" in barrier and "group 0 #4" in barrier and "shapes []" in barrier
+    assert "rank 2" in barrier and "group 0 #4" in barrier and "shapes no tensor" in barrier
     assert "train.py:30" in barrier and "in flight for 5.800 s" in barrier
 
 
@@ -480,6 +481,9 @@ def test_table_rows_and_log_tail() -> None:
     picked, _ = plot.table_rows(hang_calls(), columns=["op", "rank", "nope", "peer"])
     assert list(picked.columns) == ["op", "rank", "peer"]
     assert set(picked["peer"]) == {""}  # unknown is blank, not "<NA>"
+    # shapes and dtypes as a person reads them, not the probe's lists
+    words, _ = plot.table_rows(hang_calls(), columns=["shapes", "dtypes"])
+    assert set(words["shapes"]) <= {"4", "no tensor"} and "[" not in "".join(words["dtypes"])
     with pytest.raises(ValueError, match="no rank column"):
         plot.table_rows(schema.empty("problems"), ranks=[0])
     logs = schema.conform(
@@ -887,3 +891,48 @@ def test_ranks_spread_over_many_places_keep_the_tree_legible() -> None:
     counted = sum(int(k.split(" | ")[1].split(" rank")[0]) for k in leaves)
     assert counted == 1024
     assert "40 at the end" in fig.layout.title.text
+
+
+def test_at_1024_ranks_the_nccl_view_groups_ranks_alike_and_hovers_name_the_group() -> None:
+    """The NCCL view of 1024 ranks has a row per group of ranks alike and one for the culprit
+    (whose last init never completed), named; a grouped row's hover in it and in the timeline
+    names the ranks it stands for."""
+    spec = importlib.util.spec_from_file_location("plot_build", ROOT / "bench" / "plot_build.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    comms, log = bench.nccl(1024)
+    fig = plot.nccl_view(comms, log, culprit_ranks=[bench.CULPRIT])
+    ticks = fig.layout.yaxis.ticktext
+    assert len(ticks) <= 8 and ticks[0] == f"<b><span style='color:{plot.ALERT}'>37 ✖</span></b>"
+    assert ticks[1] == "1023 ranks: 0-36, 38-1023", ticks
+    hovers = [h for t in fig.data if t.hovertext is not None for h in t.hovertext]
+    assert any("<br>ranks 0-36, 38-1023 (1023 ranks), like rank 0<br>" in h for h in hovers)
+    assert any("<br>rank 37<br>" in h for h in hovers)
+    stuck = next(t for t in fig.data if t.name == "init not completed")
+    assert {y for y in stuck.y if y == y} == {0.0}  # the culprit's row, the top one
+    warn = next(t for t in fig.data if t.name == "WARN")
+    assert list(warn.y) == [0.0] and warn.hovertext[0].startswith("rank 37: ")
+
+    calls = bench.collectives(1024, 20)
+    timeline = plot.rank_timeline(calls, culprit_ranks=[bench.CULPRIT])
+    hover = next(t for t in timeline.data if t.name == "calls").hovertext
+    grouped = [h for h in hover if h.startswith("ranks ")]
+    assert grouped and all(" ranks), like rank " in h.split("<br>")[0] for h in grouped)
+    assert any(h.startswith("rank 37<br>") for h in hover)
+
+
+def test_gap_labels_never_touch() -> None:
+    """Three short waits side by side (the README's timeline): each label on the top line
+    where it keeps its distance from the one before, else a line lower; far apart, all on top."""
+    from rankscope.plot.timeline import CHAR_PX, LABEL_GAP_PX, NARROWEST_PX, label_lines
+
+    width = 1.0
+    centres, chars = [0.14, 0.22, 0.30], [10, 10, 10]
+    lines = label_lines(centres, chars, width)
+    assert lines == [0, 1, 0]
+    for line in set(lines):  # on each line, gaps of at least LABEL_GAP_PX between labels
+        on = sorted(c * NARROWEST_PX for c, li in zip(centres, lines, strict=True) if li == line)
+        assert all(b - a >= 10 * CHAR_PX + LABEL_GAP_PX for a, b in itertools.pairwise(on))
+    assert label_lines([0.1, 0.5, 0.9], chars, width) == [0, 0, 0]
+    assert label_lines([0.5, 0.1], [10, 10], width) == [0, 0]  # any order in, the same out
+    assert label_lines([0.50, 0.5001, 0.5002], chars, width) == [0, 1, 2]

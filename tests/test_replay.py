@@ -137,7 +137,7 @@ def test_the_header_says_what_was_kept_dropped_and_remapped():
     header = replay.header
     assert replay.script.startswith(f'"""{header}"""')
     assert "64 ranks -> 8 ranks on CPU (gloo)" in header
-    assert "HANG: op_mismatch (recipe D19)" in header
+    assert "HANG: collective op mismatch (recipe D19)" in header
     assert "Culprit: original rank 37 = replay rank 4." in header
     assert "Ranks (original -> replay): 5 -> 0, 13 -> 1, 21 -> 2" in header
     assert "37 -> 4" in header and "Dropped: ranks 0-4, 6-12" in header and "(56 of 64)" in header

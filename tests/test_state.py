@@ -1,18 +1,25 @@
-"""The one model of how a rank ended and the words every view uses (rankscope.state)."""
+"""The one model of how a rank ended, of a call's state, and the words every view uses
+(rankscope.state)."""
 
 from __future__ import annotations
 
+import pandas as pd
 import pytest
 
 from rankscope.rundir import RankRecord
 from rankscope.state import (
+    CALL_STATES,
     RankEnd,
+    call_state,
+    call_states,
+    call_text,
     ends_text,
     group_name,
     job_state_words,
     proof_text,
     rank_end,
     shapes_text,
+    state_words,
 )
 
 
@@ -88,3 +95,30 @@ def test_the_job_s_state_never_contradicts_its_rows():
     assert job_state_words("stalled", ["waiting", "waiting"], stopping=True) == "stopping"
     assert job_state_words("running", ["waiting", "ended"]) == "running"
     assert job_state_words("stopped", ["stopped"]) == "stopped"
+
+
+def test_a_calls_state_is_one_rule_for_one_call_and_for_a_table():
+    combos = [
+        (completed, ok, started)
+        for completed in (True, False, None)
+        for ok in (True, False, None)
+        for started in (True, False)
+    ]
+    one = [call_state(completed=c, ok=o, started=s) for c, o, s in combos]
+    table = call_states(
+        pd.array([c for c, _, _ in combos], dtype="boolean"),
+        pd.Series([o for _, o, _ in combos], dtype="boolean"),
+        [s for _, _, s in combos],
+    )
+    assert [CALL_STATES[i] for i in table] == one
+    assert one[:6] == ["completed", "completed", "failed", "failed", "completed", "completed"]
+    assert call_state(completed=False, started=True) == "started"
+    assert call_state(completed=None) == "issued"
+    assert state_words("issued") == "issued, waiting"
+    assert state_words("failed", ended="x") == "failed"
+    assert state_words("issued", ended="aborted itself: SIGABRT (-6)") == (
+        "issued, never completed: its rank ended in it (aborted itself: SIGABRT (-6))"
+    )
+    assert call_text("barrier", "0", 5, "issued", ended="") == (
+        "barrier (group 0 #5) issued, never completed"
+    )

@@ -39,7 +39,7 @@ from rankscope.launch.job import state_text
 from rankscope.launch.spec import DEFAULT_PRESETS, LAUNCHERS
 from rankscope.launch.tracker import doing_now
 from rankscope.rundir import FINAL_STATES, REPRO, RunDirError, new_run_dir
-from rankscope.state import proof_text
+from rankscope.state import STEP_LABEL, proof_text
 
 if TYPE_CHECKING:
     from rankscope.analyze import Diagnosis
@@ -463,7 +463,7 @@ def format_rank(r: dict[str, Any]) -> str:
     end = r.get("end")
     return (
         f"  rank {r['rank']:>3}{node}  pid {r['pid'] or '-':>7}  {r['status']:<8} "
-        f"done {r['done']:>5}  step {step:>5}  {now}{last}"
+        f"done {r['done']:>5}  {STEP_LABEL} {step:>5}  {now}{last}"
         + (f"  {end}" if end else "")
         + ("" if hb is None else f"  hb {hb:.1f}s")
     )

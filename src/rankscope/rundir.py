@@ -62,6 +62,7 @@ except ImportError:  # an environment that cannot install it (a site without the
     orjson = None
 
 from rankscope._values import as_float, as_int, as_str
+from rankscope.state import call_state
 
 #: Event kinds the probe writes to ``events.jsonl``. Every event has ``ev`` (the kind), ``t``
 #: (wall-clock seconds since the epoch; to the microsecond in call, enter and exit events, as is
@@ -706,6 +707,11 @@ class RankRecord:
     path: tuple[tuple[str, str, int | None], ...] | None = None
     """Its latest call's path: ``(file, func, line)`` of each frame from the outermost (see
     the ``path`` event); None where its probe wrote none or the line is unknown."""
+    last_state: str | None = None
+    """Its latest call's state (:func:`rankscope.state.call_state`, every view's rule):
+    ``issued`` until it returned (an async call: until the backend completed it),
+    ``completed`` or ``failed``."""
+    _last_id: int | None = dataclasses.field(default=None, repr=False)
     in_collective_since: float | None = None
     """When it entered the (blocking) collective it has not returned from yet."""
     last_done: str | None = None
@@ -862,6 +868,8 @@ class RankRecord:
                 if type(cid) is not int:
                     continue
                 call = self.issued.pop(cid, None)
+                if cid == self._last_id and (call is not None or self.last_state == "issued"):
+                    self.last_state = call_state(completed=True, ok=cid not in failed)
                 if call is None:
                     self._completed[cid] = cid not in failed  # its exit line is still to come
                 elif cid not in failed:  # not failed (a group aborted under it)
@@ -905,6 +913,9 @@ class RankRecord:
             self.unfinished = self.uncompleted()
             if self.last_done in self.unfinished:
                 self.last_done = None
+            last = f"{self.op} (group {self.pg} #{self.seq})"
+            if self.last_state == "completed" and last in self.unfinished:
+                self.last_state = call_state(completed=False)
             self.issued.clear()
             self.fr_active = None
             return True
@@ -918,6 +929,8 @@ class RankRecord:
         self.path = None if path is None else self._paths.get(path)
         self.seq = seq = seq if type(seq) is int else as_int(seq)
         self.in_collective_since = None if async_op else t
+        self.last_state = call_state(completed=False)
+        self._last_id = ev.get("id") if type(ev.get("id")) is int else None
         if op in P2P_OPS:
             self._count_p2p()
         elif pg is not None and seq is not None:
@@ -956,6 +969,13 @@ class RankRecord:
             cid = as_int(ev.get("id"))
             call = self._async.pop(cid, None) if cid is not None else None
         ok = ev.get("ok") is not False
+        if cid is None or cid == self._last_id:
+            if not ok:
+                self.last_state = call_state(completed=True, ok=False)
+            elif call is None:  # a blocking call returned
+                self.last_state = call_state(completed=True)
+            elif self._completed.get(cid) is not None:  # its done event came first
+                self.last_state = call_state(completed=True, ok=self._completed[cid])
         if call is not None and ok:
             # It returned its Work: in flight until its done event (which may come first).
             completed = self._completed.pop(cid, None)

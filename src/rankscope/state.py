@@ -12,6 +12,11 @@ ended (its end event: it returned, called ``sys.exit``, raised, or got a signal)
 meant to exit with. The parent's code wins: a rank that raised and was then ended by the
 launcher's SIGTERM while it exited died of that SIGTERM; the probe's word says it failed first.
 
+A call's state is defined here too (:func:`call_state`, :func:`call_states`): the analyzer's
+calls table, the card, the timeline, the sequence ladder and the live panel name each call
+``issued``, ``started``, ``completed`` or ``failed`` by the one rule, and a rank that never made
+a call says ``never`` (:data:`NEVER`).
+
 Counts are defined once, on :class:`rankscope.rundir.RankRecord`: ``done`` is the collectives a
 rank completed (returned from without an error, or, for an async call, completed by the
 backend), the process-group management calls left out, so "done 8" sits beside "last completed
@@ -50,6 +55,85 @@ STATUSES = (
 )
 #: The statuses of a rank that ended badly on its own (not by another's teardown or a stop).
 BAD_STATUSES = frozenset({"aborted", "crashed", "killed", "failed", "dead"})
+
+
+#: What every view heads a rank's step with. A rank's step is the last step it marked
+#: (``rankscope.probe.step``), not the step its loop is in: a loop marks a step where the user
+#: put the marker (after the step's collectives, or before), so a rank waiting in the next
+#: step's first collective still shows the step it marked last, while the card's values of the
+#: user's own variable (``step = 3``) say where the loop is.
+STEP_LABEL = "step marked"
+
+
+def step_words(step: Any) -> str:
+    """A rank's step in a sentence (see :data:`STEP_LABEL`): ``last step marked: 2``."""
+    return f"last step marked: {step}"
+
+
+#: A call's states, every view's words for them: ``issued`` (the backend has not completed it:
+#: in flight, or left so at the rank's end), ``started`` (on the device: nccl with timing),
+#: ``completed`` (the backend completed it and it returned normally), ``failed`` (it raised).
+CALL_STATES = ("issued", "started", "completed", "failed")
+#: What the card says of a rank that never made a call.
+NEVER = "never"
+
+
+def call_state(*, completed: bool | None, ok: bool | None = None, started: bool = False) -> str:
+    """One call's state (:data:`CALL_STATES`): ``failed`` where it raised (``ok`` False),
+    whatever the backend said; else ``completed`` where the backend completed it; else
+    ``started`` or ``issued``. :func:`call_states` is the same rule over a table."""
+    if ok is False:
+        return "failed"
+    if completed:
+        return "completed"
+    return "started" if started else "issued"
+
+
+def call_states(completed: Any, ok: Any = None, started: Any = None) -> Any:
+    """:func:`call_state` over arrays (nulls read as not completed, not failed, not started):
+    the codes of :data:`CALL_STATES` as an int8 array."""
+    import numpy as np  # here: the live tracker imports this module without numpy's need
+
+    def flag(values: Any, n: int) -> Any:
+        if values is None:
+            return np.zeros(n, dtype=bool)
+        if hasattr(values, "fillna"):
+            values = values.fillna(False)
+        return np.asarray(values, dtype=bool)
+
+    done = flag(completed, len(completed))
+    raised = (
+        np.zeros(len(done), dtype=bool)
+        if ok is None
+        else np.asarray(
+            ok.eq(False).fillna(False) if hasattr(ok, "eq") else np.asarray(ok) == False,  # noqa: E712
+            dtype=bool,
+        )
+    )
+    codes = flag(started, len(done)).astype(np.int8)
+    codes[done] = 2
+    codes[raised] = 3
+    return codes
+
+
+def state_words(state: str | None, *, ended: str | None = None) -> str:
+    """A call's state (:data:`CALL_STATES`) as every view says it, the state's own word first:
+    ``completed``, ``failed``, ``issued, waiting`` (its rank is alive), ``issued, never
+    completed`` (its rank ended; ``ended``, its end's words, says how: ``issued, never
+    completed: its rank ended in it (aborted itself: SIGABRT (-6))``)."""
+    if state in ("completed", "failed"):
+        return state
+    if state not in CALL_STATES:
+        return "of unknown state"
+    if ended is None:
+        return f"{state}, waiting"
+    return f"{state}, never completed" + (f": its rank ended in it ({ended})" if ended else "")
+
+
+def call_text(op: Any, pg: Any, seq: Any, state: str | None, *, ended: str | None = None) -> str:
+    """A call and its state (:func:`state_words`): ``all_reduce (group 0 #4) failed``,
+    ``barrier (group 0 #5) issued, never completed``."""
+    return f"{op} (group {pg} #{seq}) {state_words(state, ended=ended)}"
 
 
 def signal_name(code: int | None) -> str | None:
@@ -218,6 +302,19 @@ def shapes_text(shapes: Any) -> str:
     if not all(isinstance(s, list) for s in shapes):  # one tensor's shape
         shapes = [shapes]
     return ", ".join("scalar" if not s else "x".join(map(str, s)) for s in shapes)
+
+
+def dtypes_text(dtypes: Any) -> str:
+    """A call's tensor dtypes as a person reads them: ``float32``, ``float32, int64``; takes the
+    list the probe records or its text (``["float32"]``); other text comes back as it is."""
+    if isinstance(dtypes, str):
+        try:
+            dtypes = json.loads(dtypes)
+        except ValueError:
+            return dtypes
+    if not isinstance(dtypes, list):
+        return "" if dtypes is None else str(dtypes)
+    return ", ".join(map(str, dtypes)) if dtypes else "no tensor"
 
 
 def group_name(pg: Any, desc: str | None = None, ranks: Iterable[int] | None = None) -> str:

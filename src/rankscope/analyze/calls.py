@@ -32,6 +32,7 @@ from rankscope.rundir import (  # P2P: only two ranks take part, not aligned by 
     P2P_OPS,
 )
 from rankscope.schema import CALLS
+from rankscope.state import CALL_STATES, call_states
 from rankscope.waitfor import UNEVEN_OPS  # the same-call rule: waitfor.differs, vectorised
 
 #: Collectives with a root (src or dst), which every rank must name alike.
@@ -193,7 +194,7 @@ def calls_from_probe(collectives: pd.DataFrame, paths: np.ndarray | None = None)
             "peer": peer,
             "root": root,
             "completed": df["completed"],
-            "state": _states(df["completed"].fillna(False).to_numpy(dtype=bool)),
+            "state": _states(df["completed"], ok=df["ok"]),
             "ok": df["ok"],
             "error": df["error"],
             "t_start_s": df["t_start_s"],
@@ -216,14 +217,13 @@ def fr_completed(entries: pd.DataFrame) -> pd.Series:
     return entries["retired"].fillna(False).astype(bool) | (entries["state"] == "completed")
 
 
-#: The calls table's ``state``: issued (not completed), started on the device, completed.
-STATES = ("issued", "started", "completed")
+#: The calls table's ``state``: issued (not completed), started on the device, completed,
+#: failed (it raised): :func:`rankscope.state.call_state`, every view's rule.
+STATES = CALL_STATES
 
 
-def _states(completed: np.ndarray, started: np.ndarray | None = None) -> pd.Categorical:
-    codes = np.zeros(len(completed), dtype=np.int8) if started is None else started.astype(np.int8)
-    codes[completed] = 2
-    return pd.Categorical.from_codes(codes, categories=STATES)
+def _states(completed: Any, started: Any = None, ok: Any = None) -> pd.Categorical:
+    return pd.Categorical.from_codes(call_states(completed, ok, started), categories=STATES)
 
 
 def _ranks_per_group(pg: pd.Series, pg_ranks: pd.Series) -> pd.Categorical:
@@ -481,6 +481,7 @@ def _annotate(fr: pd.DataFrame, probe: pd.DataFrame, owner: np.ndarray) -> pd.Da
     ok = out["ok"].astype(object)
     ok[mine] = calls["ok"].astype(object).to_numpy()
     out["ok"] = ok
+    out["state"] = _states(out["completed"], out["state"].eq("started"), ok=out["ok"])
     path = out["path"].to_numpy(dtype=np.int64, copy=True)
     path[mine] = calls["path"].to_numpy(dtype=np.int64)
     out["path"] = path
@@ -516,13 +517,13 @@ def fr_sites(fr_frames: pd.DataFrame, calls: pd.DataFrame, fr: pd.DataFrame) -> 
 
 # --- reading rows of a calls table (or of the probe's collectives) ---------------------------
 def done(rows: pd.DataFrame) -> pd.Series:
-    """Calls that returned normally."""
-    return rows["completed"].fillna(False).astype(bool) & ~failed(rows)
+    """Calls completed (:func:`rankscope.state.call_state`: by the backend, and not raised)."""
+    return pd.Series(call_states(rows["completed"], rows["ok"]) == 2, index=rows.index)
 
 
 def failed(rows: pd.DataFrame) -> pd.Series:
-    """Calls that raised."""
-    return rows["ok"].eq(False).fillna(False).astype(bool)
+    """Calls that raised (:func:`rankscope.state.call_state`)."""
+    return pd.Series(call_states(rows["completed"], rows["ok"]) == 3, index=rows.index)
 
 
 def opt(value: Any) -> str | None:

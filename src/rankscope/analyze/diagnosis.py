@@ -77,7 +77,9 @@ class CollectiveInfo:
     shapes_by_rank: dict[int, str | None] = field(default_factory=dict)
     dtypes_by_rank: dict[int, str | None] = field(default_factory=dict)
     state_by_rank: dict[int, str] = field(default_factory=dict)
-    """``completed``, ``waiting``, ``failed``, or what a rank that never made the call did."""
+    """The call's state in every view's words (:func:`rankscope.state.state_words`:
+    ``completed``, ``failed``, ``issued, waiting``, ``issued, never completed: ...``), or for
+    a rank that never made the call ``never called it: ...`` and what it did instead."""
     source: str = "collectives"
     """Which table the calls come from: ``collectives`` (the probe) or ``flight_recorder``."""
 
@@ -172,10 +174,9 @@ class Diagnosis:
         """The diagnosis as an HTML card: verdict, cause and recipe, culprits, the collective
         where the ranks part (what each rank called, from where), why, and the fix."""
         colour = VERDICT_COLOURS.get(self.verdict, "#7f7f7f")
-        cause = CAUSES.get(self.cause) if self.cause else None
         head = f"<b>{self.verdict.upper()}</b>"
-        if cause is not None:
-            head += f": {html.escape(cause.title)}"
+        if self.cause:
+            head += f": {html.escape(self.cause_title or '')}"
         if self.recipe:
             head += f" <span style='color:#555'>(recipe {html.escape(self.recipe)})</span>"
         parts = [f"<div style='font-size:1.25em;color:{colour}'>{head}</div>"]
@@ -272,11 +273,21 @@ class Diagnosis:
             + "</table>"
         )
 
+    @property
+    def cause_title(self) -> str | None:
+        """The cause as a person reads it (its title: ``rank-conditional collective``), never
+        its key (``rank_conditional_collective``, the ``cause`` of the JSON): what every text
+        a person reads (the card, :meth:`render`, the workbench's status lines) names."""
+        if not self.cause:
+            return None
+        known = CAUSES.get(str(self.cause))
+        return known.title if known is not None else str(self.cause).replace("_", " ")
+
     def render(self) -> str:
         """A few lines for a terminal."""
         head = self.verdict.upper()
         if self.cause:
-            head += f": {self.cause}"
+            head += f": {self.cause_title}"
         if self.recipe:
             head += f" (recipe {self.recipe})"
         lines = [head]

@@ -41,6 +41,7 @@ from rankscope.analyze.calls import opt
 from rankscope.analyze.diagnosis import who_of
 from rankscope.collect import short_site
 from rankscope.rundir import is_user_file
+from rankscope.state import step_words
 
 #: A frame: (file, function, line).
 Frame = tuple[str, str, int]
@@ -706,7 +707,7 @@ def describe(d: FirstDivergence) -> str:
     own = d.culprit_class()
     other = d.other_class()
     where = f"collective #{d.seq}" if d.kind == "collective" else f"point-to-point call #{d.seq}"
-    step = f" (step {d.step})" if d.step is not None else ""
+    step = f" ({step_words(d.step)})" if d.step is not None else ""
 
     def doing(c: PathClass) -> str:
         if c.op is None:

@@ -16,12 +16,12 @@ import pandas as pd
 
 from rankscope._values import as_float
 from rankscope.analyze import align
-from rankscope.analyze.calls import done, failed, opt
+from rankscope.analyze.calls import done, opt
 from rankscope.analyze.diagnosis import CollectiveInfo, EvidenceRef, compact_ranks, who_of
 from rankscope.analyze.evidence import SIGNAL_TEXT, Evidence, RankFacts
 from rankscope.analyze.waits import WaitGraph
 from rankscope.collect import SIGNATURES, VICTIM_ROLES
-from rankscope.state import group_name
+from rankscope.state import NEVER, group_name, state_words
 
 if TYPE_CHECKING:
     from rankscope.analyze.context import Where
@@ -104,15 +104,12 @@ class Phrasing:
         op = dict.fromkeys(ranks)
         site: dict[int, str | None] = dict.fromkeys(ranks)
         state: dict[int, str] = {}
-        ok = done(rows).tolist()
-        bad = failed(rows).tolist()
-        for r, o, s, fine, broke in zip(rows["rank"], rows["op"], sites, ok, bad, strict=True):
+        states = rows["state"].astype(str).tolist()  # every view's (rankscope.state)
+        for r, o, s, st in zip(rows["rank"], rows["op"], sites, states, strict=True):
             op[int(r)] = str(o)
             site[int(r)] = opt(s)
-            state[int(r)] = "failed" if broke else ("completed" if fine else "waiting")
             died = (self.facts.get(int(r)) or RankFacts(rank=int(r))).died
-            if state[int(r)] == "waiting" and died:  # not waiting now: it ended in it
-                state[int(r)] = f"in it at its end ({died})"
+            state[int(r)] = state_words(st, ended=died or None)
         absent = dict(absent or {})
         unknown = [r for r in ranks if r not in state and r not in absent]
         absent.update(self.whereabouts(r for r in unknown if r in self.evidence_ranks))
@@ -125,7 +122,7 @@ class Phrasing:
                 continue
             site[r] = absent[r].site
             if self.known_absent(r):
-                state[r] = f"never called it: {absent[r].note}"
+                state[r] = f"{NEVER} called it: {absent[r].note}"
             else:
                 state[r] = (
                     f"no record of it (its record may stop early: no ring file, no end "
@@ -385,7 +382,8 @@ class Phrasing:
             text = f"rank {rank} {how}"
             if len(mine):
                 kind = str(mine["kind"].iloc[0])
-                text += f" after it reported {kind} ({short(mine['message'].iloc[0], 100)})"
+                # the error's own words, not the key of the text it matched
+                text += f' after it reported "{short(mine["message"].iloc[0], 100)}"'
                 text += f", which says {SIGNATURE_DOCS[kind]}" if kind in SIGNATURE_DOCS else ""
             notes.append(text)
         return notes

@@ -85,7 +85,7 @@ class Job:
             return f"<div class='rankscope-job'>job of {html.escape(str(self.spec.script))}: not started</div>"
         self.status()  # reconciles a job whose supervisor vanished
         rows = self.ranks()
-        cells = "".join(f"<th>{c}</th>" for c in self.GLANCE)
+        cells = "".join(f"<th>{HEADERS.get(c, c)}</th>" for c in self.GLANCE)
         body = "".join(
             "<tr>" + "".join(f"<td>{html.escape(_cell(v))}</td>" for v in _glance(r)) + "</tr>"
             for r in rows
@@ -528,6 +528,10 @@ def state_text(info: dict[str, Any], ranks: list[dict[str, Any]] | None = None) 
     if sl.get("nodes"):
         where += f" on {sl['nodes']}"
     return f"{state} ({where})"
+
+
+#: The words a person reads over :attr:`Job.GLANCE`'s columns (the live panel's).
+HEADERS = {"step": jobstate.STEP_LABEL, "last_done": "last completed"}
 
 
 def _glance(snap: dict[str, Any]) -> tuple[Any, ...]:

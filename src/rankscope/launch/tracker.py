@@ -135,7 +135,8 @@ def doing_now(snap: dict[str, Any]) -> str:
     """What a rank's snapshot says it does now, in words.
 
     ``waiting in all_reduce (group 0 #3) at train.py:8 for 4.2 s``, or ``at train.py:14`` (its
-    main thread's line, when its probe reported it), or nothing for a rank that ended.
+    main thread's line, when its probe reported it); for a rank that ended in a call, or on
+    one that failed, ``ended in all_reduce (group 0 #4) failed``; else nothing.
     """
     if snap.get("in_collective_s") is not None:
         return (
@@ -147,6 +148,11 @@ def doing_now(snap: dict[str, Any]) -> str:
         return waiting_text(waits, at=snap.get("at"))
     if snap.get("status") == "running" and snap.get("at"):
         return f"at {snap['at']}"
+    if snap.get("end") and snap.get("op") and snap.get("last_state") not in (None, "completed"):
+        # it ended in a call, or on one that raised: the call and its state
+        return "ended in " + state.call_text(
+            snap["op"], snap.get("pg"), snap.get("seq"), snap["last_state"], ended=""
+        )
     return ""
 
 

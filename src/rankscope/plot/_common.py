@@ -240,6 +240,21 @@ class RankRows:
         row = pd.Series(np.arange(len(self.shown), dtype=float), index=self.shown)
         return row.reindex(np.asarray(ranks)).to_numpy(dtype=float)
 
+    def who(self, ranks: np.ndarray) -> np.ndarray:
+        """How a hover names the row each of ``ranks`` (drawn ranks) stands for: ``rank 5``,
+        or for a group drawn by its lowest rank ``ranks 3-1023 (1021 ranks), like rank 3``."""
+        names = {}
+        for members in self.members:
+            if len(members) > 1:
+                text = compact_ranks(members)
+                if len(text) > LABEL_CHARS:
+                    text = text[: LABEL_CHARS - 1].rsplit(",", 1)[0] + ", …"
+                names[members[0]] = f"ranks {text} ({len(members)} ranks), like rank {members[0]}"
+        ranks = pd.Series(np.asarray(ranks, dtype=np.int64))
+        plain = ("rank " + ranks.astype(str)).to_numpy(dtype=object)
+        group = ranks.map(names).to_numpy(dtype=object)
+        return np.where(pd.isna(group), plain, group).astype(object)
+
     def labels(self) -> list[str]:
         """Each row's tick label: a rank (a culprit in red, with ✖), or ``N ranks: 0-36, …``."""
         out = []

@@ -34,6 +34,7 @@ LADDER = {
     "front": "int64",
     "op": "string",
     "site": "string",
+    "state": "string",
 }
 
 
@@ -41,19 +42,21 @@ def ladder_table(calls: pd.DataFrame) -> pd.DataFrame:
     """Per (process group, rank): the last collective entered and the last one completed.
 
     ``entered`` and ``completed`` count the rank's collectives on the group (the analyzer's
-    ``seq``; point-to-point calls are left out); ``front`` is the furthest any rank of the group
-    entered; ``op`` and ``site`` are those of the last call entered. Example::
+    ``seq``; point-to-point calls are left out; a call that failed is not completed: the
+    state is :func:`rankscope.state.call_state`'s, every view's); ``front`` is the furthest any
+    rank of the group entered; ``op``, ``site`` and ``state`` are those of the last call
+    entered. Example::
 
-          pg  rank  entered  completed  front          op         site
-        0  0     0        4          3      4     barrier  train.py:16
-        1  0     1        3          3      4  all_reduce  train.py:14
+          pg  rank  entered  completed  front          op         site      state
+        0  0     0        4          3      4     barrier  train.py:16     issued
+        1  0     1        3          3      4  all_reduce  train.py:14  completed
     """
     table = as_calls(calls)
     coll = table[table["seq"].notna()]
     if coll.empty:
         return pd.DataFrame({c: pd.Series([], dtype=t) for c, t in LADDER.items()})
     last = coll.loc[coll.groupby(["pg", "rank"], observed=True)["seq"].idxmax().to_numpy()]
-    done = coll[coll["completed"].fillna(False).to_numpy(dtype=bool)]
+    done = coll[coll["state"].eq("completed").to_numpy(dtype=bool)]
     completed = done.groupby(["pg", "rank"], observed=True)["seq"].max()
     keys = pd.MultiIndex.from_arrays([last["pg"], last["rank"]])
     out = pd.DataFrame(
@@ -65,6 +68,7 @@ def ladder_table(calls: pd.DataFrame) -> pd.DataFrame:
             "front": last.groupby("pg", observed=True)["seq"].transform("max").to_numpy(np.int64),
             "op": text_or(last["op"]).to_numpy(),
             "site": text_or(last["site"]).to_numpy(),
+            "state": last["state"].astype(str).to_numpy(),
         }
     )
     out = out.astype(LADDER)
@@ -123,7 +127,19 @@ def sequence_ladder(
     completed = (lad["completed"] - lad["front"]).to_numpy(float)
     size = float(np.clip(600 / len(rows.shown), 3, 10))
     fig = go.Figure()
-    waiting = entered > completed
+    failed = (lad["state"] == "failed").to_numpy(dtype=bool)
+    waiting = (entered > completed) & ~failed
+    if failed.any():  # the last call entered raised: a red cross on it, no rung
+        fig.add_trace(
+            scatter(3 * len(lad))(
+                x=rank[failed],
+                y=entered[failed],
+                mode="markers",
+                marker={"symbol": "x", "size": size + 2, "color": ALERT},
+                name="failed",
+                hoverinfo="skip",
+            )
+        )
     if waiting.any():
         add_segments(
             fig,
@@ -150,7 +166,9 @@ def sequence_ladder(
         + lad["op"]
         + " at "
         + lad["site"]
-        + ")<br>completed #"
+        + ") "
+        + lad["state"]
+        + "<br>completed #"
         + lad["completed"].astype(str)
         + "<br>the group's front: #"
         + lad["front"].astype(str)

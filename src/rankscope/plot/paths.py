@@ -20,6 +20,7 @@ from rankscope.analyze import Diagnosis
 from rankscope.analyze.diagnosis import compact_ranks
 from rankscope.collect import is_user_file, short_site
 from rankscope.plot._common import ALERT, PALETTE, empty_figure, translucent
+from rankscope.state import group_name, step_words
 
 TITLE = "Call paths"
 #: A leaf's label lists its ranks up to this many characters ("0-3, 5-7"); past it, the count.
@@ -88,8 +89,8 @@ def path_tree(diagnosis: Diagnosis | Mapping[str, Any]) -> go.Figure:
     n = len({r for c in first for r in c.ranks} | {r for c in ends for r in c.ranks})
     kind = "point-to-point call" if fd.get("kind") == "p2p" else "collective"
     desc = fd.get("pg_desc")
-    group = f"group {fd.get('pg', '?')}" + (f" ({desc})" if desc and desc != "undefined" else "")
-    step = f", step {fd['step']}" if fd.get("step") is not None else ""
+    group = group_name(fd.get("pg", "?"), desc)
+    step = f", {step_words(fd['step'])}" if fd.get("step") is not None else ""
     at = html.escape(f"{kind} #{fd.get('seq', '?')} on {group}{step}")
     trees = [
         _tree(first, f"<b>Where the paths first parted</b>: {at}", "first"),

@@ -20,6 +20,8 @@ from rankscope.plot._common import (
     scatter,
     time_origin,
 )
+from rankscope.rundir import MANAGEMENT_OPS
+from rankscope.state import CALL_STATES, STEP_LABEL, call_states
 
 TITLE = "Progress"
 #: Up to this many ranks, each rank's line has a colour of its own.
@@ -63,9 +65,20 @@ def progress(
     now = float(t.max()) if now is None else max(float(now), float(t.max()))
     marked = sorted(set(highlight))
     kind = ev["ev"].astype(str).to_numpy()
-    exits = ev[kind == "exit"]
+    # completed as every view counts them (RankRecord.done): returned without an error
+    # (rankscope.state.call_state), the process-group management calls left out
+    returned = kind == "exit"
+    returned &= ~ev["op"].isin(list(MANAGEMENT_OPS)).to_numpy(dtype=bool)
+    returned &= call_states(np.ones(len(ev), dtype=bool), ev["ok"]) == CALL_STATES.index(
+        "completed"
+    )
+    exits = ev[returned]
     steps = ev[(kind == "step") & ev["step"].notna().to_numpy()]
-    panels = ["collectives completed", *(["step"] if len(steps) else []), "heartbeat age at now"]
+    panels = [
+        "collectives completed",
+        *([STEP_LABEL] if len(steps) else []),
+        "heartbeat age at now",
+    ]
     fig = make_subplots(
         rows=len(panels),
         cols=1,
@@ -74,11 +87,10 @@ def progress(
         subplot_titles=panels,
     )
     ranks = sorted(ev["rank"].dropna().astype(int).unique().tolist())
-    kinds = pd.Series(kind, index=ev.index)
     state = None
     if len(ranks) > ALIKE_FROM:  # alike: as many calls completed, the same last step
-        count = kinds.eq("exit").groupby(ev["rank"]).sum()
-        step = ev["step"].where(kinds.eq("step")).groupby(ev["rank"]).max()
+        count = pd.Series(returned, index=ev.index).groupby(ev["rank"]).sum()
+        step = steps.sort_values("t_s", kind="stable").groupby("rank")["step"].last()
         state = (count.astype(str) + " " + step.reindex(count.index).astype(str)).to_dict()
     alike = rank_rows(ranks, culprits=marked, classes=classes, state=state)
     drawn = set(alike.shown.tolist()) | set(marked)

@@ -14,6 +14,7 @@ import pandas as pd
 
 from rankscope.analyze.calls import parse_ranks
 from rankscope.analyze.diagnosis import compact_ranks
+from rankscope.state import dtypes_text, shapes_text
 
 #: Rows shown at most; a table of a 1024-rank run has millions.
 MAX_ROWS = 2000
@@ -190,6 +191,9 @@ def table_rows(
             shown[c] = stamp.dt.strftime("%H:%M:%S.%f").str[:-3].fillna("")
         elif c == "pg_ranks":
             shown[c] = col.astype(object).map(_members, na_action="ignore").fillna("")
+        elif c in ("shapes", "dtypes"):  # 16 and float32, not the probe's [[16]], ["float32"]
+            words = shapes_text if c == "shapes" else dtypes_text
+            shown[c] = col.astype(object).map(words, na_action="ignore").fillna("")
         elif not pd.api.types.is_numeric_dtype(col) and not pd.api.types.is_bool_dtype(col):
             # text as text, nested values as their text, and nothing where nothing is known
             text = col.astype(object).map(lambda v: v if isinstance(v, str) else str(v))

@@ -27,6 +27,7 @@ from rankscope.plot._common import (
     time_origin,
     translucent,
 )
+from rankscope.state import shapes_text
 
 TITLE = "Rank timeline"
 #: Calls that get a hover text: past this many, only each rank's latest calls, the calls in
@@ -96,25 +97,28 @@ def rank_timeline(
     latest = float(np.nanmax(np.concatenate([start, end])))
     now = latest if now is None else max(float(now), latest)
     t0 = float(start.min())
-    # Not completed by the backend is in flight, returned from or not (an async call, an nccl
-    # call returned from at enqueue): drawn up to now.
-    inflight = ~table["completed"].fillna(False).to_numpy(dtype=bool)
+    # A call's state is every view's (rankscope.state.call_state, the calls table's column):
+    # issued or started is in flight, returned from or not (an async call, an nccl call
+    # returned from at enqueue), drawn up to now.
+    state = table["state"].astype(str).to_numpy()
+    inflight = (state == "issued") | (state == "started")
     end = np.where(inflight, now, np.where(np.isnan(end), start, end))
     rows = rank_rows(
         all_ranks,
         culprits=culprits,
         classes=classes,
-        state=_last_calls(table, inflight) if len(all_ranks) > ALIKE_FROM else None,
+        state=_last_calls(table) if len(all_ranks) > ALIKE_FROM else None,
     )
     # a row per rank, or per group of ranks alike (drawn by its lowest rank)
     rank = rows.y(table["rank"].to_numpy(dtype=np.int64))
     drawn = ~np.isnan(rank)
     n_calls = len(table)
-    table, start, end, inflight, rank = (
+    table, start, end, inflight, state, rank = (
         table[drawn],
         start[drawn],
         end[drawn],
         inflight[drawn],
+        state[drawn],
         rank[drawn],
     )
     took = end - start
@@ -157,7 +161,19 @@ def rank_timeline(
             width=max(width / 3, 1.0),
             points=points,
         )
-    shown = _with_hover(table, culprits=culprits, inflight=inflight)
+    failed = state == "failed"
+    if failed.any():  # a call that raised: a red cross where it ended
+        fig.add_trace(
+            scatter(points)(
+                x=x1[failed],
+                y=rank[failed],
+                mode="markers",
+                marker={"symbol": "x", "size": max(min(width, 12), 6), "color": ALERT},
+                name="failed",
+                hoverinfo="skip",
+            )
+        )
+    shown = _with_hover(table, culprits=culprits, inflight=inflight | failed)
     fig.add_trace(
         scatter(points)(
             x=((x0 + x1) / 2)[shown].astype(np.float32),
@@ -165,7 +181,9 @@ def rank_timeline(
             mode="markers",
             # Invisible: the bars are drawn by the line traces, these only carry the hover.
             marker={"size": width, "color": "rgba(0, 0, 0, 0)", "symbol": "square"},
-            hovertext=_hover(table[shown], op[shown], took[shown], inflight[shown]),
+            hovertext=_hover(
+                table[shown], op[shown], took[shown], rows.who(table["rank"].to_numpy()[shown])
+            ),
             hoverinfo="text",
             name="calls",
             showlegend=False,
@@ -219,6 +237,23 @@ def _op_groups(op: pd.Series) -> tuple[pd.Series, dict[str, str]]:
     return op.where(op.isin(named), "other"), colours
 
 
+def _shapes(shapes: pd.Series) -> pd.Series:
+    """Each call's shapes as a person reads them (:func:`rankscope.state.shapes_text`: ``16``,
+    ``4096x1024``, ``scalar``), worked out once per distinct value."""
+    values = shapes.astype("category")
+    words = {c: shapes_text(c) for c in values.cat.categories}
+    return values.map(words).astype(object).fillna("").astype(str)
+
+
+#: How a hover says each state (:data:`rankscope.state.CALL_STATES`), before the duration.
+STATE_WORDS = {
+    "issued": "issued, in flight for ",
+    "started": "started, in flight for ",
+    "completed": "completed, took ",
+    "failed": "failed after ",
+}
+
+
 def _with_hover(table: pd.DataFrame, *, culprits: list[int], inflight: np.ndarray) -> np.ndarray:
     """Which calls get a hover text: all within the budget, else the latest per rank and more."""
     if len(table) <= HOVER_BUDGET:
@@ -228,17 +263,13 @@ def _with_hover(table: pd.DataFrame, *, culprits: list[int], inflight: np.ndarra
     return latest | inflight | table["rank"].isin(culprits).to_numpy()
 
 
-def _hover(table: pd.DataFrame, op: pd.Series, dur: np.ndarray, inflight: np.ndarray) -> np.ndarray:
+def _hover(table: pd.DataFrame, op: pd.Series, dur: np.ndarray, who: np.ndarray) -> np.ndarray:
     number = text_or(table["seq"].fillna(table["p2p_seq"]))
     took = pd.Series(dur, index=table.index).map("{:.3f} s".format)
-    # a calls table says whether the device started it (nccl with timing): issued or started
-    started = table["state"].eq("started").to_numpy(dtype=bool) if "state" in table else False
-    state = np.where(
-        inflight, np.where(started, "started, in flight for ", "issued, in flight for "), "took "
-    )
+    # the call's state, in the words every view uses (rankscope.state.CALL_STATES)
+    state = table["state"].astype(str).map(STATE_WORDS).fillna("took ").to_numpy(dtype=object)
     text = (
-        "rank "
-        + table["rank"].astype(str)
+        pd.Series(who, index=table.index)  # a grouped row's hover says the group
         + "<br><b>"
         + op
         + "</b> on group "
@@ -246,7 +277,7 @@ def _hover(table: pd.DataFrame, op: pd.Series, dur: np.ndarray, inflight: np.nda
         + " #"
         + number
         + "<br>shapes "
-        + text_or(table["shapes"], "")
+        + _shapes(table["shapes"])
         + "<br>at "
         + text_or(table["site"])
         + "<br>"
@@ -339,18 +370,18 @@ def _draw_chain(
                 drawn += 1
 
 
-def _last_calls(table: pd.DataFrame, inflight: np.ndarray) -> dict[int, str]:
-    """Each rank's last call (op, group, number, in flight or not): ranks whose last call is
-    the same are alike where no classes are given."""
-    last = table.assign(_inflight=inflight).sort_values("t_start_s", kind="stable")
-    last = last.groupby("rank", sort=True).tail(1)
+def _last_calls(table: pd.DataFrame) -> dict[int, str]:
+    """Each rank's last call (op, group, number, its state): ranks whose last call is the same
+    are alike where no classes are given."""
+    last = table.sort_values("t_start_s", kind="stable").groupby("rank", sort=True).tail(1)
     state = (
         text_or(last["op"]).astype(str)
         + " "
         + last["pg"].astype(str)
         + " #"
         + last["seq"].astype("string").fillna("?")
-        + np.where(last["_inflight"].to_numpy(dtype=bool), " in flight", " done")
+        + " "
+        + last["state"].astype(str)
     )
     return dict(zip(last["rank"].astype(int), state, strict=True))
 
@@ -406,19 +437,59 @@ class _TimeAxis:
         }
 
     def mark_breaks(self, fig: go.Figure) -> None:
-        """Shade each collapsed stretch and say how long it really is."""
-        for a, b in self.breaks:
-            x0, x1 = (float(v) for v in self.shown(np.asarray([a, b])))
+        """Shade each collapsed stretch and say how long it really is; a label that would
+        come near the one before it goes a line lower (:func:`label_lines`): none touch."""
+        spans = [tuple(float(v) for v in self.shown(np.asarray([a, b]))) for a, b in self.breaks]
+        texts = [f"⋯ {duration(b - a)} ⋯" for a, b in self.breaks]
+        lines = label_lines(
+            [(x0 + x1) / 2 for x0, x1 in spans], [len(t) for t in texts], self.width
+        )
+        for (x0, x1), text, line in zip(spans, texts, lines, strict=True):
             fig.add_vrect(
                 x0=x0,
                 x1=x1,
                 fillcolor="rgba(120, 120, 120, 0.12)",
                 line={"width": 0},
                 layer="below",
-                annotation_text=f"⋯ {duration(b - a)} ⋯",
+                annotation_text=text,
                 annotation_position="top",
-                annotation_font={"size": 11, "color": "#555"},
+                annotation_font={"size": LABEL_FONT, "color": "#555"},
+                annotation_yshift=-LABEL_LINE_PX * line,
             )
+
+
+#: The gap labels' font size, the height of a line of them, and the narrowest plot area
+#: (px) their spacing is worked out for: a wider figure only spreads them further apart.
+LABEL_FONT = 11
+LABEL_LINE_PX = 15
+NARROWEST_PX = 560
+#: A label's width per character at :data:`LABEL_FONT` (px, on the wide side), and the room
+#: kept free between two labels on one line.
+CHAR_PX = 7.0
+LABEL_GAP_PX = 8.0
+
+
+def label_lines(centres: Sequence[float], chars: Sequence[int], width: float) -> list[int]:
+    """The line (0 the top one) of each label centred at ``centres`` (axis units of an axis
+    ``width`` wide) of ``chars`` characters: the top line where it keeps
+    :data:`LABEL_GAP_PX` from the label before it on that line, in a plot area as narrow as
+    :data:`NARROWEST_PX`, else the next line down."""
+    px = NARROWEST_PX / max(width, 1e-12)
+    right: list[float] = []  # where each line's last label ends (px)
+    out = []
+    for centre, n in sorted(zip(centres, chars, strict=True), key=lambda c: c[0]):
+        half = n * CHAR_PX / 2
+        left = centre * px - half
+        line = next((i for i, end in enumerate(right) if end + LABEL_GAP_PX <= left), len(right))
+        if line == len(right):
+            right.append(0.0)
+        right[line] = centre * px + half
+        out.append(line)
+    order = sorted(range(len(centres)), key=lambda i: centres[i])
+    lines = [0] * len(centres)
+    for i, line in zip(order, out, strict=True):
+        lines[i] = line
+    return lines
 
 
 def nice_seconds(rough: float) -> float:

@@ -276,7 +276,7 @@ def _header(plan: Plan, writer: Writer, filename: str) -> str:
         "`rankscope replay`.",
         "",
     ]
-    head = d.verdict.upper() + (f": {d.cause}" if d.cause else "")
+    head = d.verdict.upper() + (f": {d.cause_title}" if d.cause else "")
     head += f" (recipe {d.recipe})" if d.recipe else ""
     out += wrap.wrap(f"The original: {head}. {clean(d.summary, 600)}")
     if d.culprit_ranks:

@@ -26,7 +26,7 @@ COLUMN_WIDTHS = {
     "ranks": 18,  # a group's: "1023 ranks: 0-516, 518-1023"
     "node": 7,
     "status": 5.5,
-    "step": 4.5,
+    "step marked": 8.5,  # rankscope.state.STEP_LABEL
     "done": 4.5,
     "last completed": 14,
     "heartbeat s": 8,

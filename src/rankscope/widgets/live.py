@@ -16,7 +16,7 @@ from rankscope.launch import Job
 from rankscope.launch.job import state_text
 from rankscope.launch.tracker import doing_now
 from rankscope.rundir import FINAL_STATES
-from rankscope.state import BAD_STATUSES, STATUSES
+from rankscope.state import BAD_STATUSES, STATUSES, STEP_LABEL
 from rankscope.widgets._common import cells as row_cells
 from rankscope.widgets._common import table_head
 
@@ -30,7 +30,7 @@ STATUS_COLOURS = {
 COLUMNS = (
     "rank",
     "status",
-    "step",
+    STEP_LABEL,
     "done",
     "now",
     "last completed",

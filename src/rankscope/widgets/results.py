@@ -223,7 +223,9 @@ class ResultsPanel(widgets.VBox):
             ),
         }
         if len(run.nccl_comms) or len(run.nccl):
-            figures["NCCL"] = plot.nccl_view(run.nccl_comms, run.nccl)
+            figures["NCCL"] = plot.nccl_view(
+                run.nccl_comms, run.nccl, culprit_ranks=culprits, classes=plot.alike(d)
+            )
         for name, fig in figures.items():
             set_figure(self._plot_outputs[name], fig)
         paths = self._plot_outputs["call paths"]

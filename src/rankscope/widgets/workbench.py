@@ -17,7 +17,7 @@ from typing import Any
 import ipywidgets as widgets
 from IPython.display import display as ipy_display
 
-from rankscope.analyze import CAUSES, Diagnosis, diagnose, write_diagnosis
+from rankscope.analyze import Diagnosis, diagnose, write_diagnosis
 from rankscope.collect import Run, load_run
 from rankscope.collect.debug_server import fetch_debug_server
 from rankscope.launch import Job
@@ -52,8 +52,7 @@ def _ends(job: Job) -> str:
 
 def _diagnosis_said(d: Diagnosis) -> str:
     when = time.strftime("%H:%M:%S", time.localtime(d.diagnosed_at))
-    cause = CAUSES.get(d.cause) if d.cause else None
-    return f"diagnosed at {when}: {d.verdict}" + (f": {cause.title}" if cause else "")
+    return f"diagnosed at {when}: {d.verdict}" + (f": {d.cause_title}" if d.cause else "")
 
 
 def _created(run: RunDir) -> float:

@@ -287,7 +287,7 @@ def undetermined(culprits: list[int], *, unknown: str, possible: Sequence[str]) 
         {
             "unknown": unknown,
             "possible": "; ".join(
-                f"{c.value}{f' ({c.recipe})' if c.recipe else ''}, {c.title}" for c in causes
+                f"{c.title}{f', recipe {c.recipe}' if c.recipe else ''}" for c in causes
             ),
         },
     )
