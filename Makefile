@@ -15,6 +15,10 @@ TORCH ?= torch==2.13.0
 TEST_WORKERS ?= 2
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.rankscope-installed
+# DeepSpeed's CPU op is compiled for one environment's torch and Python: each environment keeps its
+# own build, which the jobs started from make (tests, the lab's kernels) find. Two environments
+# sharing one folder would rebuild it in turn, inside a job's time limit.
+export TORCH_EXTENSIONS_DIR ?= $(abspath $(VENV))/torch_extensions
 
 .PHONY: install lab test check lint format bench docs clean
 
@@ -27,10 +31,10 @@ $(STAMP): pyproject.toml setup.py $(PROBE_C) Makefile
 	# is compiled against its headers (setup.py).
 	$(PY) -m pip install -q --no-build-isolation -e ".[dev,lab,deepspeed,frameworks,docs]"
 	# DeepSpeed compiles its CPU communication op on first use (a minute or more on 2 cores):
-	# once here, cached in ~/.cache/torch_extensions, rather than inside a job's time limit.
+	# once here, cached in TORCH_EXTENSIONS_DIR, rather than inside a job's time limit.
 	# torch waits without end on a build's lock file that a killed build left behind: one older
 	# than 15 minutes is such a leftover.
-	-find "$${TORCH_EXTENSIONS_DIR:-$$HOME/.cache/torch_extensions}" -name lock -mmin +15 -delete 2>/dev/null
+	-find "$$TORCH_EXTENSIONS_DIR" -name lock -mmin +15 -delete 2>/dev/null
 	DS_ACCELERATOR=cpu $(PY) -c "from deepspeed.ops.op_builder.cpu import ShareMemCommBuilder as B; B().load()" >/dev/null
 	touch $(STAMP)
 
