@@ -36,13 +36,16 @@ CONTRACT = str(SCRIPTS / "launch/env_contract.py")
 
 
 def start_events(run: RunDir) -> dict[int, dict]:
-    """The probe's start event of every rank that started."""
-    return {r: next(iter(run.iter_events(r))) for r in run.rank_ids()}
+    """The probe's start event of every rank that wrote it (a rank's events file exists a
+    moment before its first line is in it)."""
+    firsts = {r: next(iter(run.iter_events(r)), None) for r in run.rank_ids()}
+    return {r: first for r, first in firsts.items() if first is not None}
 
 
 def wait_for_ranks(job: Job, count: int, timeout: float = 60.0) -> None:
+    """Until ``count`` ranks are up and have written their start event."""
     deadline = time.monotonic() + timeout
-    while len(job.ranks()) < count:
+    while len(job.ranks()) < count or len(start_events(job.run)) < count:
         assert job.poll() is None, f"the job ended first: {job.info().get('error')}"
         assert time.monotonic() < deadline, f"{count} ranks did not start in {timeout} s"
         time.sleep(0.1)

@@ -927,9 +927,13 @@ class Probe:
         )
 
     def _groups_changed(self) -> None:
-        """After init/destroy_process_group: what is cached about groups is stale."""
+        """After init/destroy_process_group: what is cached about groups is stale, and the
+        call's return is written out at once. A rank whose main thread then holds the GIL
+        (a long C call, a regex) leaves the probe's thread no chance to write it, and would
+        read as still inside init_process_group rather than working outside the collectives."""
         self._pg_cache.clear()
         self._state.epoch += 1
+        self.flush()
 
     def _describe_group(self, group: Any) -> tuple[str | None, str | None, list[int] | None]:
         # On a miss of the cache _enter looks in first. The default group is cached under None;

@@ -990,8 +990,6 @@ finish(Wrapper *w, Record *r, PyObject *result)
     PyObject *exc_type = NULL, *exc_value = NULL, *exc_tb = NULL;
     if (result == NULL) /* the user's exception, set aside (a call that returned has none) */
         PyErr_Fetch(&exc_type, &exc_value, &exc_tb);
-    if (w->after != NULL)
-        Py_XDECREF(PyObject_CallNoArgs(w->after));
     if (r->what != NULL && result != NULL &&
         (result != Py_None || FACT(r->what, F_ASYNC) == Py_True)) {
         /* An async call (async_op=True, isend, batch_isend_irecv) returned its Work: the probe
@@ -1005,6 +1003,9 @@ finish(Wrapper *w, Record *r, PyObject *result)
     }
     if (r->what != NULL)
         push(st, r);
+    /* after the exit record: the hook of init/destroy_process_group writes it out at once */
+    if (w->after != NULL)
+        Py_XDECREF(PyObject_CallNoArgs(w->after));
     PyErr_Clear();
     if (result == NULL)
         PyErr_Restore(exc_type, exc_value, exc_tb);

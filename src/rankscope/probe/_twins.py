@@ -146,8 +146,6 @@ def _python_wrapper(probe: Any, fn: Any, spec: _Spec, before: Any, after: Any) -
                 error = f"{type(exc).__name__}: {exc}"
                 raise
             finally:
-                if after is not None:
-                    after()
                 if call is not None:  # the exit record, inline: the hot path
                     t_end = clock()
                     ring.exit(call, t_end, error is None)
@@ -158,6 +156,8 @@ def _python_wrapper(probe: Any, fn: Any, spec: _Spec, before: Any, after: Any) -
                     if result is not None or call.async_op:
                         returned.append((call.cid, result, call.async_op))
                     state.append((call, t_end, error is None, error))
+                if after is not None:  # after the exit record, which it may write out
+                    after()
         finally:
             local.busy = False
 
