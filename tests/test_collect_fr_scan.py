@@ -4,6 +4,7 @@ pickle it cannot vouch for (hostile, truncated, wrong types, huge lengths) gets 
 from __future__ import annotations
 
 import importlib.util
+import json
 import pickle
 import random
 import struct
@@ -217,3 +218,84 @@ def test_a_part_crosses_the_pipe_whole_and_a_damaged_one_is_refused():
     forged = json_.dumps(header).encode()
     with pytest.raises(ValueError, match="type"):
         _fr_parse.decode(io.BytesIO(len(forged).to_bytes(8, "little") + forged + data[8 + size :]))
+
+
+def _fresh(text: str) -> str:
+    """``text`` as a new string object: the pickler writes it again instead of referring to
+    the first write."""
+    return "".join(list(text))
+
+
+def test_frame_dicts_in_any_shape_or_place_give_the_same_table(tmp_path, monkeypatch):
+    """The scanner gives a frame dict (exactly "filename", "name" and "line") its id as it is
+    made and keeps no items: keys in any order, texts written once or anew for every frame
+    (the machinery's too), frame dicts shared, with a fourth key, a key twice or a value of a
+    wrong type, an entry that is itself a frame dict, a frame dict outside the frames (a coded
+    value, the head) or set again after it was made: the Python reader's table every time."""
+    torch_file = "/x/torch/distributed/distributed_c10d.py"
+    user = "/srv/job/train.py"
+
+    def frame(name: str, file: str, line: object, order: str = "nfl") -> dict:
+        items = {"n": ("name", name), "f": ("filename", file), "l": ("line", line)}
+        return dict(items[k] for k in order)
+
+    shared = frame("step", user, 3)
+    stacks = [
+        [frame("all_reduce", torch_file, 9), shared, frame("<module>", user, 30)],
+        [frame("all_reduce", _fresh(torch_file), 9, "lfn"), shared, frame("<module>", user, 30)],
+        [frame(_fresh("all_reduce"), _fresh(torch_file), 9, "fln"), frame("step", _fresh(user), 3)],
+        [{**frame("step", user, 3), "locals": 1}, frame("<module>", user, 30, "lnf")],
+        [{"name": "step", "line": 3}, shared],
+        [frame("step", user, True), shared],
+        [frame("step", user, "3"), shared],
+        [frame("step", user, None), shared],
+        [frame("step", 7, 3)],
+        [frame("step", user, 2**40)],
+    ]
+    entries: list = [
+        {"record_id": i, "collective_seq_id": i, "frames": s, "profiling_name": "nccl:all_reduce"}
+        for i, s in enumerate(stacks)
+    ]
+    cases = {
+        "frames": {"version": "2.10", "entries": entries},
+        "an entry a frame dict": {"entries": [*entries, frame("step", user, 3)]},
+        "a coded value a frame dict": {"entries": [*entries, {"state": frame("a", user, 1)}]},
+        "a head value a frame dict": {"pg_config": frame("a", user, 1), "entries": entries},
+    }
+    items = []
+    for name, dump in cases.items():
+        for protocol in range(2, pickle.HIGHEST_PROTOCOL + 1):
+            (path := tmp_path / f"{name} {protocol}").write_bytes(pickle.dumps(dump, protocol))
+            items.append((len(items), str(path)))
+    # a frame dict set again after it was made (its line changed): left to the unpickler
+    frame_pickle = b"}q\x02(X\x08\x00\x00\x00filenameX\x05\x00\x00\x00/a.pyX\x04\x00\x00\x00name"
+    frame_pickle += b"X\x01\x00\x00\x00fX\x04\x00\x00\x00lineK\x05u"
+    entries_pickle = b"]}X\x06\x00\x00\x00frames](" + frame_pickle + b"esa"
+    set_again = _dump(entries_pickle + b"h\x02X\x04\x00\x00\x00lineK\x09s0")
+    (path := tmp_path / "set again").write_bytes(set_again)
+    items.append((len(items), str(path)))
+    assert pickle.loads(set_again)["entries"][0]["frames"][0]["line"] == 9
+    read = {Path(p).name: _fr_parse._scan(Path(p).read_bytes()) for _, p in items}
+    assert all(read[f"frames {p}"] is not None for p in range(2, pickle.HIGHEST_PROTOCOL + 1))
+    assert read["an entry a frame dict 4"] is not None
+    assert read["a coded value a frame dict 4"] is None  # its items are not kept: Python says
+    assert read["a head value a frame dict 4"] is None
+    assert read["set again"] is None
+    for item in items:
+        assert_same(_fr_parse.parse_entries([item]), python_reader(monkeypatch, [item]))
+    both = _fr_parse.parse_entries(items[:1])
+    paths = [json.loads(t) for t in both["meta"]["categories"]["path"]]
+    assert [user, "step", 3] in paths[0] and not any(torch_file in str(p) for p in paths)
+
+
+def test_heavy_dumps_give_the_same_table(tmp_path, monkeypatch):
+    """The bench's dumps as heavy as real ones (every entry with its stack, a file text
+    written anew for many frames), with the rank that diverges: the scanner's table is the
+    Python reader's."""
+    dumps = _make_dumps()
+    paths = dumps.write_dumps(tmp_path, world=4, entries=300, culprit=1, divergence="extra")
+    assert all(scanned(p.read_bytes()) for p in paths)
+    items = [(i, str(p)) for i, p in enumerate(paths)]
+    part = _fr_parse.parse_entries(items)
+    assert_same(part, python_reader(monkeypatch, items))
+    assert len(part["meta"]["categories"]["path"]) > 3 and (part["arrays"]["code:path"] >= 0).all()

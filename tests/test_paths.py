@@ -141,3 +141,27 @@ def test_a_call_made_inside_a_library_is_named_by_the_user_s_line_first():
     assert user_first((script, user)) == "model.py:29"  # the user's own call: its site alone
     assert user_first((loop, lib)) == "distributed.py:247"  # no frame of the user's
     assert user_first((), "train.py:3") == "train.py:3"
+
+
+def test_the_rows_order_by_group_rank_and_seq_is_lexsort_s_with_runs_or_without():
+    """Runs of rows per (group, rank) in seq order (dumps read in file-name order) are sorted
+    as runs; anything else (a rank's rows in two runs, a seq going back) by lexsort: the same
+    order either way."""
+    import numpy as np
+
+    from rankscope.analyze.paths import _order
+
+    rng = np.random.default_rng(48)
+    for case in range(40):
+        runs = []
+        for pg in range(rng.integers(1, 4)):
+            for r in rng.permutation(rng.integers(1, 30)):
+                n = int(rng.integers(0, 6))
+                runs.append((np.full(n, pg), np.full(n, r), np.sort(rng.integers(0, 9, n))))
+        order = rng.permutation(len(runs))
+        pg, rank, seq = (np.concatenate([runs[i][k] for i in order] + [[]]) for k in range(3))
+        pg, rank, seq = (a.astype(np.int64) for a in (pg, rank, seq))
+        if case % 4 == 3 and len(seq) > 3:  # not runs: a seq going back, a rank split in two
+            seq[len(seq) // 2] = -1
+            rank[-1] = rank[0]
+        assert np.array_equal(_order(pg, rank, seq), np.lexsort((seq, rank, pg))), case

@@ -24,6 +24,10 @@
  * those whose file contains one of the texts left out, the innermost `depth` kept; `paths` the
  * distinct ones as tuples of (filename, name, line), `at` n int32 indices into them (-1: no
  * frames, or only the machinery's), `bad` how many entries' frames are malformed (no path).
+ * A frame dict gets its id as it is made, and keeps no items (a heavy dump holds 20 times more
+ * frame dicts than entries); one found anywhere else than in the frames, or set again after it
+ * was made, leaves the dump to the restricted unpickler. A file text is looked for in the
+ * machinery once per distinct text, however many times the dump writes it.
  * _fr_parse.entry_paths is the same in Python.
  */
 #define PY_SSIZE_T_CLEAN
@@ -49,9 +53,15 @@ typedef struct {
 
 typedef struct {
     uint8_t type; /* T_LIST, T_TUPLE or T_DICT (items as key, value pairs) */
+    /* A frame dict (a dict made at once of "filename", "name" and "line", a text, a text and a
+     * number, as every frame of an entry's stack is): its frame id + 3, as frame_id gives it,
+     * and no items (a heavy dump holds 20 times more of them than entries); 0 for any other. */
+    int32_t frame;
     Py_ssize_t len, cap;
     Val *items;
 } Box;
+
+typedef struct Paths Paths;
 
 typedef struct {
     Val *v;
@@ -72,6 +82,7 @@ typedef struct {
     Val **blocks, **big;
     Py_ssize_t nblocks, capblocks, used, nbig, capbig, block_left;
     Val *block_next;
+    Paths *paths; /* where frame dicts get their ids as they are made; NULL: no paths asked */
 } Scan;
 
 /* The buffers of the last scan, kept for the next one (a fresh megabyte for each dump costs
@@ -113,6 +124,7 @@ static int new_box(Scan *S, uint8_t type, Val *out) {
         return -1;
     Box *b = &S->boxes[S->nboxes];
     b->type = type;
+    b->frame = 0;
     b->len = b->cap = 0;
     b->items = NULL;
     out->type = type;
@@ -150,7 +162,7 @@ static Val *take(Scan *S, Py_ssize_t n) {
 static int box_add(Scan *S, int32_t c, const Val *v, Py_ssize_t n) {
     Box *b = &S->boxes[c];
     if (b->len + n > b->cap) { /* a new place twice as large; the old one is left in its block */
-        Py_ssize_t cap = b->cap ? b->cap : 4;
+        Py_ssize_t cap = b->cap ? b->cap : n > 4 ? n : 4; /* at first, the items given */
         while (cap < b->len + n)
             cap *= 2;
         Val *items = take(S, cap);
@@ -211,6 +223,15 @@ static int utf8_ok(const unsigned char *p, Py_ssize_t n) {
 static int need(Scan *S, Py_ssize_t n) { return n >= 0 && S->size - S->pos >= n; }
 
 static uint64_t le(const unsigned char *p, int n) {
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    if (n == 1) /* the widths of the opcodes' arguments, read at once */
+        return p[0];
+    if (n == 2 || n == 4 || n == 8) {
+        uint64_t w = 0;
+        memcpy(&w, p, (size_t)n);
+        return w;
+    }
+#endif
     uint64_t x = 0;
     for (int i = n - 1; i >= 0; i--)
         x = (x << 8) | p[i];
@@ -264,14 +285,20 @@ static int tuple_of(Scan *S, Py_ssize_t from) {
     return push(&S->stack, t);
 }
 
+static int frame_intern(Paths *P, Scan *S, int32_t c, const Val *kv);
+
 static int dict_items(Scan *S, int32_t c, Py_ssize_t from) {
     Py_ssize_t n = S->stack.len - from;
-    if (n % 2)
+    if (n % 2 || S->boxes[c].frame) /* a frame dict set again: left to the unpickler */
         return -1;
     for (Py_ssize_t i = from; i < S->stack.len; i += 2)
         if (is_container(S->stack.v[i].type)) /* possibly unhashable: left to Python */
             return -1;
-    if (box_add(S, c, S->stack.v + from, n))
+    int interned = 0;
+    if (n == 6 && S->paths && !S->boxes[c].len &&
+        (interned = frame_intern(S->paths, S, c, S->stack.v + from)) < 0)
+        return -1;
+    if (!interned && box_add(S, c, S->stack.v + from, n))
         return -1;
     S->stack.len = from;
     return 0;
@@ -517,6 +544,10 @@ static PyObject *to_py(Scan *S, Val v, int depth) {
     }
     Box *b = &S->boxes[v.u.c];
     PyObject *out;
+    if (b->frame) { /* its items are not kept: no real dump has one outside an entry's frames */
+        PyErr_SetString(PyExc_ValueError, "a frame dict outside the frames");
+        return NULL;
+    }
     if (b->type == T_DICT) {
         out = PyDict_New();
         for (Py_ssize_t i = 0; out && i < b->len; i += 2) {
@@ -710,7 +741,7 @@ typedef struct {
     int32_t id; /* its id, -1 machinery; -4: an empty slot */
 } Written;
 
-typedef struct {
+struct Paths {
     const char **mach;
     Py_ssize_t *machlen, nmach, depth;
     int32_t *seen; /* per box: 0 not looked at; a frame dict: id + 3, 1 machinery, 2 malformed;
@@ -732,12 +763,27 @@ typedef struct {
     Written *written;
     Py_ssize_t wcap, nwritten;
     uint32_t keyoff[3]; /* where the keys "filename", "name", "line" were last found, + 1 */
-} Paths;
+    Slot *fileslots; /* the distinct file texts, by their hash */
+    Py_ssize_t filescap, nfiles, capfiles;
+    struct {
+        Val text;
+        int machinery;
+    } *files;
+};
 
+/* A text's hash, 8 bytes at a time (a frame's file is a path of 60 to 100). */
 static uint64_t span_hash(const Scan *S, Val v, uint64_t h) {
-    for (uint32_t i = 0; i < v.u.s.len; i++)
-        h = (h ^ S->data[v.u.s.off + i]) * 0x100000001b3ULL;
-    return h;
+    const unsigned char *p = S->data + v.u.s.off;
+    uint32_t n = v.u.s.len, i = 0;
+    for (; i + 8 <= n; i += 8) {
+        uint64_t w;
+        memcpy(&w, p + i, 8);
+        h = (h ^ w) * 0x9E3779B97F4A7C15ULL;
+        h ^= h >> 29;
+    }
+    for (; i < n; i++)
+        h = (h ^ p[i]) * 0x100000001b3ULL;
+    return (h ^ n) * 0x9E3779B97F4A7C15ULL;
 }
 
 static int span_eq(const Scan *S, Val a, Val b) {
@@ -769,15 +815,15 @@ static int slots_grow(Slot **slots, Py_ssize_t *cap, Py_ssize_t count) {
 }
 
 /* A frame dict's filename, name and line values (NULL where missing; a key set twice: the last),
- * in one pass over its items. A key written once is matched by where its text is (`keyoff`),
- * else by its text. */
-static void frame_fields(Paths *P, const Scan *S, int32_t c, const Val *out[3]) {
+ * in one pass over its items (n: keys and values). A key written once is matched by where its
+ * text is (`keyoff`), else by its text. */
+static void frame_fields(Paths *P, const Scan *S, const Val *items, Py_ssize_t n,
+                         const Val *out[3]) {
     static const char *names[3] = {"filename", "name", "line"};
     static const uint32_t lens[3] = {8, 4, 4};
-    const Box *b = &S->boxes[c];
     out[0] = out[1] = out[2] = NULL;
-    for (Py_ssize_t i = b->len - 2; i >= 0; i -= 2) {
-        Val k = b->items[i];
+    for (Py_ssize_t i = n - 2; i >= 0; i -= 2) {
+        Val k = items[i];
         if (k.type != T_STR)
             continue;
         for (int f = 0; f < 3; f++) {
@@ -786,7 +832,7 @@ static void frame_fields(Paths *P, const Scan *S, int32_t c, const Val *out[3]) 
             if (k.u.s.off + 1 == P->keyoff[f] ||
                 memcmp(S->data + k.u.s.off, names[f], lens[f]) == 0) {
                 P->keyoff[f] = k.u.s.off + 1;
-                out[f] = &b->items[i + 1];
+                out[f] = &items[i + 1];
                 break;
             }
         }
@@ -800,8 +846,9 @@ static uint64_t mix(uint64_t x) { /* splitmix64's finaliser */
 }
 
 static uint64_t written_key(Val file, Val name, int64_t line) {
-    return mix(((uint64_t)file.u.s.off << 32 | file.u.s.len) ^
-               mix(((uint64_t)name.u.s.off << 32 | name.u.s.len) ^ mix((uint64_t)line)));
+    return mix(((uint64_t)file.u.s.off << 32 | file.u.s.len) * 0x9E3779B97F4A7C15ULL ^
+               ((uint64_t)name.u.s.off << 32 | name.u.s.len) * 0xC2B2AE3D27D4EB4FULL ^
+               (uint64_t)line);
 }
 
 /* The slot of a frame as written: its own, or the empty one where it goes. */
@@ -838,63 +885,108 @@ static int written_grow(Paths *P) {
     return 0;
 }
 
-/* A frame dict's id; -1 machinery, -2 malformed, -3 out of memory. */
-static int32_t frame_id(Paths *P, const Scan *S, Val v) {
-    if (v.type != T_DICT)
-        return -2;
-    int32_t known = P->seen[v.u.c];
-    if (known)
-        return known - 3;
-    const Val *got[3];
-    frame_fields(P, S, v.u.c, got);
-    const Val *file = got[0], *name = got[1], *line = got[2];
-    int32_t id;
-    Written *w = NULL;
-    if (!file || !name || !line || file->type != T_STR || name->type != T_STR ||
-        line->type != T_INT) {
-        id = -2;
-        goto done;
+/* Whether a file text (hash h) is the machinery's: looked for once per distinct text (a dump
+ * may write one text anew for every entry). -3: out of memory. */
+static int machinery(Paths *P, const Scan *S, Val file, uint64_t h) {
+    if (slots_grow(&P->fileslots, &P->filescap, P->nfiles))
+        return -3;
+    Py_ssize_t j = (Py_ssize_t)(h & (uint64_t)(P->filescap - 1));
+    for (; P->fileslots[j].index >= 0; j = (j + 1) & (P->filescap - 1))
+        if (P->fileslots[j].key == h && span_eq(S, P->files[P->fileslots[j].index].text, file))
+            return P->files[P->fileslots[j].index].machinery;
+    int found = 0;
+    for (Py_ssize_t m = 0; m < P->nmach && !found; m++) {
+        Py_ssize_t n = P->machlen[m];
+        const unsigned char *f = S->data + file.u.s.off;
+        for (Py_ssize_t i = 0; i + n <= (Py_ssize_t)file.u.s.len && !found; i++)
+            found = f[i] == (unsigned char)P->mach[m][0] && memcmp(f + i, P->mach[m], n) == 0;
     }
+    if (grow((void **)&P->files, &P->capfiles, P->nfiles + 1, sizeof *P->files))
+        return -3;
+    P->files[P->nfiles].text = file;
+    P->files[P->nfiles].machinery = found;
+    P->fileslots[j].key = h;
+    P->fileslots[j].index = (int32_t)P->nfiles++;
+    return found;
+}
+
+/* The id of the frame (file, name, line): -1 machinery, -3 out of memory. */
+static int32_t frame_of(Paths *P, const Scan *S, Val file, Val name, int64_t line) {
     if (written_grow(P))
         return -3;
-    w = written_slot(P, *file, *name, line->u.i);
-    if (w->id != -4) { /* this frame as written before: no text is read */
-        id = w->id;
+    Written *w = written_slot(P, file, name, line);
+    if (w->id != -4) /* this frame as written before: no text is read */
+        return w->id;
+    int32_t id;
+    uint64_t h = span_hash(S, file, 0xcbf29ce484222325ULL);
+    int mach = machinery(P, S, file, h);
+    if (mach < 0)
+        return -3;
+    if (mach) {
+        id = -1;
         goto done;
     }
-    for (Py_ssize_t m = 0; m < P->nmach; m++) {
-        Py_ssize_t n = P->machlen[m];
-        const unsigned char *f = S->data + file->u.s.off;
-        for (Py_ssize_t i = 0; i + n <= (Py_ssize_t)file->u.s.len; i++)
-            if (f[i] == (unsigned char)P->mach[m][0] && memcmp(f + i, P->mach[m], n) == 0) {
-                id = -1;
-                goto done;
-            }
-    }
-    uint64_t key = span_hash(S, *name, span_hash(S, *file, 0xcbf29ce484222325ULL));
-    key = (key ^ (uint64_t)line->u.i) * 0x9E3779B97F4A7C15ULL;
+    uint64_t key = span_hash(S, name, h);
+    key = (key ^ (uint64_t)line) * 0x9E3779B97F4A7C15ULL;
     if (slots_grow(&P->fslots, &P->fcap, P->nframes))
         return -3;
     Py_ssize_t j = (Py_ssize_t)(key & (uint64_t)(P->fcap - 1));
     for (; P->fslots[j].index >= 0; j = (j + 1) & (P->fcap - 1)) {
         const PFrame *o = &P->frames[P->fslots[j].index];
-        if (o->key == key && o->line == line->u.i && span_eq(S, o->file, *file) &&
-            span_eq(S, o->name, *name)) {
+        if (o->key == key && o->line == line && span_eq(S, o->file, file) &&
+            span_eq(S, o->name, name)) {
             id = P->fslots[j].index;
             goto done;
         }
     }
     if (grow((void **)&P->frames, &P->capframes, P->nframes + 1, sizeof(PFrame)))
         return -3;
-    P->frames[P->nframes] = (PFrame){.file = *file, .name = *name, .line = line->u.i, .key = key};
+    P->frames[P->nframes] = (PFrame){.file = file, .name = name, .line = line, .key = key};
     P->fslots[j].key = key;
     id = P->fslots[j].index = (int32_t)P->nframes++;
 done:
-    if (w && w->id == -4) {
-        *w = (Written){.foff = file->u.s.off, .flen = file->u.s.len, .noff = name->u.s.off,
-                       .nlen = name->u.s.len, .line = line->u.i, .id = id};
-        P->nwritten++;
-    }
+    *w = (Written){.foff = file.u.s.off, .flen = file.u.s.len, .noff = name.u.s.off,
+                   .nlen = name.u.s.len, .line = line, .id = id};
+    P->nwritten++;
+    return id;
+}
+
+/* A frame's (file, name, line) of its fields, or NULL where one is missing or of a wrong type. */
+static int well_formed(const Val *got[3]) {
+    return got[0] && got[1] && got[2] && got[0]->type == T_STR && got[1]->type == T_STR &&
+           got[2]->type == T_INT;
+}
+
+/* As a dict is made of the keys and values kv (3 pairs, on an empty dict c): a frame dict gets
+ * its id now, while its items are at hand, and keeps no items. 1 done, 0 not a frame dict (it
+ * is made as any dict), -1 out of memory. */
+static int frame_intern(Paths *P, Scan *S, int32_t c, const Val *kv) {
+    const Val *got[3];
+    frame_fields(P, S, kv, 6, got);
+    if (!well_formed(got)) /* a key missing (or one twice), or a value of a wrong type */
+        return 0;
+    int32_t id = frame_of(P, S, *got[0], *got[1], got[2]->u.i);
+    if (id == -3)
+        return -1;
+    S->boxes[c].frame = id + 3;
+    return 1;
+}
+
+/* A frame dict's id; -1 machinery, -2 malformed, -3 out of memory. */
+static int32_t frame_id(Paths *P, const Scan *S, Val v) {
+    if (v.type != T_DICT)
+        return -2;
+    const Box *b = &S->boxes[v.u.c];
+    if (b->frame)
+        return b->frame - 3;
+    int32_t known = P->seen[v.u.c];
+    if (known)
+        return known - 3;
+    const Val *got[3];
+    frame_fields(P, S, b->items, b->len, got);
+    int32_t id = well_formed(got) ? frame_of(P, S, *got[0], *got[1], got[2]->u.i) : -2;
+    if (id == -3)
+        return -3;
     P->seen[v.u.c] = id + 3;
     return id;
 }
@@ -1018,6 +1110,8 @@ static void paths_free(Paths *P) {
     free(P->pslots);
     free(P->tmp);
     free(P->written);
+    free(P->fileslots);
+    free(P->files);
 }
 
 /* --- the walk over the entries ------------------------------------------------------------- */
@@ -1086,13 +1180,13 @@ static PyObject *scan(PyObject *self, PyObject *args) {
     }
     Scan S;
     start_scan(&S);
+    Paths P = {0};
     S.data = buf.buf;
     S.size = buf.len;
     Py_ssize_t ni = PyTuple_GET_SIZE(int_f), nb = PyTuple_GET_SIZE(bool_f);
     Py_ssize_t nc = PyTuple_GET_SIZE(coded_f), nf = ni + 1 + nb + nc;
     PyObject *result = NULL, *head = NULL, *ints = NULL, *masks = NULL, *bools = NULL;
     PyObject *coded = NULL, *floats = NULL, *paths = NULL, *path_at = NULL;
-    Paths P = {0};
     int32_t *pcol = NULL;
     const int want_paths = mach_f != Py_None;
     const Py_ssize_t frames_f = want_paths ? ni + 1 + nb + nc : -1; /* its field, past the rest */
@@ -1124,6 +1218,7 @@ static PyObject *scan(PyObject *self, PyObject *args) {
                 FAIL;
         }
     }
+    S.paths = want_paths ? &P : NULL;
     if (run(&S)) /* with the GIL held: the spare buffers are this call's alone */
         FAIL;
     /* After STOP only whitespace, as the restricted loader asks. */
