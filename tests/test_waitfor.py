@@ -53,59 +53,26 @@ def test_the_diagnosis_renumbers_every_form_of_the_proof():
 
     call = ("all_reduce", "[[4]]", '["float32"]', None)
     pair = {"0": [0, 1], "1": [0, 1]}
+
+    def blocked(rank: int, pg: str, seq: int, what: tuple = call) -> RankState:
+        """A rank blocked in its call ``seq`` on group ``pg``."""
+        return RankState(
+            rank=rank,
+            members=pair,
+            called={pg: seq},
+            calls={(pg, seq): what},
+            pending=((pg, seq),),
+            blocked=(pg, seq),
+        )
+
     ended = prove(
         {
-            0: RankState(
-                rank=0,
-                members=pair,
-                called={"0": 3},
-                calls={("0", 3): call},
-                pending=(("0", 3),),
-                blocked=("0", 3),
-            ),
+            0: blocked(0, "0", 3),
             1: RankState(rank=1, members=pair, called={"0": 2}, calls={}, exited=0),
         }
     )
     assert ended and _WAITS_IN.search(ended) and _ENDED_AFTER.search(ended), ended
-    differ = prove(
-        {
-            0: RankState(
-                rank=0,
-                members=pair,
-                called={"0": 1},
-                calls={("0", 1): call},
-                pending=(("0", 1),),
-                blocked=("0", 1),
-            ),
-            1: RankState(
-                rank=1,
-                members=pair,
-                called={"0": 1},
-                calls={("0", 1): ("barrier", "[]", "[]", None)},
-                pending=(("0", 1),),
-                blocked=("0", 1),
-            ),
-        }
-    )
+    differ = prove({0: blocked(0, "0", 1), 1: blocked(1, "0", 1, ("barrier", "[]", "[]", None))})
     assert differ and _DIFFER.search(differ), differ
-    cycle = prove(
-        {
-            0: RankState(
-                rank=0,
-                members=pair,
-                called={"0": 1},
-                calls={("0", 1): call},
-                pending=(("0", 1),),
-                blocked=("0", 1),
-            ),
-            1: RankState(
-                rank=1,
-                members=pair,
-                called={"1": 1},
-                calls={("1", 1): call},
-                pending=(("1", 1),),
-                blocked=("1", 1),
-            ),
-        }
-    )
+    cycle = prove({0: blocked(0, "0", 1), 1: blocked(1, "1", 1)})
     assert cycle and len(_CYCLE.findall(cycle)) == 2, cycle
