@@ -30,9 +30,9 @@ SCRIPTS = Path(__file__).parent / "scripts"
 TEST_RUN = os.environ.get("PYTEST_XDIST_TESTRUNUID") or uuid.uuid4().hex
 
 #: Tests that share something that exists once (a session's cluster, a module's job, a folder of
-#: the checkout) run on one worker, one after another: xdist_group by a fixture they use or by
-#: their file.
-GROUP_BY_FIXTURE = {"slurm_cluster": "slurm", "hung_job": "debug_server"}
+#: the checkout) run on one worker, one after another: the scheduler below gives every test of
+#: such a file one work unit. (xdist's own ``xdist_group`` mark renames each test's node id,
+#: which pytest 9.2's node ids no longer allow: the mark groups nothing there.)
 GROUP_BY_FILE = {
     # JupyterLab and Chromium, `make lab` in the checkout itself
     "test_browser.py": "browser",
@@ -40,32 +40,57 @@ GROUP_BY_FILE = {
     "test_site.py": "site",
     # the benchmarks, one at a time (their bounds allow for a loaded machine)
     "test_bench.py": "bench",
+    # the session's SLURM cluster (and the notebooks that start it: group_of)
+    "test_slurm.py": "slurm",
+    # the module's hung job
+    "test_debug_server.py": "debug_server",
 }
+#: Fixtures that exist once, and the group every test that uses them must be in.
+GROUP_OF_FIXTURE = {"slurm_cluster": "slurm", "hung_job": "debug_server"}
 
 
-def xdist_group_of(item: pytest.Item) -> str | None:
-    names = getattr(item, "fixturenames", ())
-    for fixture, group in GROUP_BY_FIXTURE.items():
-        if fixture in names:
-            return group
-    if runs_a_notebook(item) and "cluster" in item.name:
+def group_of(nodeid: str) -> str | None:
+    """The group of a test, from its node id alone (the scheduler, in xdist's controller, has
+    no more)."""
+    if runs_a_notebook(nodeid) and "cluster" in nodeid:
         return "slurm"  # it asks for slurm_cluster by name, inside the test
-    return GROUP_BY_FILE.get(item.path.name)
+    return GROUP_BY_FILE.get(nodeid.partition("::")[0].rpartition("/")[2])
 
 
-def runs_a_notebook(item: pytest.Item) -> bool:
-    return item.path.name == "test_notebooks.py" and item.name.startswith("test_notebook_runs[")
+def runs_a_notebook(nodeid: str) -> bool:
+    path, _, name = nodeid.partition("::")
+    return path.rpartition("/")[2] == "test_notebooks.py" and name.startswith("test_notebook_runs[")
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
+    """``--dist loadgroup``: xdist's scheduling by work units, a group's tests one unit (their
+    order kept), every other test a unit of its own."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class Grouped(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return group_of(nodeid) or nodeid
+
+    return Grouped(config, log)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Each test's xdist_group (above); and the notebooks first: they are the longest tests, so
-    workers that start them first end together, and the site's build finds them done."""
+    """The notebooks first: they are the longest tests, so workers that start them first end
+    together, and the site's build finds them done. A test that uses a fixture that exists once
+    outside its group is an error: it would share the fixture with another worker."""
     for item in items:
-        group = xdist_group_of(item)
-        if group is not None:
-            item.add_marker(pytest.mark.xdist_group(group))
-    items.sort(key=lambda item: not runs_a_notebook(item))  # stable: the rest keep their order
+        for fixture, group in GROUP_OF_FIXTURE.items():
+            if fixture in getattr(item, "fixturenames", ()) and group_of(item.nodeid) != group:
+                raise pytest.UsageError(
+                    f"{item.nodeid} uses {fixture}, which exists once: put its file in "
+                    f"tests/conftest.py's GROUP_BY_FILE as {group!r}"
+                )
+    items.sort(
+        key=lambda item: not runs_a_notebook(item.nodeid)
+    )  # stable: the rest keep their order
 
 
 def site_of(script: str, tag: str) -> str:

@@ -213,10 +213,11 @@ class RankEnd:
 
     @property
     def words(self) -> str:
-        """The end in a few words, with its number: ``exited 0``, ``failed: exit code 1 (an
-        exception)``, ``aborted itself: SIGABRT (-6)``, ``ended by the launcher: SIGTERM
-        (-15)``, ``stopped: SIGTERM (-15)``, ``killed: SIGKILL (-9), by no one rankscope
-        knows``."""
+        """The end in a few words, with its number.
+
+        ``exited 0``, ``failed: exit code 1 (an exception)``, ``aborted itself: SIGABRT (-6)``,
+        ``ended by the launcher: SIGTERM (-15)``, ``stopped: SIGTERM (-15)``, ``killed: SIGKILL
+        (-9), by no one rankscope knows``."""
         code, sig, status = self.code, self.signal, self.status
         why = {"exception": "an exception", "sys_exit": "sys.exit", "os._exit": "os._exit"}
         if code is None:

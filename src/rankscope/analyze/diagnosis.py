@@ -221,8 +221,10 @@ class Diagnosis:
         return self.to_html()
 
     def provenance(self) -> str:
-        """When it was made and from which evidence: ``diagnosed 19:42:07 from calls (ranks
-        0-3), stacks (ranks 1, 3) of runs/20261126-...``."""
+        """When it was made and from which evidence.
+
+        ``diagnosed 19:42:07 from calls (ranks 0-3), stacks (ranks 1, 3) of runs/20261126-...``.
+        """
         when = time.strftime("%H:%M:%S", time.localtime(self.diagnosed_at))
         by_table: dict[str, set[int]] = {}
         for ref in self.evidence:

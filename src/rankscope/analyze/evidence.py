@@ -272,8 +272,10 @@ class RankFacts:
 
     @property
     def ending(self) -> str | None:
-        """How it ended, in words: ``called sys.exit(0) at train.py:41 ('loss is nan at step 7,
-        stopping')``; None when its end is not known."""
+        """How it ended, in words; None when its end is not known.
+
+        For instance ``called sys.exit(0) at train.py:41 ('loss is nan at step 7, stopping')``.
+        """
         code = "" if self.exit_code is None else str(self.exit_code)
         what = {
             "returned": "ran its script to the end",

@@ -101,8 +101,10 @@ class Parting:
         }
 
     def text(self) -> str:
-        """``ranks 0, 2 took the branch at train.py:9 "if is_main:" into save_checkpoint →
-        barrier (train.py:11); ranks 1, 3 did not``, then the values."""
+        """The parting line in a sentence, then the values.
+
+        ``ranks 0, 2 took the branch at train.py:9 "if is_main:" into save_checkpoint →
+        barrier (train.py:11); ranks 1, 3 did not``."""
         inn, out = who_of(self.ranks_in), who_of(self.ranks_out)
         here = f'at {self.site} "{self.source}"'
         if self.kind in _LOOP_KINDS:
@@ -449,9 +451,10 @@ def _outermost_loop(file: str, chain: Chain, path: list[Frame], i: int) -> _Deci
 
 
 def runs_alike(p: Parting) -> bool:
-    """Whether the parting line is a loop whose count is written as constants (``for step in
-    range(3):``): it runs as often on every rank, so a rank that made its call fewer times
-    skipped one by a branch; it did not run out of iterations."""
+    """Whether the parting line is a loop whose count is written as constants.
+
+    Such a loop (``for step in range(3):``) runs as often on every rank, so a rank that made its
+    call fewer times skipped one by a branch; it did not run out of iterations."""
     if p.kind not in _LOOP_KINDS:
         return False
     try:

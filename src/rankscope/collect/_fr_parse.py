@@ -413,8 +413,9 @@ def _path(frames: Any) -> CallPath | None:
 
 
 def path_text(path: CallPath) -> str:
-    """A path as the ``path`` category of the entries table: JSON, ``[[file, func, line],
-    ...]`` outermost first."""
+    """A path as the ``path`` category of the entries table.
+
+    JSON, ``[[file, func, line], ...]``, outermost first."""
     return json.dumps([list(f) for f in path])
 
 

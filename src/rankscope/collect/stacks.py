@@ -87,11 +87,12 @@ def _in_collective(frame: dict[str, Any]) -> bool:
 def _faulthandler(
     lines: list[str], cut: list[str] | None = None, partial: str | None = None
 ) -> Iterator[_Capture]:
-    """Dumps in a text: each starts at a rankscope marker, at faulthandler's ``Fatal Python
-    error:`` line (its reason: the signal), or at the first thread header after a blank line or
-    other text. A text that ends inside a dump (a log cut short: ``partial`` is its last line,
-    without a newline, left out of ``lines``) keeps its complete frames; what was lost is said
-    in ``cut``."""
+    """Dumps in a text.
+
+    Each starts at a rankscope marker, at faulthandler's ``Fatal Python error:`` line (its
+    reason: the signal), or at the first thread header after a blank line or other text. A text
+    that ends inside a dump (a log cut short: ``partial`` is its last line, without a newline,
+    left out of ``lines``) keeps its complete frames; what was lost is said in ``cut``."""
     capture: _Capture | None = None
     thread: _Thread | None = None
     pending: tuple[int | None, float | None, str | None] = (None, None, None)  # id, t, reason

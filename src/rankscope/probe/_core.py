@@ -1193,10 +1193,12 @@ FR_ACTIVE_MAX = 8
 
 
 def _fr_active_entries() -> list[list[Any]]:
-    """The flight recorder's uncompleted entries, oldest first: ``[group, seq, op, state,
-    created_s, started_s]`` with the group's name as the probe records it, ``seq`` the
-    recorder's ``collective_seq_id``, ``op`` without its backend prefix and ``state`` the
-    recorder's (``scheduled``, ``started``; gloo stays ``scheduled``). No stack traces."""
+    """The flight recorder's uncompleted entries, oldest first.
+
+    Each is ``[group, seq, op, state, created_s, started_s]`` with the group's name as the probe
+    records it, ``seq`` the recorder's ``collective_seq_id``, ``op`` without its backend prefix
+    and ``state`` the recorder's (``scheduled``, ``started``; gloo stays ``scheduled``). No
+    stack traces."""
     out: list[list[Any]] = []
     timing = os.environ.get("TORCH_NCCL_ENABLE_TIMING", "").lower() in ("1", "true", "yes", "on")
     for _, fn in _DUMPS:

@@ -45,8 +45,10 @@ def capture_line(
     own: set[int],
     where: dict[int, FrameType] | None = None,
 ) -> str:
-    """The JSON line of one capture: ``{"id", "t", "reason", "threads": [{"thread", "frames":
-    [[file, func, line, {name: value}], ...]}]}``, frames outermost first; threads in ``own``
+    """The JSON line of one capture.
+
+    ``{"id", "t", "reason", "threads": [{"thread", "frames": [[file, func, line, {name:
+    value}], ...]}]}``, frames outermost first; threads in ``own``
     (the probe's) are left out. ``where``: a thread's frame to read instead of its current one
     (a rank's end: the frame that called ``sys.exit``, still alive in its traceback)."""
     threads = []

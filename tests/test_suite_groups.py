@@ -1,0 +1,39 @@
+"""The suite's own scheduling (tests/conftest.py): under ``make test``'s ``--dist loadgroup``,
+the tests that share something that exists once run on one worker, one after another."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from collections import defaultdict
+
+import pytest
+
+from .conftest import GROUP_BY_FILE, group_of
+
+
+def test_a_test_s_group_comes_from_its_node_id() -> None:
+    assert group_of("tests/test_site.py::test_the_site_reads_at_a_glance") == "site"
+    assert group_of("tests/test_notebooks.py::test_notebook_runs[02-laptop-to-cluster]") == "slurm"
+    assert group_of("tests/test_notebooks.py::test_notebook_runs[00-quickstart]") is None
+    assert group_of("tests/test_state.py::test_x[test_site.py]") is None
+    assert set(GROUP_BY_FILE.values()) >= {"slurm", "debug_server", "site", "browser", "bench"}
+
+
+@pytest.mark.slow
+def test_a_group_s_tests_run_on_one_worker() -> None:
+    """Two workers, two groups' quick tests and some others: each group on one worker."""
+    files = ["tests/test_site.py", "tests/test_debug_server.py", "tests/test_state.py"]
+    cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", "2"]
+    cmd += ["--dist", "loadgroup", "-v", "-m", "not slow", *files]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=280)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    assert "scheduling tests via Grouped" in done.stdout
+    workers: dict[str, set[str]] = defaultdict(set)
+    for worker, nodeid in re.findall(r"^\[(gw\d)\] .*?PASSED (\S+)", done.stdout, re.M):
+        workers[group_of(nodeid) or nodeid].add(worker)
+    assert {"site", "debug_server"} <= workers.keys(), done.stdout[-3000:]
+    assert len({w for ws in workers.values() for w in ws}) == 2  # both workers ran tests
+    split = {group: ws for group, ws in workers.items() if len(ws) > 1}
+    assert not split, f"a group's tests ran on several workers: {split}"
