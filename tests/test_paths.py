@@ -165,3 +165,20 @@ def test_the_rows_order_by_group_rank_and_seq_is_lexsort_s_with_runs_or_without(
             seq[len(seq) // 2] = -1
             rank[-1] = rank[0]
         assert np.array_equal(_order(pg, rank, seq), np.lexsort((seq, rank, pg))), case
+
+
+def test_a_class_that_made_no_call_had_left_only_where_its_ranks_had() -> None:
+    """gloo_rank_raises: rank 1 raised and exited before its second all_reduce: it had left.
+    monitored_barrier: rank 1 sleeps outside the collectives, alive: it made no call there, and
+    the card does not say it had left."""
+    from pathlib import Path
+
+    from rankscope.collect import load_run
+
+    data = Path(__file__).parent / "data"
+    raised = diagnose(load_run(data / "gloo_rank_raises" / "run")).first_divergence
+    assert raised["text"].startswith("rank 1 made no call there (it had left) at collective #2")
+    assert [c["left"] for c in raised["classes"] if c["op"] is None] == [True]
+    asleep = diagnose(load_run(data / "monitored_barrier" / "run")).first_divergence
+    assert asleep["text"].startswith("rank 1 made no call there at collective #1")
+    assert [c["left"] for c in asleep["classes"] if c["op"] is None] == [False]

@@ -844,7 +844,7 @@ def test_the_call_path_tree_without_a_divergence_or_from_a_broken_file_says_why(
     nodes = tree_nodes(plot.path_tree(broken).data[0])
     assert "a.py:3 &lt;b&gt;f&lt;/b&gt; | 1 rank" in nodes  # a name is text, not markup
     assert {k for k, v in nodes.items() if v["leaf"]} == {
-        "made no call (it had left) | 1 rank: 0",
+        "made no call | 1 rank: 0",  # a class that does not say its ranks had left
         "barrier | 1 rank: 4",
     }
     assert ALERT not in nodes["barrier | 1 rank: 4"]["colour"]

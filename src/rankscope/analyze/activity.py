@@ -3,8 +3,9 @@
 A faulthandler dump shows Python frames only: ``time.sleep``, ``Lock.acquire`` and socket reads
 are C, so the innermost frame is the user's line that made them, and its source text (the stacks
 table's ``code``) says what it waits on. Frames of the standard library say it too: a
-``queue.get`` waiting in ``threading.Condition.wait``, a ``Thread.join``. The classification
-looks at the main thread (the one whose outermost frame is the script's ``<module>``), from its
+``queue.get`` waiting in ``threading.Condition.wait``, a ``Thread.join``; and torch's own where
+it waits on a file: a C++ extension's build lock. The classification looks at the main thread
+(the one whose outermost frame is the script's ``<module>``), from its
 innermost frame outwards, and lists what the rank's other user threads were doing: the thread
 that holds a lock the main thread waits for is usually one of them.
 """
@@ -65,6 +66,18 @@ WAITS: dict[str, tuple[str, str]] = {
         "own (dist.new_group) and run the cell on them (%%ranks 0,2). %ranks restart starts "
         "fresh ranks.",
     ),
+    "build_lock": (
+        "waiting for a C++ extension's build lock",
+        "The rank waits for the `lock` file in a C++ extension's build folder to go away "
+        "(torch.utils.cpp_extension builds an op just in time: DeepSpeed's ops, a custom "
+        "kernel). A build of the same extension holds it while it runs; a build that was "
+        "killed (Ctrl-C, an out-of-memory kill, a job's time limit) left it behind, and torch "
+        "then waits for it without end and without a word. When no build runs, delete that "
+        "`lock` file: it is in the build_directory passed to load(), else in "
+        "$TORCH_EXTENSIONS_DIR/<python and device tag>/<extension name>/ (~/.cache/"
+        "torch_extensions by default). Build extensions once before the job starts, and give "
+        "each environment its own TORCH_EXTENSIONS_DIR.",
+    ),
     "subprocess": (
         "waiting for a child process",
         "The rank waits for a child process that does not end: give the wait a timeout and "
@@ -89,6 +102,8 @@ _LIBRARY = [
     ("event", re.compile(r"(^|/)threading\.py$"), {"wait"}),
     ("lock", re.compile(r"(^|/)threading\.py$"), {"acquire", "__enter__"}),
     ("subprocess", re.compile(r"(^|/)subprocess\.py$"), {"wait", "communicate", "_wait"}),
+    # torch's file lock around a C++ extension's build (torch.utils.cpp_extension)
+    ("build_lock", re.compile(r"(^|/)torch/utils/file_baton\.py$"), {"wait"}),
     # An IPython Parallel engine's own loop, with no user frame above it: a cell session's
     # rank between cells (rankscope.cells). Before "io": that loop waits on its sockets.
     ("cell_done", re.compile(r"/ipyparallel/engine/"), None),

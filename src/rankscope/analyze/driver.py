@@ -24,7 +24,7 @@ from rankscope.analyze.context import Context
 from rankscope.analyze.diagnosis import Diagnosis, who_of
 from rankscope.analyze.evidence import Evidence
 from rankscope.analyze.parting import RANK_ENV, Parting
-from rankscope.analyze.paths import FirstDivergence, describe
+from rankscope.analyze.paths import FirstDivergence, describe, left
 from rankscope.analyze.rules import RULES, Finding, Rule, rules_for
 from rankscope.analyze.rules.finding import CAUSE_RECIPE
 from rankscope.analyze.rules.paths import hang_of
@@ -112,7 +112,7 @@ def _diagnosis(ctx: Context, f: Finding) -> Diagnosis:
         collective=f.collective,
         chain=ctx.chain(sorted(f.culprits)) if f.culprits else [],
         parting=parting,
-        first_divergence=_first_dict(fd) if fd is not None else None,
+        first_divergence=_first_dict(fd, ctx.gone) if fd is not None else None,
         evidence=f.refs,
         missing=ctx.missing(),
         notes=notes + ctx.aftermath(f.culprits) + ctx.launcher_notes(f.culprits),
@@ -189,8 +189,12 @@ def _before_hang(ctx: Context, fd: FirstDivergence) -> bool:
     return hang is None or hang.seq > fd.seq
 
 
-def _first_dict(fd: FirstDivergence) -> dict[str, Any]:
-    return {**fd.to_dict(), "text": describe(fd)}
+def _first_dict(fd: FirstDivergence, gone: set[int]) -> dict[str, Any]:
+    """The first divergence's JSON, with its sentence; a class that made no call says whether
+    its ranks had left (``left``)."""
+    out = {**fd.to_dict(), "text": describe(fd, gone)}
+    out["classes"] = [{**c.to_dict(), "left": left(c, gone)} for c in fd.classes]
+    return out
 
 
 def _parting_notes(p: Parting) -> list[str]:

@@ -723,8 +723,9 @@ def step_at(events: pd.DataFrame, rank: int, t_s: float | None) -> int | None:
     return int(steps.iloc[-1]) if len(steps) else None
 
 
-def describe(d: FirstDivergence) -> str:
-    """The divergence in one sentence: who did what where, and who did what instead."""
+def describe(d: FirstDivergence, gone: Collection[int] = ()) -> str:
+    """The divergence in one sentence: who did what where, and who did what instead. ``gone``:
+    the ranks that had left on their own (a class of them that made no call had left)."""
     own = d.culprit_class()
     other = d.other_class()
     where = f"collective #{d.seq}" if d.kind == "collective" else f"point-to-point call #{d.seq}"
@@ -732,7 +733,7 @@ def describe(d: FirstDivergence) -> str:
 
     def doing(c: PathClass) -> str:
         if c.op is None:
-            return "made no call there (" + ("it" if len(c.ranks) == 1 else "they") + " had left)"
+            return "made no call there" + (" " + had_left(c.ranks) if left(c, gone) else "")
         return f"called {c.op} from " + " → ".join(x for x in (c.via, c.site) if x)
 
     if own is None:
@@ -742,6 +743,16 @@ def describe(d: FirstDivergence) -> str:
         f"{who_of(own.ranks)} {doing(own)} at {where}{step} on group {d.pg}, where "
         f"{who_of(other.ranks)} {doing(other)}"
     )
+
+
+def left(c: PathClass, gone: Collection[int]) -> bool:
+    """Whether the class made no call because its ranks had left on their own (``gone``), not
+    because they were held elsewhere (blocked outside, or in another group's call)."""
+    return c.op is None and bool(c.ranks) and set(c.ranks) <= set(gone)
+
+
+def had_left(ranks: Collection[int]) -> str:
+    return "(" + ("it" if len(ranks) == 1 else "they") + " had left)"
 
 
 def user_first(path: Sequence[Frame], site: str | None = None) -> str | None:

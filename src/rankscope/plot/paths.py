@@ -18,6 +18,7 @@ import plotly.graph_objects as go
 
 from rankscope.analyze import Diagnosis
 from rankscope.analyze.diagnosis import compact_ranks
+from rankscope.analyze.paths import had_left
 from rankscope.collect import is_user_file, short_site
 from rankscope.plot._common import ALERT, PALETTE, empty_figure, translucent
 from rankscope.state import group_name, step_words
@@ -54,7 +55,7 @@ class Class:
     ranks: tuple[int, ...]
     path: tuple[Frame, ...]
     what: str
-    """What they did there: ``all_reduce``, ``made no call (it had left)``, ``exited 1``."""
+    """What they did there: ``all_reduce``, ``made no call (they had left)``, ``exited 1``."""
     culprit: bool = False
     folded: tuple[str, ...] = ()
     """What each class folded into this one did, for a leaf that stands for several."""
@@ -138,7 +139,9 @@ def first_classes(fd: Mapping[str, Any]) -> list[Class]:
             Class(
                 ranks=ranks,
                 path=_frames(path if isinstance(path, list) else ()),
-                what=str(op) if op else "made no call (it had left)",
+                what=str(op)
+                if op
+                else "made no call" + (f" {had_left(ranks)}" if c.get("left") is True else ""),
                 culprit=c.get("culprit") is True,
             )
         )
