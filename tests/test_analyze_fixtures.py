@@ -62,3 +62,17 @@ def test_a_tie_between_two_ranks_says_why_one_side_is_named():
     assert "rank 0 is named because the others' call (all_reduce)" in note
     assert "2 time(s) before" in note
     assert "sides are as many" in d.to_html()
+
+
+def test_ranks_whose_wait_ended_in_a_failed_call_are_named_apart_from_the_waiting():
+    """gloo_rank_raises: rank 0 waited for rank 1 in its all_reduce, which then failed (rank 1
+    had left): the card does not call it waiting where its own collective line says failed.
+    gloo_barrier_hang: ranks 1-3 still wait."""
+    crash = diagnose(load_run(DATA / "gloo_rank_raises" / "run"))
+    assert crash.waiting_ranks == [0] and crash.collective.state_by_rank[0].startswith("failed")
+    assert "culprit ranks: 1; waited, then failed: 0" in crash.render()
+    assert "waiting ranks" not in crash.render()
+    assert "· waited, then failed: 0</div>" in crash.to_html()
+    hang = diagnose(load_run(DATA / "gloo_barrier_hang" / "run"))
+    assert "culprit ranks: 0; waiting ranks: 1-3" in hang.render()
+    assert "· waiting: 1-3</div>" in hang.to_html()

@@ -182,12 +182,10 @@ class Diagnosis:
         parts = [f"<div style='font-size:1.25em;color:{colour}'>{head}</div>"]
         if self.culprit_ranks:
             noun = "Culprit rank" if len(self.culprit_ranks) == 1 else "Culprit ranks"
-            waiting = compact_ranks(self.waiting_ranks)
+            lots = "".join(f" · {label}: {compact_ranks(r)}" for label, r in self.waiting_lots())
             parts.append(
                 f"<div class='rankscope-culprits' style='font-size:1.15em'>{noun} "
-                f"<b style='color:#d62728'>{compact_ranks(self.culprit_ranks)}</b>"
-                + (f" · waiting: {waiting}" if waiting else "")
-                + "</div>"
+                f"<b style='color:#d62728'>{compact_ranks(self.culprit_ranks)}</b>{lots}</div>"
             )
         if self.parting:
             parts.append(
@@ -219,6 +217,16 @@ class Diagnosis:
 
     def _repr_html_(self) -> str:
         return self.to_html()
+
+    def waiting_lots(self) -> list[tuple[str, list[int]]]:
+        """The waiting ranks as the card names them: those still ``waiting``, and apart, those
+        whose call in the collective failed after they waited (``waited, then failed``: a peer
+        left, or a timeout), as the collective's own lines say."""
+        states = self.collective.state_by_rank if self.collective is not None else {}
+        failed = [r for r in self.waiting_ranks if states.get(r, "").startswith("failed")]
+        waiting = [r for r in self.waiting_ranks if r not in failed]
+        lots = (("waiting", waiting), ("waited, then failed", failed))
+        return [(label, ranks) for label, ranks in lots if ranks]
 
     def provenance(self) -> str:
         """When it was made and from which evidence.
@@ -299,10 +307,11 @@ class Diagnosis:
             lines.append(f"first parted: {self.first_divergence['text']}")
         lines.append(self.summary)
         if self.culprit_ranks or self.waiting_ranks:
-            lines.append(
-                f"culprit ranks: {_ranks(self.culprit_ranks)}; "
-                f"waiting ranks: {_ranks(self.waiting_ranks)}"
-            )
+            lots = [
+                f"{'waiting ranks' if label == 'waiting' else label}: {_ranks(r)}"
+                for label, r in self.waiting_lots() or [("waiting", [])]
+            ]
+            lines.append("; ".join([f"culprit ranks: {_ranks(self.culprit_ranks)}", *lots]))
         c = self.collective
         if c is not None:
             number = f", #{c.seq}" if c.seq is not None else ""
