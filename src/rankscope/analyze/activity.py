@@ -4,7 +4,7 @@ A faulthandler dump shows Python frames only: ``time.sleep``, ``Lock.acquire`` a
 are C, so the innermost frame is the user's line that made them, and its source text (the stacks
 table's ``code``) says what it waits on. Frames of the standard library say it too: a
 ``queue.get`` waiting in ``threading.Condition.wait``, a ``Thread.join``; and torch's own where
-it waits on a file: a C++ extension's build lock. The classification looks at the main thread
+it waits on its DataLoader's workers or on a C++ extension's build lock. The classification looks at the main thread
 (the one whose outermost frame is the script's ``<module>``), from its
 innermost frame outwards, and lists what the rank's other user threads were doing: the thread
 that holds a lock the main thread waits for is usually one of them.
@@ -66,6 +66,16 @@ WAITS: dict[str, tuple[str, str]] = {
         "own (dist.new_group) and run the cell on them (%%ranks 0,2). %ranks restart starts "
         "fresh ranks.",
     ),
+    "dataloader": (
+        "waiting for a batch from its DataLoader's workers",
+        "The rank waits for a batch that its DataLoader's worker processes do not deliver: a "
+        "worker is stuck (a lock that another thread held when the workers were forked, a "
+        "read from a hung filesystem, a dataset that blocks) or starved. Give the DataLoader "
+        "a timeout (DataLoader(..., timeout=60)) so that a stuck worker raises on the rank it "
+        "stops, read the worker's stack (py-spy dump --pid <worker's pid>), and start no "
+        "threads that take locks the dataset uses before the workers start (or use "
+        'multiprocessing_context="spawn").',
+    ),
     "build_lock": (
         "waiting for a C++ extension's build lock",
         "The rank waits for the `lock` file in a C++ extension's build folder to go away "
@@ -102,6 +112,13 @@ _LIBRARY = [
     ("event", re.compile(r"(^|/)threading\.py$"), {"wait"}),
     ("lock", re.compile(r"(^|/)threading\.py$"), {"acquire", "__enter__"}),
     ("subprocess", re.compile(r"(^|/)subprocess\.py$"), {"wait", "communicate", "_wait"}),
+    # a DataLoader's main side, waiting for its worker processes' next batch (its own
+    # queue's and sockets' frames lie below)
+    (
+        "dataloader",
+        re.compile(r"(^|/)torch/utils/data/dataloader\.py$"),
+        {"_try_get_data", "_get_data"},
+    ),
     # torch's file lock around a C++ extension's build (torch.utils.cpp_extension)
     ("build_lock", re.compile(r"(^|/)torch/utils/file_baton\.py$"), {"wait"}),
     # An IPython Parallel engine's own loop, with no user frame above it: a cell session's

@@ -281,6 +281,10 @@ def _decide(
     while k < min(len(cc), len(oc)) and cc[k] == oc[k]:
         k += 1
     if k < len(cc) and k < len(oc) and cc[k][0] is oc[k][0]:
+        if isinstance(cc[k][0], _LOOPS) and "head" in (cc[k][1], oc[k][1]):
+            # at the loop's own line, getting its next item (or testing its condition), while
+            # the other side is in its body: the same pass, not a decision
+            return "one side stands at a loop's own line (its next item) and the other in its body"
         # two arms of one statement
         node, arm = cc[k]
         return _arm_decision(file, node, arm, c, i), True, True
