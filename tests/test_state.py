@@ -122,3 +122,14 @@ def test_a_calls_state_is_one_rule_for_one_call_and_for_a_table():
     assert call_text("barrier", "0", 5, "issued", ended="") == (
         "barrier (group 0 #5) issued, never completed"
     )
+
+
+def test_a_state_said_of_several_ranks_agrees_with_them() -> None:
+    from rankscope.state import state_words, states_words
+
+    one = state_words("issued", ended="stopped: SIGTERM (-15)")
+    assert one == "issued, never completed: its rank ended in it (stopped: SIGTERM (-15))"
+    assert states_words(one) == (
+        "issued, never completed: their ranks ended in it (stopped: SIGTERM (-15))"
+    )
+    assert states_words("failed") == "failed"

@@ -127,7 +127,16 @@ def state_words(state: str | None, *, ended: str | None = None) -> str:
         return "of unknown state"
     if ended is None:
         return f"{state}, waiting"
-    return f"{state}, never completed" + (f": its rank ended in it ({ended})" if ended else "")
+    return f"{state}, never completed" + (f": {_ENDED_IN_IT} ({ended})" if ended else "")
+
+
+_ENDED_IN_IT = "its rank ended in it"
+
+
+def states_words(words: str) -> str:
+    """:func:`state_words`' text said of several ranks at once (the card's line for ranks that
+    did the same): ``issued, never completed: their ranks ended in it (...)``."""
+    return words.replace(_ENDED_IN_IT, "their ranks ended in it")
 
 
 def call_text(op: Any, pg: Any, seq: Any, state: str | None, *, ended: str | None = None) -> str:

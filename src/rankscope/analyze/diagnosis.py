@@ -26,7 +26,7 @@ from rankscope.analyze.causes import CAUSES, Verdict
 if TYPE_CHECKING:
     from rankscope.analyze.context import Context
 from rankscope.rundir import RunDir, atomic_write_json
-from rankscope.state import compact_ranks, group_name, shapes_text
+from rankscope.state import compact_ranks, group_name, shapes_text, states_words
 
 #: Version of the JSON layout written to diagnosis.json.
 FORMAT = 1
@@ -335,6 +335,7 @@ class Diagnosis:
                 alike.items(), key=lambda kv: not culprits.intersection(kv[1])
             ):
                 who = ("rank " if len(ranks) == 1 else "ranks ") + _ranks(ranks)
+                state = states_words(state) if len(ranks) > 1 else state
                 lines.append("  " + ": ".join(p for p in (who, what, state) if p))
         if self.chain:
             lines.append("chain: " + "; ".join(link["text"] for link in self.chain))
