@@ -161,14 +161,12 @@ def test_live_job_freezes_and_the_culprit_is_shown(workbench: Workbench, tmp_pat
     )
     assert len(list(evidence.iterdir())) == captures + 1
     wb.results.table_name.value = "stack_summary"
-    wb.results.table_ranks.value = "0"
-    wb.results.show_table.click()
+    wb.results.table_ranks.value = "0"  # the rows at once
     assert wb.results.table.caption == "stack_summary"
     assert "<b>stack_summary</b>: " in wb.results.table_info.value
     assert "thread" in wb.results.table_columns.options  # the columns to choose from
     wb.results.table_columns.value = ("rank", "site")
-    wb.results.show_table.click()
-    assert wb.results.table.caption == "stack_summary" and not error_text(wb)
+    assert list(wb.results.table.df.columns) == ["rank", "site"] and not error_text(wb)
 
     # The clean job was diagnosed when it ended, and is shown when selected.
     wait_until(lambda: "exited" in wb.jobs.options[1][0], what="clean job exited")
@@ -206,10 +204,8 @@ def test_show_a_finished_run_and_foreign_artifacts() -> None:
     assert "op mismatch" in foreign.card.value
     assert figure_title(foreign.timeline).startswith("Rank timeline: 4 ranks")
     foreign.table_ranks.value = "1-x"
-    foreign.show_table.click()
     assert "'1-x' is not a rank" in "".join(o["text"] for o in foreign.table_errors.outputs)
     foreign.table_ranks.value = "1"  # fixed: the error beside the grid goes
-    foreign.show_table.click()
     assert not foreign.table_errors.outputs
     with pytest.raises(ValueError, match="does not exist"):
         rankscope.show(DATA / "no_such_run")
@@ -263,6 +259,14 @@ def test_choosing_a_table_shows_its_rows_and_no_rows_say_why() -> None:
     assert panel.table.layout.display == "none" and not panel.table_errors.outputs
     panel = rankscope.show(DATA / "gloo_barrier_hang" / "run")
     assert panel.table.caption == "calls" and panel.table.layout.display != "none"
+    # what there is to read: not the analyzer's own columns, nor a gloo run's empty ones
+    shown = set(panel.table.df.columns)
+    assert {"rank", "op", "state", "site"} <= shown
+    assert not shown & {"key", "path", "p2p_seq", "peer", "root"}
+    assert "key" in panel.table_columns.options  # one choice away
+    panel.table_columns.value = ("rank", "key")
+    assert list(panel.table.df.columns) == ["rank", "key"]
+    panel.table_columns.value = ()
     panel.table_name.value = "stack_summary"  # at once, without "Show rows"
     assert panel.table.caption == "stack_summary"
     assert "waiting_in" in panel.table.df.columns and set(panel.table.df["rank"]) == {0, 1, 2, 3}
@@ -270,7 +274,6 @@ def test_choosing_a_table_shows_its_rows_and_no_rows_say_why() -> None:
     panel.table_name.value = "ranks"
     assert list(panel.table.df["rank"]) == [0, 1, 2, 3] and "waiting_in" not in panel.table.df
     panel.table_ranks.value = "9"  # no such rank: no empty grid, a sentence instead
-    panel.show_table.click()
     assert panel.table.layout.display == "none"
     assert panel.table_info.value == "<b>ranks</b>: no rows for rank 9"
     panel.table_name.value = "nccl"  # a gloo run has no NCCL log
@@ -304,11 +307,9 @@ def test_the_results_tables_group_ranks_alike_at_64_ranks() -> None:
     assert panel.table.df["ranks"].iloc[0] == "rank 37 ⚑ culprit"
     panel.table_name.value = "pg_status"
     panel.table_ranks.value = "30-40"
-    panel.show_table.click()
     assert panel.table.df["ranks"].iloc[0] == "rank 37 ⚑ culprit"
     assert sum(len(g.rows) for g in panel._groups) == 11 * 3  # ranks 30-40, 3 groups each
     panel.table_grouped.value = False  # a row each, as at a few ranks
-    panel.show_table.click()
     assert len(panel.table.df) == 33 and "rank" in panel.table.df.columns
     assert panel.table_group.disabled
     _, _, ranks = panel.static()

@@ -23,6 +23,9 @@ MAX_ROWS = 2000
 GROUP_FROM = 32
 #: A group's :attr:`RankGroup.what` at most, in characters.
 WHAT_CHARS = 80
+#: Columns of the analyzer's own use, shown only when chosen: the calls table's ``key`` (a hash
+#: of op, shapes and dtypes) and ``path`` (a number for the call's frames).
+INTERNAL = frozenset({"key", "path"})
 #: Columns that tell ranks apart without saying what they did (who and where they are, which
 #: file or row said it), left out of what makes rows alike; so is every time (``_s``, ``_ns``,
 #: ``_ms``).
@@ -118,7 +121,7 @@ def grouped_rows(
     max_rows: int = MAX_ROWS,
 ) -> tuple[pd.DataFrame, list[RankGroup]]:
     """One row per group of ``table``'s rows (of ``ranks``; every rank's when empty) alike in
-    the ``columns`` chosen (every column when empty) but those that tell ranks apart
+    the ``columns`` chosen (:func:`shown_columns`) but those that tell ranks apart
     (:data:`PER_RANK`, times), the outliers first (:func:`rank_groups`): a ``ranks`` column
     says whose (``rank 517 ⚑ culprit``, ``1023 ranks: 0-516, 518-1023``), the other columns
     are shown as :func:`table_rows` shows them. Rows without a rank are left out. Returns the
@@ -134,9 +137,9 @@ def grouped_rows(
     """
     if "rank" not in table.columns:
         raise ValueError(f"this table has no rank column; its columns: {list(table.columns)}")
-    chosen = [c for c in columns if c in table.columns] or list(table.columns)
-    alike = [c for c in chosen if c not in PER_RANK and not c.endswith(("_s", "_ns", "_ms"))]
     at = (_of_ranks(table, ranks) & table["rank"].notna().to_numpy(dtype=bool)).nonzero()[0]
+    chosen = shown_columns(table.iloc[at], columns)
+    alike = [c for c in chosen if c not in PER_RANK and not c.endswith(("_s", "_ns", "_ms"))]
     rank_of = table["rank"].to_numpy()[at].astype(int).tolist()
     if alike:
         # a value's text is what the grid shows: nested values (lists) are compared as text
@@ -173,7 +176,8 @@ def table_rows(
 ) -> tuple[pd.DataFrame, int]:
     """The rows of ``table`` to show in a grid: those at the positions ``at`` (a group's of
     :func:`grouped_rows`; every row when None), of ``ranks`` (every rank's when empty), in
-    the ``columns`` chosen (every column when empty), the first ``max_rows``, with times
+    the ``columns`` chosen (:func:`shown_columns`: when none is, those with something to
+    read), the first ``max_rows``, with times
     readable (a ``*_s`` column of seconds since the epoch as the time of day, to the
     millisecond), a group's members in runs (``pg_ranks`` ``0-1023``, not a thousand numbers)
     and nested values as text. Returns them and how many rows matched.
@@ -182,7 +186,7 @@ def table_rows(
         raise ValueError(f"max_rows must be at least 1, got {max_rows}")
     table = table if at is None else table.iloc[list(at)]
     table = table[_of_ranks(table, ranks)]
-    chosen = [c for c in columns if c in table.columns] or list(table.columns)
+    chosen = shown_columns(table, columns)
     shown = table[chosen].head(max_rows).copy()
     for c in shown.columns:
         col = shown[c]
@@ -199,6 +203,25 @@ def table_rows(
             text = col.astype(object).map(lambda v: v if isinstance(v, str) else str(v))
             shown[c] = text.where(col.notna(), "")
     return shown.reset_index(drop=True), len(table)
+
+
+def shown_columns(table: pd.DataFrame, columns: Iterable[str] = ()) -> list[str]:
+    """The ``columns`` chosen that ``table`` has; when none is chosen, its columns but the
+    analyzer's own (:data:`INTERNAL`) and those with no value in any of its rows (a gloo run's
+    ``peer`` and ``root``): a grid of what there is to read."""
+    chosen = [c for c in columns if c in table.columns]
+    if chosen:
+        return chosen
+    told = [c for c in table.columns if c not in INTERNAL and _has_value(table[c])]
+    return told or list(table.columns)
+
+
+def _has_value(col: pd.Series) -> bool:
+    """Whether a column holds a value in some row (an empty text is none)."""
+    known = col.dropna()
+    if pd.api.types.is_numeric_dtype(known) or pd.api.types.is_bool_dtype(known):
+        return len(known) > 0
+    return any(not isinstance(v, str) or v != "" for v in known)
 
 
 def _of_ranks(table: pd.DataFrame, ranks: Iterable[int]) -> np.ndarray:

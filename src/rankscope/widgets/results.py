@@ -88,10 +88,11 @@ class ResultsPanel(widgets.VBox):
         plots: a Tab of Outputs, one per other plot: the call-path tree first (where the
             ranks' paths first parted and where they are at the end; one muted line where they
             never parted), then the sequence ladder, the stacks, the progress, NCCL.
-        table_name: which table to show; ``table_ranks``: which ranks ("0,3-5", empty for all).
-        show_table: the button that shows them in ``table``: past
-            :data:`rankscope.plot.GROUP_FROM` ranks, while ``table_grouped`` is ticked, a row
-            per group of ranks alike, the outliers first; ``table_group`` shows one group's rows.
+        table_name: which table to show; ``table_ranks``: which ranks ("0,3-5", empty for all);
+            ``table_columns``: which columns (none: those with something to read). Each choice
+            shows the rows in ``table`` at once: past :data:`rankscope.plot.GROUP_FROM` ranks,
+            while ``table_grouped`` is ticked, a row per group of ranks alike, the outliers
+            first; ``table_group`` shows one group's rows.
         replay: the button that writes ``repro.py`` (a small CPU job that freezes the same way)
             into the run directory; ``replay_info`` then shows its path and header.
         errors: beside the Replay button, what went wrong with it; ``table_errors``: above the
@@ -108,11 +109,13 @@ class ResultsPanel(widgets.VBox):
         self._plot_outputs = {name: widgets.Output() for name in PLOTS}
         self.plots = widgets.Tab(layout={"display": "none"})  # no empty box before a result
         self.table_name = widgets.Dropdown(options=TABLES, value="calls", description="table")
-        self.table_ranks = widgets.Text(placeholder="all ranks, or 0,3-5", description="ranks")
+        # the rows change when the ranks are entered (Enter, or leaving the box)
+        self.table_ranks = widgets.Text(
+            placeholder="all ranks, or 0,3-5", description="ranks", continuous_update=False
+        )
         self.table_columns = widgets.SelectMultiple(
             options=[], rows=5, description="columns", layout={"width": "320px"}
         )
-        self.show_table = widgets.Button(description="Show rows", icon="table")
         self.table_grouped = widgets.Checkbox(
             value=True, description="a row per group of ranks alike", indent=False
         )
@@ -123,16 +126,15 @@ class ResultsPanel(widgets.VBox):
         # A grid made for DataFrames: scrolls sideways, sorts and filters in the browser.
         self.table = ITable(**GRID)
         self.table.layout.display = "none"  # no empty outlined grid: shown when it has rows
-        self.show_table.on_click(lambda _: guarded(self.table_errors, self.show_rows)())
         self.table_group.observe(
             lambda _: guarded(self.table_errors, self._show_group)(), names="value"
         )
         self._groups: list[plot.RankGroup] = []
         self._grouping = False  # the group list is being remade: its choice is no click
-        # choosing a table shows its rows at once (its own columns, the same ranks)
-        self.table_name.observe(
-            lambda _: guarded(self.table_errors, self._table_chosen)(), names="value"
-        )
+        self._offering = False  # the column list is being remade: likewise
+        # choosing a table, ranks, columns or the grouping shows the rows at once
+        for choice in (self.table_name, self.table_ranks, self.table_columns, self.table_grouped):
+            choice.observe(lambda _: guarded(self.table_errors, self._table_chosen)(), "value")
         self.replay = widgets.Button(
             description="Replay",
             icon="play",
@@ -147,7 +149,7 @@ class ResultsPanel(widgets.VBox):
             [
                 widgets.HBox(
                     [
-                        widgets.VBox([self.table_name, self.table_ranks, self.show_table]),
+                        widgets.VBox([self.table_name, self.table_ranks]),
                         self.table_columns,
                     ]
                 ),
@@ -342,8 +344,9 @@ class ResultsPanel(widgets.VBox):
         )
 
     def _table_chosen(self) -> None:
-        """Another table chosen: its rows at once, once a run is shown."""
-        if self.run is not None and self.diagnosis is not None:
+        """Another table, ranks, columns or grouping chosen: the rows at once, once a run is
+        shown."""
+        if self.run is not None and self.diagnosis is not None and not self._offering:
             self.show_rows()
 
     def _put(self, rows: pd.DataFrame, info: str, *, empty: str) -> None:
@@ -372,4 +375,8 @@ class ResultsPanel(widgets.VBox):
             return
         columns = tuple(self._table().columns)
         if tuple(self.table_columns.options) != columns:
-            self.table_columns.options = columns
+            self._offering = True  # the choice is emptied with the list: no click of the user's
+            try:
+                self.table_columns.options = columns
+            finally:
+                self._offering = False
