@@ -65,10 +65,13 @@ def runs_a_notebook(nodeid: str) -> bool:
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
     """``--dist loadgroup``: xdist's scheduling by work units, a group's tests one unit (their
-    order kept), every other test a unit of its own."""
+    order kept), every other test a unit of its own, handed out in the order of the collection
+    (pytest_collection_modifyitems), not the largest unit first."""
     if config.getvalue("dist") != "loadgroup":
         return None
     from xdist.scheduler import LoadScopeScheduling
+
+    config.option.loadscopereorder = False
 
     class Grouped(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
@@ -79,7 +82,8 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The notebooks first: they are the longest tests, so workers that start them first end
-    together, and the site's build finds them done. A test that uses a fixture that exists once
+    together; the site's tests last, so that its build finds them done (it waits for them, and
+    would hold a worker while it does). A test that uses a fixture that exists once
     outside its group is an error: it would share the fixture with another worker."""
     for item in items:
         for fixture, group in GROUP_OF_FIXTURE.items():
@@ -88,9 +92,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                     f"{item.nodeid} uses {fixture}, which exists once: put its file in "
                     f"tests/conftest.py's GROUP_BY_FILE as {group!r}"
                 )
-    items.sort(
-        key=lambda item: not runs_a_notebook(item.nodeid)
-    )  # stable: the rest keep their order
+    # stable: the rest keep their order
+    items.sort(key=lambda item: (not runs_a_notebook(item.nodeid), group_of(item.nodeid) == "site"))
 
 
 def site_of(script: str, tag: str) -> str:

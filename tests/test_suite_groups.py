@@ -21,13 +21,28 @@ def test_a_test_s_group_comes_from_its_node_id() -> None:
     assert set(GROUP_BY_FILE.values()) >= {"slurm", "debug_server", "site", "browser", "bench"}
 
 
+#: Quick tests of no group, for the other worker.
+_STATE_TESTS = (
+    "test_a_state_said_of_several_ranks_agrees_with_them",
+    "test_words_not_reprs",
+    "test_done_counts_completed_collectives_only",
+)
+
+
 @pytest.mark.slow
+@pytest.mark.timeout(600)
 def test_a_group_s_tests_run_on_one_worker() -> None:
     """Two workers, two groups' quick tests and some others: each group on one worker."""
-    files = ["tests/test_site.py", "tests/test_debug_server.py", "tests/test_state.py"]
+    tests = [
+        "tests/test_site.py::test_every_summary_line_of_the_api_pages_reads_as_text",
+        "tests/test_site.py::test_a_card_s_page_shows_the_call_paths_under_their_caption",
+        "tests/test_debug_server.py::test_a_url_nobody_answers_says_how_to_start_the_debug_server",
+        "tests/test_debug_server.py::test_a_frontend_without_its_dependencies_says_what_to_install",
+        *(f"tests/test_state.py::{name}" for name in _STATE_TESTS),
+    ]
     cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", "2"]
-    cmd += ["--dist", "loadgroup", "-v", "-m", "not slow", *files]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=280)
+    cmd += ["--dist", "loadgroup", "-v", *tests]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=540)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     assert "scheduling tests via Grouped" in done.stdout
     workers: dict[str, set[str]] = defaultdict(set)
