@@ -795,6 +795,20 @@ class RankRecord:
     """That cell ended on it (a later cell's start clears it)."""
     cell_threads: int | None = None
     """At that cell's end, the threads the cell started that still ran (None: not said)."""
+    cell_at: float | None = None
+    """When its latest ``cell`` event was written (that cell's start, or its end)."""
+
+    @property
+    def cell_state(self) -> str | None:
+        """In a cell session, where it stands with its latest cell (:attr:`cell`): ``running``
+        (started, not ended), ``finished`` (ended, and left no thread of its own running: it
+        makes no call of that cell again), ``threads`` (ended, leaving threads that may still
+        make calls); None outside a cell session."""
+        if self.cell is None:
+            return None
+        if not self.cell_ended:
+            return "running"
+        return "finished" if self.cell_threads == 0 else "threads"
 
     def apply(self, ev: dict[str, Any]) -> bool:
         """Fold one event in; True when it is progress (a start, a collective returned from, a
@@ -898,6 +912,7 @@ class RankRecord:
             self.cell = (as_int(ev.get("cell")), as_int(ev.get("run")))
             self.cell_ended = ev.get("phase") == "end"
             self.cell_threads = as_int(ev.get("threads")) if self.cell_ended else None
+            self.cell_at = t
             return False
         if kind == "exception":
             self.exception = f"{as_str(ev.get('type'))}: {as_str(ev.get('message'))}"

@@ -21,7 +21,7 @@ import pandas as pd
 from rankscope.analyze.calls import calls_from_probe
 from rankscope.analyze.causes import CAUSES, Verdict, explain, fix_for
 from rankscope.analyze.context import Context
-from rankscope.analyze.diagnosis import Diagnosis, who_of
+from rankscope.analyze.diagnosis import Diagnosis, agree, who_of
 from rankscope.analyze.evidence import Evidence
 from rankscope.analyze.parting import RANK_ENV, Parting
 from rankscope.analyze.paths import FirstDivergence, describe
@@ -74,6 +74,9 @@ def _diagnosis(ctx: Context, f: Finding) -> Diagnosis:
     }
     facts["culprit_at"] = at(facts.get("culprit_site"))
     facts["other_at"] = at(facts.get("other_site"))
+    facts["culprits_are"] = agree(facts["culprits"], "is", "are")
+    facts["culprits_its"] = agree(facts["culprits"], "its", "their")
+    facts["others_wait"] = agree(facts["others"], "waits", "wait")
     reason = explain(f.cause, facts)
     summary = f"{cause.title[0].upper()}{cause.title[1:]}: {reason.rstrip('.')}."
     # The watchdog's proof that the job could not move again (rankscope.waitfor.prove).

@@ -357,6 +357,19 @@ def _ranks_table(
         record.apply(inv.starts.get(rank, {}))
         evs = by_rank.get(rank)
         ends = evs[evs["ev"] == "end"] if evs is not None else None
+        cells = evs[evs["ev"] == "cell"] if evs is not None else None
+        if cells is not None and len(cells):  # its latest cell event, as the tracker folds it
+            last = cells.iloc[-1]
+            record.apply(
+                {
+                    "ev": "cell",
+                    "t": _opt(last["t_s"]),
+                    "cell": _opt(last["step"]),
+                    "run": _opt(last["seq"]),
+                    "phase": _opt(last["message"]),
+                    "threads": _opt(last["done"]),
+                }
+            )
         code = (
             as_int(ends["code"].dropna().iloc[-1])
             if ends is not None and ends["code"].notna().any()
@@ -384,10 +397,19 @@ def _ranks_table(
                 "last_event_s": None if evs is None else evs["t_s"].max(),
                 "ring": rank in ringed,
                 "main_thread": record.main_thread,
+                "cell": record.cell[0] if record.cell else None,
+                "cell_run": record.cell[1] if record.cell else None,
+                "cell_state": record.cell_state,
+                "cell_s": record.cell_at,
             }
         )
     columns = list(schema.RANKS)
     return schema.conform("ranks", pd.DataFrame(rows, columns=columns))
+
+
+def _opt(value: Any) -> Any:
+    """A table's value as a plain one, None where it is null."""
+    return None if pd.isna(value) else value.item() if hasattr(value, "item") else value
 
 
 def _with_ends(
