@@ -237,19 +237,21 @@ def test_ranks_that_finished_the_cell_the_others_wait_in_took_a_branch():
 
 @pytest.mark.parametrize(
     "why",
-    ["an earlier run", "left threads", "call before the cell", "waiter not in the cell"],
+    ["an earlier run", "left threads", "raised", "call before the cell", "waiter not in the cell"],
 )
 def test_ranks_idle_between_cells_but_not_proven_are_stuck_outside_in_the_plural(why):
     """What the proof does not show is not read as a finished cell (rankscope.waitfor's
     limits): ranks 1-2 idle after an earlier run of the cell, or whose cell left a thread
-    running, or a call that rank 0 made before its cell started, or a rank 0 that ended its
-    cell. They are stuck outside the collectives, and the sentence says so of both ranks."""
+    running, or whose cell raised (they failed it: no branch), or a call that rank 0 made
+    before its cell started, or a rank 0 that ended its cell. They are stuck outside the collectives, and the sentence says so of both ranks."""
     waiter = (5, 3, "running", T0 + 9)
     idle = (5, 3, "finished", T0 + 9.5)
     if why == "an earlier run":
         idle = (5, 2, "finished", T0 + 5)
     elif why == "left threads":
         idle = (5, 3, "threads", T0 + 9.5)
+    elif why == "raised":
+        idle = (5, 3, "raised", T0 + 9.5)
     elif why == "call before the cell":
         waiter = (5, 3, "running", T0 + 11)
     else:

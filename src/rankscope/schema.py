@@ -50,7 +50,8 @@ RANKS: Columns = {
     "end": "string",
     # In a cell session (rankscope.cells), its latest cell as its cell events say: N of the
     # cell, the session's number for that run of it, where it stands (RankRecord.cell_state:
-    # running, finished, threads) and when that was written. Null outside a cell session.
+    # running, finished, raised, threads) and when that was written. Null outside a cell
+    # session.
     "cell": "Int64",
     "cell_run": "Int64",
     "cell_state": "string",
@@ -68,7 +69,7 @@ EVENTS: Columns = {
     "seq": "Int64",  # cell: the session's number for this run of the cell (its "run")
     "step": "Int64",  # cell: N of the cell (its file <cell N>)
     "done": "Int64",  # heartbeat: collectives completed so far; cell end: threads left running
-    "ok": "boolean",  # exit: the call returned normally
+    "ok": "boolean",  # exit: the call returned normally; cell end: the cell did not raise
     "code": "Int64",  # end: exit code
     # exception: "Type: message"; exit: error text; capture, end: reason; cell: start or end
     "message": "string",

@@ -353,12 +353,6 @@ def who_of(ranks: Iterable[int], empty: str = "no rank") -> str:
     return ("rank " if len(ranks) == 1 else "ranks ") + compact_ranks(ranks)
 
 
-def agree(who: str, one: str, many: str) -> str:
-    """``one`` where ``who`` (as :func:`who_of` writes it) names one rank, else ``many``:
-    ``agree(who_of(ranks), "is", "are")``."""
-    return many if who.startswith("ranks ") else one
-
-
 def write_diagnosis(run_dir: str | os.PathLike[str] | RunDir, diagnosis: Diagnosis) -> Path:
     """Write ``diagnosis.json`` into the run directory atomically; return its path."""
     path = (run_dir if isinstance(run_dir, RunDir) else RunDir(run_dir)).diagnosis_json

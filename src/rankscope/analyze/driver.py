@@ -21,7 +21,7 @@ import pandas as pd
 from rankscope.analyze.calls import calls_from_probe
 from rankscope.analyze.causes import CAUSES, Verdict, explain, fix_for
 from rankscope.analyze.context import Context
-from rankscope.analyze.diagnosis import Diagnosis, agree, who_of
+from rankscope.analyze.diagnosis import Diagnosis, who_of
 from rankscope.analyze.evidence import Evidence
 from rankscope.analyze.parting import RANK_ENV, Parting
 from rankscope.analyze.paths import FirstDivergence, describe
@@ -31,7 +31,7 @@ from rankscope.analyze.rules.paths import hang_of
 from rankscope.analyze.wording import at
 from rankscope.collect import load_run
 from rankscope.rundir import RunDir
-from rankscope.state import proof_text
+from rankscope.state import agree, proof_text
 
 
 def diagnose(run: Any, *, straggler_s: float = 1.0, rules: Sequence[Rule] = RULES) -> Diagnosis:

@@ -280,8 +280,8 @@ class RankFacts:
     """The session's number for that run of the cell."""
     cell_state: str | None = None
     """Where it stands with that cell: ``running``, ``finished`` (ended, no thread of it left
-    running) or ``threads`` (:attr:`rankscope.rundir.RankRecord.cell_state`); None outside a
-    cell session."""
+    running), ``raised`` (the same, but the cell raised) or ``threads``
+    (:attr:`rankscope.rundir.RankRecord.cell_state`); None outside a cell session."""
     cell_s: float | None = None
     """When its latest cell event was written (the cell's start while it runs, else its end)."""
 

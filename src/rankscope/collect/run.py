@@ -368,6 +368,7 @@ def _ranks_table(
                     "run": _opt(last["seq"]),
                     "phase": _opt(last["message"]),
                     "threads": _opt(last["done"]),
+                    "ok": _opt(last["ok"]),
                 }
             )
         code = (

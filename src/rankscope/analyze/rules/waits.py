@@ -15,7 +15,7 @@ from rankscope.analyze.activity import WAITS, Activity, passed, user_path
 from rankscope.analyze.calls import done, opt, opt_int
 from rankscope.analyze.causes import ASKED_EXIT_FIX, UNEVEN_FIX, Cause
 from rankscope.analyze.context import Context, Where
-from rankscope.analyze.diagnosis import CollectiveInfo, agree, who_of
+from rankscope.analyze.diagnosis import CollectiveInfo, who_of
 from rankscope.analyze.parting import runs_alike
 from rankscope.analyze.rules.failures import crash_story, failure_cause
 from rankscope.analyze.rules.finding import Decided, Finding, rule
@@ -24,6 +24,7 @@ from rankscope.analyze.rules.mismatch import ran_out, took_a_branch
 from rankscope.analyze.waits import Wait, departed
 from rankscope.analyze.wording import MAX_REFS, at, short, site_of
 from rankscope.collect import short_site
+from rankscope.state import agree
 
 
 @rule(70)
@@ -194,7 +195,8 @@ def finished_cell(ctx: Context, roots: list[int], w: Wait) -> list[int]:
     cell left running) without making the call: for that cell they are like ranks that ended
     their script. The proof's own limits (:func:`rankscope.waitfor.prove`): the waiting rank
     still runs that cell and made the call in it, from its main thread; a root still inside
-    the cell, in a later cell, or whose cell left a thread running, is not one of them."""
+    the cell, in a later cell, or whose cell left a thread running, is not one of them, nor
+    one whose cell raised (it failed the cell: no branch sent it past the call)."""
     waiter = ctx.facts.get(w.rank)
     if (
         waiter is None
@@ -208,7 +210,7 @@ def finished_cell(ctx: Context, roots: list[int], w: Wait) -> list[int]:
     if waiter.cell_s is None or pd.isna(started) or float(started) < waiter.cell_s:
         return []  # not known to be a call of this run of the cell
     calls = ctx.calls
-    made = calls[(calls["pg"].astype(str) == w.pg) & (calls["seq"] >= w.seq)]
+    made = calls[((calls["pg"].astype(str) == w.pg) & (calls["seq"] >= w.seq)).fillna(False)]
     made = set(made["rank"].astype(int).tolist())
     return [
         r
@@ -325,8 +327,8 @@ def _cycle(ctx: Context, cycle: list[int]) -> Finding:
     decided = took_a_branch(
         culprits,
         doing=f"skipped {skipped.where()} and waits in {own.where()}",
-        others_doing=f"wait{'s' if len(waiting) == 1 else ''} for "
-        f"{'it' if len(culprits) == 1 else 'them'}",
+        others_doing=f"{agree(who_of(waiting), 'waits', 'wait')} for "
+        f"{agree(who_of(culprits), 'it', 'them')}",
     )
     fewer = _ran_short(ctx, c, own)
     if fewer is not None and left_the_loop(
