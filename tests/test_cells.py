@@ -191,6 +191,7 @@ def test_cells_hang_card_restart(kernel, tmp_path):
         text,
     ), text
     assert re.search(r"culprit ranks: 1-2", text), text
+    assert "HANG: rank-conditional collective (recipe D21)" in text, text
     assert f"all_reduce at <cell {n_hang}>:3" in text, text
     assert f'parted: rank 0 took the branch at <cell {n_hang}>:2 "if rank == 0:"' in text, text
     assert n_hang == k.counts[hang]  # the number of the notebook's In [N]
@@ -292,6 +293,8 @@ def test_cells_interrupt_and_a_cell_that_never_returns_on_one_rank(kernel, tmp_p
         text,
     ), text
     assert re.search(r"culprit ranks: 1\b", text), text
+    # Rank 1's cell raised (the interrupt): it failed the cell, no branch took it past the call.
+    assert "rank-conditional" not in text, text
 
     _, out = k.run("%ranks restart --timeout 5", timeout=400)
     assert "incarnation 2: running" in out, out
