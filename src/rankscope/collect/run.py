@@ -349,6 +349,9 @@ def _ranks_table(
     seen |= {r for r in map(as_int, recorded) if r is not None}
     failures = torchrun_failures(launcher_text)
     by_rank = {r: g for r, g in events.groupby("rank", sort=False)} if len(events) else {}
+    # each rank's latest cell event (a cell session's ranks only), found once for every rank
+    cell_rows = events[(events["ev"] == "cell").to_numpy(dtype=bool)] if len(events) else events
+    latest_cell = {r: g.iloc[-1] for r, g in cell_rows.groupby("rank", sort=False)}
     ringed = {s.rank for s in inv.rings}
     rows = []
     world = as_int(info.get("world_size"))
@@ -357,9 +360,8 @@ def _ranks_table(
         record.apply(inv.starts.get(rank, {}))
         evs = by_rank.get(rank)
         ends = evs[evs["ev"] == "end"] if evs is not None else None
-        cells = evs[evs["ev"] == "cell"] if evs is not None else None
-        if cells is not None and len(cells):  # its latest cell event, as the tracker folds it
-            last = cells.iloc[-1]
+        last = latest_cell.get(rank)
+        if last is not None:  # its latest cell event, as the tracker folds it
             record.apply(
                 {
                     "ev": "cell",
