@@ -185,6 +185,83 @@ def test_the_waits_rule_names_a_rank_blocked_outside_and_its_fix():
     assert d.fix == found.facts["wait_fix"] and "Call collectives" not in d.fix
 
 
+ENGINE = "/usr/lib/python3/dist-packages/ipyparallel/engine/"
+
+
+def _cell_hang(cells: dict[int, tuple[int, int, str, float]]):
+    """Rank 0 waits in an all_reduce at ``<cell 5>:3``; ranks 1-2 sit in their IPython
+    Parallel engine's loop, between cells. ``cells``: each rank's latest cell as the ranks
+    table holds it, ``rank -> (cell, run, state, time)``."""
+    rows = [*steps(range(3), 2)]
+    rows.append(call(0, 3, done=False, file="<cell 5>", line=3, site="<cell 5>:3", t=T0 + 10))
+    run = run_of(rows, exits=dict.fromkeys(range(3)))
+    idle = [
+        frames(
+            r, "0xa", ("dispatch", ENGINE + "kernel.py", 400, None), ("<module>", ENGINE, 4, None)
+        )
+        for r in (1, 2)
+    ]
+    run.stacks = schema.conform("stacks", pd.DataFrame([f for one in idle for f in one]))
+    ranks = run.ranks.assign(
+        cell=[cells.get(r, (None,) * 4)[0] for r in range(3)],
+        cell_run=[cells.get(r, (None,) * 4)[1] for r in range(3)],
+        cell_state=[cells.get(r, (None,) * 4)[2] for r in range(3)],
+        cell_s=[cells.get(r, (None,) * 4)[3] for r in range(3)],
+    )
+    run.ranks = schema.conform("ranks", ranks)
+    return run
+
+
+def test_ranks_that_finished_the_cell_the_others_wait_in_took_a_branch():
+    """In a cell session, ranks 1-2 finished the very run of cell [5] in which rank 0 waits
+    (their cell events: its end, no thread of it left running): for that cell they are like
+    ranks that ended their script, the culprits of a rank-conditional collective (D21)."""
+    run = _cell_hang(
+        {
+            0: (5, 3, "running", T0 + 9),
+            1: (5, 3, "finished", T0 + 9.5),
+            2: (5, 3, "finished", T0 + 9.5),
+        }
+    )
+    d = diagnose(run)
+    assert (d.cause, d.culprit_ranks, d.waiting_ranks) == (
+        "rank_conditional_collective",
+        [1, 2],
+        [0],
+    )
+    assert (
+        "ranks 1-2 finished cell [5] without calling all_reduce while rank 0 waits in " in d.reason
+    )
+    assert "Call collectives on every rank" in d.fix, d.fix
+
+
+@pytest.mark.parametrize(
+    "why",
+    ["an earlier run", "left threads", "raised", "call before the cell", "waiter not in the cell"],
+)
+def test_ranks_idle_between_cells_but_not_proven_are_stuck_outside_in_the_plural(why):
+    """What the proof does not show is not read as a finished cell (rankscope.waitfor's
+    limits): ranks 1-2 idle after an earlier run of the cell, or whose cell left a thread
+    running, or whose cell raised (they failed it: no branch), or a call that rank 0 made
+    before its cell started, or a rank 0 that ended its cell. They are stuck outside the collectives, and the sentence says so of both ranks."""
+    waiter = (5, 3, "running", T0 + 9)
+    idle = (5, 3, "finished", T0 + 9.5)
+    if why == "an earlier run":
+        idle = (5, 2, "finished", T0 + 5)
+    elif why == "left threads":
+        idle = (5, 3, "threads", T0 + 9.5)
+    elif why == "raised":
+        idle = (5, 3, "raised", T0 + 9.5)
+    elif why == "call before the cell":
+        waiter = (5, 3, "running", T0 + 11)
+    else:
+        waiter = (5, 3, "threads", T0 + 12)
+    d = diagnose(_cell_hang({0: waiter, 1: idle, 2: idle}))
+    assert (d.cause, d.culprit_ranks, d.waiting_ranks) == ("stuck_outside", [1, 2], [0])
+    assert "rank 0 waits in all_reduce" in d.reason, d.reason
+    assert "for ranks 1-2, which are done with their cell (idle" in d.reason, d.reason
+
+
 def test_fewer_calls_then_a_barrier_with_no_stacks_or_source_is_not_guessed():
     """Rank 1 made 3 all_reduces at the loop's line, then a barrier, while rank 0 makes its
     4th; no stacks and no source show where the barrier is: out of data (D9) and a branch inside

@@ -191,6 +191,7 @@ def test_cells_hang_card_restart(kernel, tmp_path):
         text,
     ), text
     assert re.search(r"culprit ranks: 1-2", text), text
+    assert "HANG: rank-conditional collective (recipe D21)" in text, text
     assert f"all_reduce at <cell {n_hang}>:3" in text, text
     assert f'parted: rank 0 took the branch at <cell {n_hang}>:2 "if rank == 0:"' in text, text
     assert n_hang == k.counts[hang]  # the number of the notebook's In [N]
@@ -212,6 +213,39 @@ def test_cells_hang_card_restart(kernel, tmp_path):
     d = rankscope.diagnose(rankscope.load_run(old))
     assert d.culprit_ranks == [1, 2] and f"<cell {n_hang}>:3" in d.render(), d.render()
     assert (old / "cells" / f"<cell {n_hang}>").read_text().startswith("t = torch.ones(2)")
+
+
+@pytest.mark.timeout(900)
+def test_cells_rank_conditional_collective_card(kernel, tmp_path):
+    """``if rank != 0: dist.all_reduce(t)`` in a cell: ranks 1-2 wait, rank 0 finished the cell
+    without the call and sits idle between cells. For that cell it is like a rank that ended
+    its script: the card names it the culprit of a rank-conditional collective (D21), parted at
+    the cell's ``if``, with the fix to call the collective on every rank; not a rank stuck
+    outside the collectives."""
+    k = kernel
+    k.run("%load_ext rankscope")
+    _, out = k.run(f"%ranks start 3 --timeout 120 --runs {tmp_path / 'runs'}", timeout=400)
+    assert "3 ranks, incarnation 1: running" in out, out
+    hang, _ = k.run("%%ranks\nt = torch.ones(2)\nif rank != 0:\n    dist.all_reduce(t)")
+    text = _wait_view(k, hang, r"HANG", timeout=150)
+    n = k.counts[hang]
+    assert "HANG: rank-conditional collective (recipe D21)" in text, text
+    assert re.search(r"culprit ranks: 0; waiting ranks: 1-2", text), text
+    assert f'parted: ranks 1-2 took the branch at <cell {n}>:2 "if rank != 0:"' in text, text
+    assert f"rank 0 finished cell [{n}] without calling all_reduce while ranks 1-2 wait" in text
+    assert "stuck outside" not in text and "which is" not in text, text
+
+    import rankscope
+
+    (run,) = (tmp_path / "runs").glob("*-cells-*/*-cells-1-*")
+    d = rankscope.diagnose(rankscope.load_run(run))
+    assert (d.cause, d.culprit_ranks, d.waiting_ranks) == (
+        "rank_conditional_collective",
+        [0],
+        [1, 2],
+    ), d.render()
+    assert d.parting is not None and d.parting["site"] == f"<cell {n}>:2", d.parting
+    assert "Call collectives on every rank" in d.fix, d.fix
 
 
 def _run_interrupted(k: Kernel, code: str, after_s: float, timeout: float = 120) -> str:
@@ -259,6 +293,8 @@ def test_cells_interrupt_and_a_cell_that_never_returns_on_one_rank(kernel, tmp_p
         text,
     ), text
     assert re.search(r"culprit ranks: 1\b", text), text
+    # Rank 1's cell raised (the interrupt): it failed the cell, no branch took it past the call.
+    assert "rank-conditional" not in text, text
 
     _, out = k.run("%ranks restart --timeout 5", timeout=400)
     assert "incarnation 2: running" in out, out

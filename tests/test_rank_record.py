@@ -356,3 +356,26 @@ def test_a_group_s_members_are_one_list_for_all_its_facts():
     r.apply({**world, "facts": 3, "pg_ranks": [0, 1]})  # the group made anew, smaller
     r.apply({**call, "id": 5, "seq": 5, "facts": 3})
     assert r.members == {"0": [0, 1]}
+
+
+def test_a_rank_s_cell_events_say_where_it_stands_with_its_latest_cell():
+    """Running, finished, raised (a cell that raised on it) or threads (its cell left a thread
+    running): the live prover and the ranks table read the same fold."""
+    r = RankRecord(rank=1)
+    assert r.cell_state is None
+    r.apply({"ev": "cell", "t": 10.0, "cell": 7, "run": 3, "phase": "start"})
+    assert (r.cell, r.cell_state, r.cell_at) == ((7, 3), "running", 10.0)
+    r.apply(
+        {"ev": "cell", "t": 11.0, "cell": 7, "run": 3, "phase": "end", "threads": 0, "ok": True}
+    )
+    assert (r.cell_state, r.cell_at) == ("finished", 11.0)
+    r.apply({"ev": "cell", "t": 12.0, "cell": 8, "run": 4, "phase": "start"})
+    r.apply(
+        {"ev": "cell", "t": 13.0, "cell": 8, "run": 4, "phase": "end", "threads": 0, "ok": False}
+    )
+    assert (r.cell, r.cell_state) == ((8, 4), "raised")
+    r.apply({"ev": "cell", "t": 14.0, "cell": 9, "run": 5, "phase": "start"})
+    r.apply(
+        {"ev": "cell", "t": 15.0, "cell": 9, "run": 5, "phase": "end", "threads": 1, "ok": True}
+    )
+    assert r.cell_state == "threads"

@@ -55,7 +55,7 @@ from rankscope.launch import Job, JobSpec
 from rankscope.launch.procs import pid_alive
 from rankscope.launch.tracker import doing_now
 from rankscope.rundir import FINAL_STATES, RunDir, new_run_dir, rank_records
-from rankscope.state import ranks_text
+from rankscope.state import agree, ranks_text
 
 log = logging.getLogger(__name__)
 
@@ -361,7 +361,8 @@ class CellRanks:
         )
         if stuck:
             said += (
-                f" {ranks_text(stuck).capitalize()} wait{'s' if len(stuck) == 1 else ''} inside a "
+                f" {ranks_text(stuck).capitalize()} {agree(ranks_text(stuck), 'waits', 'wait')} "
+                "inside a "
                 "collective, which an interrupt cannot stop until the call returns: "
                 "%ranks restart starts new ranks (--replay runs the earlier cells again)."
             )

@@ -96,7 +96,8 @@ EVENT_KINDS = {
     "exception": "type, message, traceback",
     "cell": "cell (N of the cell's file <cell N>), run (the session's number for this run of "
     "it), phase (start, or end: however it ended on this rank), threads (at its end: threads "
-    "the cell started that still run); written by a cell session's rank (rankscope.probe.cells)",
+    "the cell started that still run), ok (at its end: false where the cell raised); written by "
+    "a cell session's rank (rankscope.probe.cells)",
     "capture": "id, reason, files (what the probe wrote for an evidence request)",
     "dropped": "since (the time of the first write that failed), writes (how many failed), error "
     "(the OS's word: No space left on device): what the probe could not write to this file and "
@@ -795,6 +796,25 @@ class RankRecord:
     """That cell ended on it (a later cell's start clears it)."""
     cell_threads: int | None = None
     """At that cell's end, the threads the cell started that still ran (None: not said)."""
+    cell_at: float | None = None
+    """When its latest ``cell`` event was written (that cell's start, or its end)."""
+    cell_raised: bool = False
+    """That cell ended by raising on it (its end event's ``ok`` is false)."""
+
+    @property
+    def cell_state(self) -> str | None:
+        """In a cell session, where it stands with its latest cell (:attr:`cell`): ``running``
+        (started, not ended), ``finished`` (ended, and left no thread of its own running: it
+        makes no call of that cell again), ``raised`` (as finished, but the cell raised on
+        it), ``threads`` (ended, leaving threads that may still make calls); None outside a
+        cell session."""
+        if self.cell is None:
+            return None
+        if not self.cell_ended:
+            return "running"
+        if self.cell_threads != 0:
+            return "threads"
+        return "raised" if self.cell_raised else "finished"
 
     def apply(self, ev: dict[str, Any]) -> bool:
         """Fold one event in; True when it is progress (a start, a collective returned from, a
@@ -898,6 +918,8 @@ class RankRecord:
             self.cell = (as_int(ev.get("cell")), as_int(ev.get("run")))
             self.cell_ended = ev.get("phase") == "end"
             self.cell_threads = as_int(ev.get("threads")) if self.cell_ended else None
+            self.cell_at = t
+            self.cell_raised = self.cell_ended and ev.get("ok") is False
             return False
         if kind == "exception":
             self.exception = f"{as_str(ev.get('type'))}: {as_str(ev.get('message'))}"

@@ -48,22 +48,31 @@ RANKS: Columns = {
     # "aborted itself: SIGABRT (-6)"; null while it has not ended.
     "status": "string",
     "end": "string",
+    # In a cell session (rankscope.cells), its latest cell as its cell events say: N of the
+    # cell, the session's number for that run of it, where it stands (RankRecord.cell_state:
+    # running, finished, raised, threads) and when that was written. Null outside a cell
+    # session.
+    "cell": "Int64",
+    "cell_run": "Int64",
+    "cell_state": "string",
+    "cell_s": "Float64",
 }
 
 #: The probe's events, one row per line of ranks/<rank>/events.jsonl.
 EVENTS: Columns = {
     "rank": "Int64",
-    "ev": "category",  # start heartbeat enter exit done step exception capture end
+    "ev": "category",  # start heartbeat enter exit done step exception capture end cell
     "t_s": "Float64",
     "coll_id": "Int64",  # enter/exit: the rank's call counter
     "op": "category",
     "pg": "category",
-    "seq": "Int64",
-    "step": "Int64",
-    "done": "Int64",  # heartbeat: collectives completed so far
-    "ok": "boolean",  # exit: the call returned normally
+    "seq": "Int64",  # cell: the session's number for this run of the cell (its "run")
+    "step": "Int64",  # cell: N of the cell (its file <cell N>)
+    "done": "Int64",  # heartbeat: collectives completed so far; cell end: threads left running
+    "ok": "boolean",  # exit: the call returned normally; cell end: the cell did not raise
     "code": "Int64",  # end: exit code
-    "message": "string",  # exception: "Type: message"; exit: error text; capture, end: reason
+    # exception: "Type: message"; exit: error text; capture, end: reason; cell: start or end
+    "message": "string",
     "capture_id": "Int64",  # capture: the evidence request it answered (null at exit/exception)
 }
 

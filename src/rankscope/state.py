@@ -278,6 +278,13 @@ def ends_text(words: dict[int, str]) -> str:
     return "; ".join(f"{ranks_text(ranks)} {w}" for w, ranks in by_words.items())
 
 
+def agree(who: str, one: str, many: str) -> str:
+    """``one`` where ``who`` (as :func:`ranks_text` and ``who_of`` write it) names one rank,
+    else ``many``: ``agree(ranks_text(ranks), "is", "are")``, so that the words of a sentence
+    agree with the ranks it names."""
+    return many if who.startswith("ranks ") else one
+
+
 def ranks_text(ranks: list[int]) -> str:
     """``rank 3``, ``ranks 0-2, 5``."""
     return ("rank " if len(ranks) == 1 else "ranks ") + compact_ranks(ranks)

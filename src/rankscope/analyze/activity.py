@@ -23,7 +23,8 @@ import pandas as pd
 
 from rankscope.collect import latest_captures, short_site
 
-#: What a rank can be found waiting on, with the advice that goes with each.
+#: What a rank can be found waiting on (``{its}``: ``its`` or ``their``, for one rank or
+#: several), with the advice that goes with each.
 WAITS: dict[str, tuple[str, str]] = {
     "lock": (
         "waiting to acquire a lock",
@@ -59,7 +60,7 @@ WAITS: dict[str, tuple[str, str]] = {
         "collectives, or do it on every rank alike.",
     ),
     "cell_done": (
-        "done with its cell (idle, waiting for the next one)",
+        "done with {its} cell (idle, waiting for the next one)",
         "In a cell session (%%ranks) this rank finished the cell without making the collective "
         "that the others wait in: make every rank of the cell make it (a collective inside "
         "`if rank == 0:` is the usual case), or give the ranks that take part a group of their "
@@ -161,9 +162,18 @@ class Activity:
     @property
     def doing(self) -> str:
         """``sleeping at train.py:14 (time.sleep(60))``: what it was doing, in words."""
-        what = WAITS[self.kind][0] if self.kind else "outside any collective"
+        return self.doing_of(1)
+
+    def doing_of(self, ranks: int) -> str:
+        """:attr:`doing` said of ``ranks`` ranks that do the same (``done with their cell``)."""
+        what = waiting_on(self.kind, ranks) if self.kind else "outside any collective"
         text = what + (f" at {self.site}" if self.site else "")
         return text + (f" (`{self.code}`)" if self.code else "")
+
+
+def waiting_on(kind: str, ranks: int = 1) -> str:
+    """What :data:`WAITS` says of ``kind``, of one rank or of several."""
+    return WAITS[kind][0].format(its="its" if ranks == 1 else "their")
 
 
 def rank_activity(
@@ -186,7 +196,7 @@ def rank_activity(
         okind, ouser = _classify(other)
         if ouser is None or _is_probe_thread(other):
             continue
-        what = WAITS[okind][0] if okind else "running"
+        what = waiting_on(okind) if okind else "running"
         code = f": {ouser['code']}" if _text(ouser.get("code")) else ""
         others.append(f"thread {tid} at {_site(ouser)} ({what}{code})")
     return Activity(

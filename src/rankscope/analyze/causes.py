@@ -177,7 +177,7 @@ ENTRIES: Mapping[Cause, Entry] = {
         recipe="D9",
         title="a rank ran out of data (uneven inputs)",
         reason="{culprits} ran out of iterations: {culprit_done}, then {culprit_went}, while "
-        "{others} still wait in {other_op}{other_at} ({collective})",
+        "{others} still {others_wait} in {other_op}{other_at} ({collective})",
         fix="Give every rank the same number of batches (DistributedSampler with the same "
         "drop_last everywhere, or all-reduce the count and stop together), or wrap the loop in "
         "torch.distributed.algorithms.Join; a loader whose length differs per rank is recipe "
@@ -187,8 +187,8 @@ ENTRIES: Mapping[Cause, Entry] = {
         verdict="hang",
         recipe="D19",
         title="a rank is stuck outside the collectives",
-        reason="{others} wait in {other_op}{other_at} ({collective}) for {culprits}, which is "
-        "{culprit_doing}",
+        reason="{others} {others_wait} in {other_op}{other_at} ({collective}) for {culprits}, "
+        "which {culprits_are} {culprit_doing}",
         fix="{wait_fix}",
     ),
     Cause.ddp_model_mismatch: Entry(
@@ -206,8 +206,8 @@ ENTRIES: Mapping[Cause, Entry] = {
         verdict="hang",
         recipe=None,
         title="a rank computes without end outside the collectives",
-        reason="{others} wait in {other_op}{other_at} ({collective}) for {culprits}, which is "
-        "{culprit_doing}",
+        reason="{others} {others_wait} in {other_op}{other_at} ({collective}) for {culprits}, "
+        "which {culprits_are} {culprit_doing}",
         fix="The rank keeps computing and never reaches the collective: a loop whose exit it "
         "never meets (a tolerance, a convergence test, a counter that differs on this rank). "
         "Bound the loop (a maximum number of iterations), decide its exit on every rank alike "
@@ -332,8 +332,8 @@ ENTRIES: Mapping[Cause, Entry] = {
         verdict="hang",
         recipe="D19",
         title="a rank left no evidence",
-        reason="{others} wait in {other_op}{other_at} ({collective}) for {culprits}, "
-        "which left no record of its collectives",
+        reason="{others} {others_wait} in {other_op}{other_at} ({collective}) for {culprits}, "
+        "which left no record of {culprits_its} collectives",
         fix="Get that rank's evidence (flight-recorder dump, stacks, logs): it may have died or "
         "hung before its recorder started; keep the flight recorder on for every rank.",
     ),
@@ -341,7 +341,7 @@ ENTRIES: Mapping[Cause, Entry] = {
         verdict="hang",
         recipe=None,
         title="the ranks parted, and the evidence does not show how",
-        reason="{culprits} called {culprit_op}{culprit_at} where {others} wait in "
+        reason="{culprits} called {culprit_op}{culprit_at} where {others} {others_wait} in "
         "{other_op}{other_at} ({collective}); {unknown}",
         fix="The causes that remain possible: {possible}. Capture the ranks' stacks again "
         "(Job.capture, rankscope capture) while the job is still frozen, or run it again with "
@@ -393,7 +393,7 @@ ENTRIES: Mapping[Cause, Entry] = {
         verdict="launch_error",
         recipe="D3",
         title="two ranks on one GPU",
-        reason="{culprits} found another rank of its node on the same GPU: {error}",
+        reason="{culprits} found another rank of {culprits_its} node on the same GPU: {error}",
         fix="Start at most as many ranks per node as it has GPUs (--nproc-per-node no more "
         "than torch.cuda.device_count()) and give each its own before the process group "
         "exists: torch.cuda.set_device(int(os.environ['LOCAL_RANK'])), not RANK and not a "
@@ -448,7 +448,11 @@ ASKED_EXIT_FIX = (
     "so that torchrun stops the other ranks."
 )
 
-DRIVER_FACTS = frozenset({"culprits", "others", "culprit_at", "other_at"})
+#: The facts the driver adds to every finding's: who (:func:`~rankscope.analyze.diagnosis.who_of`),
+#: where, and the words that agree with who (``rank 2, which is`` / ``ranks 1-2, which are``).
+DRIVER_FACTS = frozenset(
+    {"culprits", "others", "culprit_at", "other_at", "culprits_are", "culprits_its", "others_wait"}
+)
 
 #: Cause name -> :class:`Cause`.
 CAUSES: Mapping[str, Cause] = {c.value: c for c in Cause}

@@ -31,7 +31,7 @@ from rankscope.analyze.rules.paths import hang_of
 from rankscope.analyze.wording import at
 from rankscope.collect import load_run
 from rankscope.rundir import RunDir
-from rankscope.state import proof_text
+from rankscope.state import agree, proof_text
 
 
 def diagnose(run: Any, *, straggler_s: float = 1.0, rules: Sequence[Rule] = RULES) -> Diagnosis:
@@ -74,6 +74,9 @@ def _diagnosis(ctx: Context, f: Finding) -> Diagnosis:
     }
     facts["culprit_at"] = at(facts.get("culprit_site"))
     facts["other_at"] = at(facts.get("other_site"))
+    facts["culprits_are"] = agree(facts["culprits"], "is", "are")
+    facts["culprits_its"] = agree(facts["culprits"], "its", "their")
+    facts["others_wait"] = agree(facts["others"], "waits", "wait")
     reason = explain(f.cause, facts)
     summary = f"{cause.title[0].upper()}{cause.title[1:]}: {reason.rstrip('.')}."
     # The watchdog's proof that the job could not move again (rankscope.waitfor.prove).

@@ -130,6 +130,11 @@ class Evidence:
             f.end_how = None if pd.isna(row.end_how) else str(row.end_how)
             f.end_site = None if pd.isna(row.end_site) else str(row.end_site)
             f.last_output = None if pd.isna(row.last_output) else str(row.last_output)
+            if not pd.isna(row.cell_state):
+                f.cell = None if pd.isna(row.cell) else int(row.cell)
+                f.cell_run = None if pd.isna(row.cell_run) else int(row.cell_run)
+                f.cell_state = str(row.cell_state)
+                f.cell_s = None if pd.isna(row.cell_s) else float(row.cell_s)
             f.stopped = self.stopped
         events = self.table("events")
         special = events[events["ev"].isin(["exception", "end", "start"])]
@@ -269,6 +274,16 @@ class RankFacts:
     fatal signal), from the stacks its end left."""
     last_output: str | None = None
     """The last line it printed itself (``loss is nan at step 7, stopping``)."""
+    cell: int | None = None
+    """In a cell session: N of its latest cell (``<cell N>``)."""
+    cell_run: int | None = None
+    """The session's number for that run of the cell."""
+    cell_state: str | None = None
+    """Where it stands with that cell: ``running``, ``finished`` (ended, no thread of it left
+    running), ``raised`` (the same, but the cell raised) or ``threads``
+    (:attr:`rankscope.rundir.RankRecord.cell_state`); None outside a cell session."""
+    cell_s: float | None = None
+    """When its latest cell event was written (the cell's start while it runs, else its end)."""
 
     @property
     def ending(self) -> str | None:

@@ -17,11 +17,11 @@ import pandas as pd
 from rankscope._values import as_float
 from rankscope.analyze import align
 from rankscope.analyze.calls import done, opt
-from rankscope.analyze.diagnosis import CollectiveInfo, EvidenceRef, compact_ranks, who_of
+from rankscope.analyze.diagnosis import CollectiveInfo, EvidenceRef, who_of
 from rankscope.analyze.evidence import SIGNAL_TEXT, Evidence, RankFacts
 from rankscope.analyze.waits import WaitGraph
 from rankscope.collect import SIGNATURES, VICTIM_ROLES
-from rankscope.state import NEVER, group_name, state_words
+from rankscope.state import NEVER, agree, group_name, state_words
 
 if TYPE_CHECKING:
     from rankscope.analyze.context import Where
@@ -223,8 +223,8 @@ class Phrasing:
 
     @staticmethod
     def _link(ranks: list[int], w: Any, waits_for: list[int]) -> dict[str, Any]:
-        who = ("rank " if len(ranks) == 1 else "ranks ") + compact_ranks(ranks)
-        verb = "waits" if len(ranks) == 1 else "wait"
+        who = who_of(ranks)
+        verb = agree(who, "waits", "wait")
         return {
             "rank": ranks[0],
             "ranks": sorted(ranks),
@@ -254,7 +254,7 @@ class Phrasing:
             if late:
                 notes.append(
                     f"{who_of(late)} answered the stall's capture {cid} late (the machine was "
-                    "loaded): its evidence is there"
+                    f"loaded): {agree(who_of(late), 'its', 'their')} evidence is there"
                 )
         return notes
 

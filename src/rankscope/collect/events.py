@@ -403,7 +403,10 @@ def _event(ev: dict[str, Any], kind: str | None, rank: Any) -> tuple[Any, ...]:
             f"{as_int(ev.get('writes')) or 0} write(s) dropped since {when}: "
             f"{as_str(ev.get('error')) or 'unknown error'}"
         )
+    elif kind == "cell":
+        message = as_str(ev.get("phase"))
     coll = ev.get("coll") if kind == "heartbeat" else ev.get("id")
+    cell = kind == "cell"  # its numbers in the columns the schema names for it
     return (
         rank,
         kind,
@@ -411,9 +414,9 @@ def _event(ev: dict[str, Any], kind: str | None, rank: Any) -> tuple[Any, ...]:
         as_int(coll) if kind in ("enter", "exit", "heartbeat") else None,
         as_str(ev.get("op")),
         as_str(ev.get("pg")),
-        as_int(ev.get("seq")),
-        as_int(ev.get("step")),
-        as_int(ev.get("done")),
+        as_int(ev.get("run" if cell else "seq")),
+        as_int(ev.get("cell" if cell else "step")),
+        as_int(ev.get("threads" if cell else "done")),
         ev.get("ok") if isinstance(ev.get("ok"), bool) else None,
         as_int(ev.get("code")),
         message,

@@ -349,6 +349,9 @@ def _ranks_table(
     seen |= {r for r in map(as_int, recorded) if r is not None}
     failures = torchrun_failures(launcher_text)
     by_rank = {r: g for r, g in events.groupby("rank", sort=False)} if len(events) else {}
+    # each rank's latest cell event (a cell session's ranks only), found once for every rank
+    cell_rows = events[(events["ev"] == "cell").to_numpy(dtype=bool)] if len(events) else events
+    latest_cell = {r: g.iloc[-1] for r, g in cell_rows.groupby("rank", sort=False)}
     ringed = {s.rank for s in inv.rings}
     rows = []
     world = as_int(info.get("world_size"))
@@ -357,6 +360,19 @@ def _ranks_table(
         record.apply(inv.starts.get(rank, {}))
         evs = by_rank.get(rank)
         ends = evs[evs["ev"] == "end"] if evs is not None else None
+        last = latest_cell.get(rank)
+        if last is not None:  # its latest cell event, as the tracker folds it
+            record.apply(
+                {
+                    "ev": "cell",
+                    "t": _opt(last["t_s"]),
+                    "cell": _opt(last["step"]),
+                    "run": _opt(last["seq"]),
+                    "phase": _opt(last["message"]),
+                    "threads": _opt(last["done"]),
+                    "ok": _opt(last["ok"]),
+                }
+            )
         code = (
             as_int(ends["code"].dropna().iloc[-1])
             if ends is not None and ends["code"].notna().any()
@@ -384,10 +400,19 @@ def _ranks_table(
                 "last_event_s": None if evs is None else evs["t_s"].max(),
                 "ring": rank in ringed,
                 "main_thread": record.main_thread,
+                "cell": record.cell[0] if record.cell else None,
+                "cell_run": record.cell[1] if record.cell else None,
+                "cell_state": record.cell_state,
+                "cell_s": record.cell_at,
             }
         )
     columns = list(schema.RANKS)
     return schema.conform("ranks", pd.DataFrame(rows, columns=columns))
+
+
+def _opt(value: Any) -> Any:
+    """A table's value as a plain one, None where it is null."""
+    return None if pd.isna(value) else value.item() if hasattr(value, "item") else value
 
 
 def _with_ends(

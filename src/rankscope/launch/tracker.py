@@ -466,7 +466,7 @@ def _state(record: RankRecord) -> RankState:
         "calls": record.recent,
         "sent": sent,
         "cell": record.cell,
-        "cell_finished": record.cell_ended and record.cell_threads == 0,
+        "cell_finished": record.cell_state in ("finished", "raised"),
     }
     if record.ended:
         return RankState(**common, exited=0 if record.exit_code == 0 else None)

@@ -63,9 +63,10 @@ def run_cell(path: str, ns: dict[str, Any], run: int | None = None) -> None:
     does; ``sys.exit()`` and a second ``init_process_group`` raise :class:`CellError`.
 
     ``run`` numbers the cell runs of the session (the kernel's count): the probe writes a
-    ``cell`` event as the cell starts and as it ends on this rank (however it ends), with the
-    threads the cell started that still run then, which the stall prover reads (a rank that
-    finished the cell without making a call that others wait in during it)."""
+    ``cell`` event as the cell starts and as it ends on this rank (however it ends: ``ok``
+    false where it raised), with the threads the cell started that still run then, which the
+    stall prover reads (a rank that finished the cell without making a call that others wait
+    in during it)."""
     with open(path, encoding="utf-8") as f:
         source = f.read()
     number = _cell_number(path)
@@ -74,12 +75,14 @@ def run_cell(path: str, ns: dict[str, Any], run: int | None = None) -> None:
     if probe is not None:
         probe.emit("cell", cell=number, run=run, phase="start")
         probe.flush()
+    ok = False
     try:
         _run(source, path, ns)
+        ok = True
     finally:
         if probe is not None:
             left = [t for t in threading.enumerate() if t not in before and t.is_alive()]
-            probe.emit("cell", cell=number, run=run, phase="end", threads=len(left))
+            probe.emit("cell", cell=number, run=run, phase="end", threads=len(left), ok=ok)
             probe.flush()
 
 

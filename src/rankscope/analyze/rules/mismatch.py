@@ -21,7 +21,7 @@ from rankscope.analyze.diagnosis import who_of
 from rankscope.analyze.rules.finding import Decided, Finding, rule
 from rankscope.analyze.rules.loops import fewer_calls, left_the_loop, thread_notes
 from rankscope.analyze.wording import at, error_refs, short, site_of
-from rankscope.state import shapes_text
+from rankscope.state import agree, shapes_text
 from rankscope.waitfor import Call, differs
 
 
@@ -260,7 +260,7 @@ def _decide_ran_out(
             culprits,
             unknown=f"whether {who_of(culprits)} left the loop the others are in or took a "
             f"branch inside it is not known: {fewer}, and no stacks or source show where "
-            f"{'it was' if len(culprits) == 1 else 'they were'}" + ctx.late_evidence(culprits),
+            f"{agree(who_of(culprits), 'it was', 'they were')}" + ctx.late_evidence(culprits),
             possible=("uneven_inputs", "rank_conditional_collective"),
         )
     if not left:

@@ -10,6 +10,7 @@ from rankscope.analyze.causes import Cause
 from rankscope.analyze.context import Context
 from rankscope.analyze.diagnosis import EvidenceRef, who_of
 from rankscope.analyze.rules.finding import Finding, rule
+from rankscope.state import agree
 
 
 @rule(60)
@@ -68,7 +69,7 @@ def stream_stuck(ctx: Context) -> Finding | None:
             facts={
                 "culprit_op": op,
                 "collective": f"group {pg}, collective #{int(seq)}",
-                "others_started": f"{who_of(others)} started it and wait"
+                "others_started": f"{who_of(others)} started it and {agree(who_of(others), 'waits', 'wait')}"
                 if others
                 else "no other rank takes part",
                 "stream_last": ran or "nothing the recorder kept",

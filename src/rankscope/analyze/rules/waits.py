@@ -24,6 +24,7 @@ from rankscope.analyze.rules.mismatch import ran_out, took_a_branch
 from rankscope.analyze.waits import Wait, departed
 from rankscope.analyze.wording import MAX_REFS, at, short, site_of
 from rankscope.collect import short_site
+from rankscope.state import agree
 
 
 @rule(70)
@@ -140,6 +141,16 @@ def _decide_root_cause(
     unrecorded = [r for r in roots if r not in ctx.evidence_ranks]
     if unrecorded and len(unrecorded) == len(roots):
         return silent(roots)
+    finished = finished_cell(ctx, roots, w)
+    if finished:
+        # Like a rank that ended its script, for that cell: it will never make the call.
+        cell = ctx.facts[finished[0]].cell
+        return took_a_branch(
+            finished,
+            doing=f"finished cell [{cell}] without calling {w.op}",
+            others_doing=f"{agree(facts['others'], 'waits', 'wait')} in "
+            f"{facts['other_op']}{at(facts['other_site'])}",
+        )
     went_past = [r for r in roots if _went_past(ctx, w, r)]
     if went_past:
         # Its stacks show it beyond the line where the others wait, in the same function,
@@ -176,6 +187,39 @@ def _decide_root_cause(
             },
         )
     return lagging(roots, doing=_some(where))
+
+
+def finished_cell(ctx: Context, roots: list[int], w: Wait) -> list[int]:
+    """In a cell session, the roots that finished the very run of the notebook cell in which
+    ``w``'s rank waits (its cell's end event for that run, nothing after it, no thread of the
+    cell left running) without making the call: for that cell they are like ranks that ended
+    their script. The proof's own limits (:func:`rankscope.waitfor.prove`): the waiting rank
+    still runs that cell and made the call in it, from its main thread; a root still inside
+    the cell, in a later cell, or whose cell left a thread running, is not one of them, nor
+    one whose cell raised (it failed the cell: no branch sent it past the call)."""
+    waiter = ctx.facts.get(w.rank)
+    if (
+        waiter is None
+        or waiter.cell_state != "running"
+        or waiter.cell_run is None
+        or w.seq is None
+        or (waiter.main_thread and w.thread and w.thread != waiter.main_thread)
+    ):
+        return []
+    started = ctx.calls["t_start_s"].iloc[w.row]
+    if waiter.cell_s is None or pd.isna(started) or float(started) < waiter.cell_s:
+        return []  # not known to be a call of this run of the cell
+    calls = ctx.calls
+    made = calls[((calls["pg"].astype(str) == w.pg) & (calls["seq"] >= w.seq)).fillna(False)]
+    made = set(made["rank"].astype(int).tolist())
+    return [
+        r
+        for r in roots
+        if (f := ctx.facts.get(r)) is not None
+        and f.cell_state == "finished"
+        and (f.cell, f.cell_run) == (waiter.cell, waiter.cell_run)
+        and r not in made
+    ]
 
 
 def _returned_short(ctx: Context, exited: list[int], waiting: list[int]) -> str | None:
@@ -224,7 +268,11 @@ def blocked_outside(ctx: Context, ranks: list[int], *, say_when: bool) -> Decide
     return Decided(
         Cause.stuck_outside,
         sorted(blocked),
-        {"culprit_doing": a.doing, "culprit_site": a.site, "wait_fix": WAITS[a.kind][1]},
+        {
+            "culprit_doing": a.doing_of(len(blocked)),
+            "culprit_site": a.site,
+            "wait_fix": WAITS[a.kind][1],
+        },
         notes + (_stacks_taken(r, a) if say_when else []),
     )
 
@@ -279,8 +327,8 @@ def _cycle(ctx: Context, cycle: list[int]) -> Finding:
     decided = took_a_branch(
         culprits,
         doing=f"skipped {skipped.where()} and waits in {own.where()}",
-        others_doing=f"wait{'s' if len(waiting) == 1 else ''} for "
-        f"{'it' if len(culprits) == 1 else 'them'}",
+        others_doing=f"{agree(who_of(waiting), 'waits', 'wait')} for "
+        f"{agree(who_of(culprits), 'it', 'them')}",
     )
     fewer = _ran_short(ctx, c, own)
     if fewer is not None and left_the_loop(
