@@ -30,10 +30,18 @@ def _make_dumps():
     return module
 
 
-def python_reader(monkeypatch: pytest.MonkeyPatch, items: list[tuple[int, str]]) -> dict:
+def python_reader(
+    monkeypatch: pytest.MonkeyPatch, items: list[tuple[int, str]], task: str = "entries"
+) -> dict:
     with monkeypatch.context() as m:
         m.setattr(_fr_parse, "_fr_scan", None)
-        return _fr_parse.parse_entries(items)
+        return _fr_parse.TASKS[task](items)
+
+
+def assert_readers_agree(monkeypatch: pytest.MonkeyPatch, items: list[tuple[int, str]]) -> None:
+    """The entries and the frames of the files, with the scanner and without: the same."""
+    for task in ("entries", "frames"):
+        assert_same(_fr_parse.TASKS[task](items), python_reader(monkeypatch, items, task))
 
 
 def assert_same(a: dict, b: dict) -> None:
@@ -62,7 +70,7 @@ def test_every_committed_dump_is_scanned_into_the_same_table(tmp_path, monkeypat
     assert len(paths) > 50
     assert all(scanned(p.read_bytes()) for p in paths)
     items = [(i, str(p)) for i, p in enumerate(paths)]
-    assert_same(_fr_parse.parse_entries(items), python_reader(monkeypatch, items))
+    assert_readers_agree(monkeypatch, items)
 
 
 def test_every_layout_and_protocol_gives_the_same_table(tmp_path, monkeypatch):
@@ -80,7 +88,7 @@ def test_every_layout_and_protocol_gives_the_same_table(tmp_path, monkeypatch):
                 path.write_bytes(data := pickle.dumps(dump, protocol=protocol))
                 assert scanned(data), path.name
                 items.append((len(items), str(path)))
-    assert_same(_fr_parse.parse_entries(items), python_reader(monkeypatch, items))
+    assert_readers_agree(monkeypatch, items)
 
 
 def test_odd_and_broken_dumps_give_the_same_table_and_problems(tmp_path, monkeypatch):
@@ -101,8 +109,8 @@ def test_odd_and_broken_dumps_give_the_same_table_and_problems(tmp_path, monkeyp
         (path := tmp_path / f"case{i}").write_bytes(data)
         items.append((i, str(path)))
         # one file at a time: a file's rows, codes and problems are compared on their own
-        assert_same(_fr_parse.parse_entries(items[-1:]), python_reader(monkeypatch, items[-1:]))
-    assert_same(_fr_parse.parse_entries(items), python_reader(monkeypatch, items))
+        assert_readers_agree(monkeypatch, items[-1:])
+    assert_readers_agree(monkeypatch, items)
     assert not (tmp_path / "pwned").exists()
 
 
@@ -282,7 +290,7 @@ def test_frame_dicts_in_any_shape_or_place_give_the_same_table(tmp_path, monkeyp
     assert read["a head value a frame dict 4"] is None
     assert read["set again"] is None
     for item in items:
-        assert_same(_fr_parse.parse_entries([item]), python_reader(monkeypatch, [item]))
+        assert_readers_agree(monkeypatch, [item])
     both = _fr_parse.parse_entries(items[:1])
     paths = [json.loads(t) for t in both["meta"]["categories"]["path"]]
     assert [user, "step", 3] in paths[0] and not any(torch_file in str(p) for p in paths)
@@ -299,3 +307,38 @@ def test_heavy_dumps_give_the_same_table(tmp_path, monkeypatch):
     part = _fr_parse.parse_entries(items)
     assert_same(part, python_reader(monkeypatch, items))
     assert len(part["meta"]["categories"]["path"]) > 3 and (part["arrays"]["code:path"] >= 0).all()
+    assert all(_fr_parse._scan_frames(p.read_bytes()) is not None for p in paths)
+    frames = _fr_parse.parse_frames(items)
+    assert_same(frames, python_reader(monkeypatch, items, "frames"))
+    assert len(frames["arrays"]["frame"]) >= 4 * 300 * 15  # every entry's whole stack
+
+
+def test_frames_the_scanner_reads_are_the_python_readers(tmp_path, monkeypatch):
+    """read_fr_frames through the scanner: items of a stack that are not dicts, frames that
+    are not a list, a stack deeper than MAX_FRAMES, the machinery's frames, a frames list
+    shared by entries and a record_id missing give the Python reader's rows; a malformed frame
+    dict leaves the dump to it."""
+    torch_file = "/x/torch/distributed/distributed_c10d.py"
+    user = "/srv/job/train.py"
+    deep = [{"filename": user, "name": f"f{i}", "line": i} for i in range(_fr_parse.MAX_FRAMES + 9)]
+    shared = [{"filename": torch_file, "name": "all_reduce", "line": 9}, deep[0]]
+    stacks = [shared, [None, deep[1], 5, "x", deep[2]], (deep[3],), "frames", None, deep, shared]
+    entries: list = [{"record_id": i, "frames": s} for i, s in enumerate(stacks)]
+    entries.append({"frames": shared})  # no record_id
+    entries.append({"record_id": 99})  # no frames
+    good = {"version": "2.10", "entries": entries}
+    bad = {"entries": [*entries, {"record_id": 7, "frames": [{"name": "f", "line": 1}]}]}
+    items = []
+    for name, dump in {"good": good, "bad": bad}.items():
+        for protocol in range(2, pickle.HIGHEST_PROTOCOL + 1):
+            (path := tmp_path / f"{name} {protocol}").write_bytes(pickle.dumps(dump, protocol))
+            items.append((len(items), str(path)))
+            rows = _fr_parse._scan_frames(path.read_bytes())
+            assert (rows is None) == (name == "bad"), path.name
+            assert_readers_agree(monkeypatch, items[-1:])
+    assert_readers_agree(monkeypatch, items)
+    part = _fr_parse.parse_frames(items[:1])
+    depth = part["arrays"]["depth"]
+    assert depth.max() == _fr_parse.MAX_FRAMES - 1 and list(depth[2:4]) == [1, 4]
+    assert (part["arrays"]["record_id"] == -1).sum() == len(shared)
+    assert ["all_reduce", torch_file, 9] in [list(f) for f in part["meta"]["frames"]]

@@ -592,54 +592,104 @@ def _no_sentinel(value: int | None) -> int | None:
 def parse_frames(items: Sequence[tuple[int, str]]) -> dict[str, Any]:
     """Worker: frames of every entry, as codes into the distinct frames of these files.
 
-    torch's pickles store each distinct frame once and refer to it from every entry, so frames
-    are recognised by identity first and only new objects are looked at.
-    """
+    A pickle goes to the compiled scanner first (:func:`_scan_frames`); one it declines, or
+    every one where it is not built, is unpickled and read by :func:`_dump_frames` (the same
+    rows)."""
     problems: list[tuple[int, str]] = []
     table: dict[tuple[Any, Any, Any], int] = {}
     files, records, depths, codes = [], [], [], []
     with _gc_paused():
         for index, path in items:
-            dump = _read_dump(index, path, problems)
-            if dump is None:
+            data = _read_bytes(index, path, problems)
+            if data is None:
                 continue
-            seen: dict[int, int] = {}  # id(frame dict) -> code, valid while the dump is alive
-            for entry in _entries(index, dump, problems):
-                frames = entry.get("frames")
-                if not isinstance(frames, list):
+            rows = _scan_frames(data)
+            if rows is None:
+                dump = _decode(index, data, problems)
+                if dump is None:
                     continue
-                record = as_int(entry.get("record_id"))
-                frames = frames[:MAX_FRAMES]
-                known = list(map(seen.get, map(id, frames)))
-                if None not in known:  # every frame seen before (the usual entry): no loop
-                    n = len(known)
-                    files.extend(repeat(index, n))
-                    records.extend(repeat(-1 if record is None else record, n))
-                    depths.extend(range(n))
-                    codes.extend(known)
-                    continue
-                for depth, frame in enumerate(frames):
-                    code = seen.get(id(frame))
-                    if code is None:
-                        if not isinstance(frame, dict):
-                            continue
-                        key = (
-                            as_str(frame.get("name")),
-                            as_str(frame.get("filename")),
-                            as_int(frame.get("line")),
-                        )
-                        code = seen[id(frame)] = table.setdefault(key, len(table))
-                    files.append(index)
-                    records.append(-1 if record is None else record)
-                    depths.append(depth)
-                    codes.append(code)
+                rows = _dump_frames(_entries(index, dump, problems))
+            del data
+            distinct, record, depth, code = rows
+            lookup = [table.setdefault(key, len(table)) for key in distinct]
+            files.append(np.full(len(code), index, dtype=np.int32))
+            records.append(record)
+            depths.append(depth)
+            codes.append(np.array(lookup, dtype=np.int64)[code] if len(code) else code)
     arrays = {
-        "file_index": np.array(files, dtype=np.int32),
-        "record_id": np.array(records, dtype=np.int64),
-        "depth": np.array(depths, dtype=np.int64),
-        "frame": np.array(codes, dtype=np.int64),
+        "file_index": _cat(files, np.int32),
+        "record_id": _cat(records, np.int64),
+        "depth": _cat(depths, np.int64),
+        "frame": _cat(codes, np.int64),
     }
     return {"arrays": arrays, "meta": {"frames": list(table), "problems": problems}}
+
+
+#: A dump's frames as rows: the distinct frames, (name, filename, line), in the order the rows
+#: meet them, and per row its entry's ``record_id`` (-1: none), its depth and its frame's index.
+FrameRows = tuple[list[tuple[Any, Any, Any]], np.ndarray, np.ndarray, np.ndarray]
+
+
+def _scan_frames(data: bytes) -> FrameRows | None:
+    """A pickle's frame rows by the compiled scanner, or None where it is not built, the dump
+    is JSON, or the scanner leaves the pickle (or a frame of it) to the Python reader."""
+    if _fr_scan is None or _is_json(data):
+        return None
+    out = _fr_scan.scan(
+        data, ("record_id",), "duration_ms", (), (), (), MACHINERY, PATH_DEPTH, MAX_FRAMES
+    )
+    if out is None:
+        return None
+    ints, masks = out[2], out[3]
+    distinct, entry, depth, code = out[8]
+    record = np.where(np.frombuffer(masks[0], bool), -1, np.frombuffer(ints[0], np.int64))
+    entry = np.frombuffer(entry, np.int32)
+    depth, code = np.frombuffer(depth, np.int32), np.frombuffer(code, np.int32)
+    return distinct, record[entry], depth.astype(np.int64), code.astype(np.int64)
+
+
+def _dump_frames(entries: list[dict[str, Any]]) -> FrameRows:
+    """The frame rows of unpickled entries. torch's pickles store each distinct frame once and
+    refer to it from every entry, so frames are recognised by identity first and only new
+    objects are looked at."""
+    table: dict[tuple[Any, Any, Any], int] = {}
+    records, depths, codes = [], [], []
+    seen: dict[int, int] = {}  # id(frame dict) -> code, valid while the dump is alive
+    for entry in entries:
+        frames = entry.get("frames")
+        if not isinstance(frames, list):
+            continue
+        record = as_int(entry.get("record_id"))
+        if record is None or not -(2**63) < record < 2**63:  # none, or no int64
+            record = -1
+        frames = frames[:MAX_FRAMES]
+        known = list(map(seen.get, map(id, frames)))
+        if None not in known:  # every frame seen before (the usual entry): no loop
+            n = len(known)
+            records.extend(repeat(record, n))
+            depths.extend(range(n))
+            codes.extend(known)
+            continue
+        for depth, frame in enumerate(frames):
+            code = seen.get(id(frame))
+            if code is None:
+                if not isinstance(frame, dict):
+                    continue
+                key = (
+                    as_str(frame.get("name")),
+                    as_str(frame.get("filename")),
+                    as_int(frame.get("line")),
+                )
+                code = seen[id(frame)] = table.setdefault(key, len(table))
+            records.append(record)
+            depths.append(depth)
+            codes.append(code)
+    return (
+        list(table),
+        np.array(records, dtype=np.int64),
+        np.array(depths, dtype=np.int64),
+        np.array(codes, dtype=np.int64),
+    )
 
 
 # --- the pool ---------------------------------------------------------------------------------

@@ -29,6 +29,10 @@
  * was made, leaves the dump to the restricted unpickler. A file text is looked for in the
  * machinery once per distinct text, however many times the dump writes it.
  * _fr_parse.entry_paths is the same in Python.
+ * With frames_max > 0 (and machinery) it also returns the entries' frames themselves, as
+ * _fr_parse.parse_frames reads them: (frames, entry, depth, code), the distinct frames met as
+ * (name, filename, line) in the order met, and for each dict among the first frames_max items
+ * of an entry's frames list its entry, its place in the list and its frame (int32 bytes each).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -730,6 +734,7 @@ typedef struct {
     Val file, name;
     int64_t line;
     uint64_t key;
+    int mach; /* a frame of the machinery's: in no path */
 } PFrame;
 
 /* A frame as written: where its file and name texts are in the input, and its line. torch's
@@ -738,13 +743,13 @@ typedef struct {
 typedef struct {
     uint32_t foff, flen, noff, nlen;
     int64_t line;
-    int32_t id; /* its id, -1 machinery; -4: an empty slot */
+    int32_t id; /* its id; -4: an empty slot */
 } Written;
 
 struct Paths {
     const char **mach;
     Py_ssize_t *machlen, nmach, depth;
-    int32_t *seen; /* per box: 0 not looked at; a frame dict: id + 3, 1 machinery, 2 malformed;
+    int32_t *seen; /* per box: 0 not looked at; a frame dict: id + 3, 1 malformed;
                       a frames list: path index + 3, 1 no path, 2 malformed */
     PFrame *frames;
     Py_ssize_t nframes, capframes;
@@ -910,7 +915,7 @@ static int machinery(Paths *P, const Scan *S, Val file, uint64_t h) {
     return found;
 }
 
-/* The id of the frame (file, name, line): -1 machinery, -3 out of memory. */
+/* The id of the frame (file, name, line) (the machinery's too, marked so); -3 out of memory. */
 static int32_t frame_of(Paths *P, const Scan *S, Val file, Val name, int64_t line) {
     if (written_grow(P))
         return -3;
@@ -922,10 +927,6 @@ static int32_t frame_of(Paths *P, const Scan *S, Val file, Val name, int64_t lin
     int mach = machinery(P, S, file, h);
     if (mach < 0)
         return -3;
-    if (mach) {
-        id = -1;
-        goto done;
-    }
     uint64_t key = span_hash(S, name, h);
     key = (key ^ (uint64_t)line) * 0x9E3779B97F4A7C15ULL;
     if (slots_grow(&P->fslots, &P->fcap, P->nframes))
@@ -941,7 +942,8 @@ static int32_t frame_of(Paths *P, const Scan *S, Val file, Val name, int64_t lin
     }
     if (grow((void **)&P->frames, &P->capframes, P->nframes + 1, sizeof(PFrame)))
         return -3;
-    P->frames[P->nframes] = (PFrame){.file = file, .name = name, .line = line, .key = key};
+    P->frames[P->nframes] =
+        (PFrame){.file = file, .name = name, .line = line, .key = key, .mach = mach};
     P->fslots[j].key = key;
     id = P->fslots[j].index = (int32_t)P->nframes++;
 done:
@@ -972,7 +974,7 @@ static int frame_intern(Paths *P, Scan *S, int32_t c, const Val *kv) {
     return 1;
 }
 
-/* A frame dict's id; -1 machinery, -2 malformed, -3 out of memory. */
+/* A frame dict's id; -2 malformed, -3 out of memory. */
 static int32_t frame_id(Paths *P, const Scan *S, Val v) {
     if (v.type != T_DICT)
         return -2;
@@ -1010,7 +1012,7 @@ static int32_t path_index(Paths *P, const Scan *S, int32_t c) {
             out = -2;
             goto done;
         }
-        if (id >= 0 && n < P->depth)
+        if (!P->frames[id].mach && n < P->depth)
             P->tmp[n++] = id;
     }
     if (!n) {
@@ -1114,6 +1116,90 @@ static void paths_free(Paths *P) {
     free(P->files);
 }
 
+/* --- every frame of every entry, for read_fr_frames ------------------------------------------- */
+/* Rows of (entry, depth, frame) for the frames of the entries, the first `frames_max` items of
+ * each entry's frames list (an item that is not a dict has no row; one that is a dict but not
+ * a well-formed frame leaves the dump to the Python reader, which says what it can of it). The
+ * frames are numbered in the order the rows first meet them (`local`), the machinery's too. */
+typedef struct {
+    int32_t *entry, *depth, *code;
+    Py_ssize_t n, cap, capent, capdep;
+    int32_t *local; /* per frame id: its number in the rows + 1, 0 not met yet */
+    Py_ssize_t caplocal;
+    int32_t *order; /* per number: the frame id */
+    Py_ssize_t norder, caporder;
+} Rows;
+
+/* 0 done, -1 left to the Python reader or out of memory. */
+static int entry_frames(Rows *R, Paths *P, const Scan *S, const Val *v, Py_ssize_t e,
+                        Py_ssize_t frames_max) {
+    if (!v || v->type != T_LIST) /* no frames, or not a list: no rows, as in Python */
+        return 0;
+    const Box *b = &S->boxes[v->u.c];
+    Py_ssize_t m = b->len < frames_max ? b->len : frames_max;
+    if (grow((void **)&R->entry, &R->capent, R->n + m, sizeof(int32_t)) ||
+        grow((void **)&R->depth, &R->capdep, R->n + m, sizeof(int32_t)) ||
+        grow((void **)&R->code, &R->cap, R->n + m, sizeof(int32_t)))
+        return -1;
+    for (Py_ssize_t i = 0; i < m; i++) {
+        if (b->items[i].type != T_DICT)
+            continue;
+        int32_t id = frame_id(P, S, b->items[i]);
+        if (id < 0) /* malformed (-2) or out of memory (-3) */
+            return -1;
+        if (id >= R->caplocal) {
+            Py_ssize_t was = R->caplocal;
+            if (grow((void **)&R->local, &R->caplocal, (Py_ssize_t)id + 1, sizeof(int32_t)))
+                return -1;
+            memset(R->local + was, 0, (size_t)(R->caplocal - was) * sizeof(int32_t));
+        }
+        if (!R->local[id]) {
+            if (grow((void **)&R->order, &R->caporder, R->norder + 1, sizeof(int32_t)))
+                return -1;
+            R->order[R->norder] = id;
+            R->local[id] = (int32_t)++R->norder;
+        }
+        R->entry[R->n] = (int32_t)e;
+        R->depth[R->n] = (int32_t)i;
+        R->code[R->n++] = R->local[id] - 1;
+    }
+    return 0;
+}
+
+/* (frames, entry, depth, code): the frames met as (name, filename, line) tuples, in the order
+ * met, and the rows' three columns as int32 bytes. */
+static PyObject *rows_to_py(Rows *R, Paths *P, const Scan *S) {
+    PyObject *frames = PyList_New(R->norder);
+    for (Py_ssize_t i = 0; frames && i < R->norder; i++) {
+        const PFrame *f = &P->frames[R->order[i]];
+        PyObject *file = to_py((Scan *)S, f->file, 0);
+        PyObject *name = file ? to_py((Scan *)S, f->name, 0) : NULL;
+        PyObject *t = name ? Py_BuildValue("(OOL)", name, file, (long long)f->line) : NULL;
+        Py_XDECREF(file);
+        Py_XDECREF(name);
+        if (!t) {
+            Py_CLEAR(frames);
+            break;
+        }
+        PyList_SET_ITEM(frames, i, t);
+    }
+    if (!frames)
+        return NULL;
+    Py_ssize_t size = R->n * (Py_ssize_t)sizeof(int32_t);
+    const char *none = ""; /* y# makes None of NULL: no rows are empty bytes */
+    return Py_BuildValue("(Ny#y#y#)", frames, R->n ? (const char *)R->entry : none, size,
+                         R->n ? (const char *)R->depth : none, size,
+                         R->n ? (const char *)R->code : none, size);
+}
+
+static void rows_free(Rows *R) {
+    free(R->entry);
+    free(R->depth);
+    free(R->code);
+    free(R->local);
+    free(R->order);
+}
+
 /* --- the walk over the entries ------------------------------------------------------------- */
 static int str_is(Scan *S, Val v, PyObject *name) {
     Py_ssize_t len;
@@ -1168,14 +1254,17 @@ static void end_scan(Scan *S) {
 static PyObject *scan(PyObject *self, PyObject *args) {
     Py_buffer buf;
     PyObject *int_f, *float_f, *bool_f, *coded_f, *head_f, *mach_f = Py_None;
-    Py_ssize_t depth = 64;
-    if (!PyArg_ParseTuple(args, "y*O!UO!O!O!|On", &buf, &PyTuple_Type, &int_f, &float_f,
+    Py_ssize_t depth = 64, frames_max = 0;
+    if (!PyArg_ParseTuple(args, "y*O!UO!O!O!|Onn", &buf, &PyTuple_Type, &int_f, &float_f,
                           &PyTuple_Type, &bool_f, &PyTuple_Type, &coded_f, &PyTuple_Type,
-                          &head_f, &mach_f, &depth))
+                          &head_f, &mach_f, &depth, &frames_max))
         return NULL;
-    if (mach_f != Py_None && (!PyTuple_Check(mach_f) || depth < 1)) {
+    if ((mach_f != Py_None && (!PyTuple_Check(mach_f) || depth < 1)) || frames_max < 0 ||
+        (frames_max && mach_f == Py_None)) {
         PyBuffer_Release(&buf);
-        PyErr_SetString(PyExc_TypeError, "machinery: a tuple of str or None; depth >= 1");
+        PyErr_SetString(PyExc_TypeError,
+                        "machinery: a tuple of str or None; depth >= 1; frames_max >= 0, "
+                        "and only with machinery");
         return NULL;
     }
     Scan S;
@@ -1188,6 +1277,8 @@ static PyObject *scan(PyObject *self, PyObject *args) {
     PyObject *result = NULL, *head = NULL, *ints = NULL, *masks = NULL, *bools = NULL;
     PyObject *coded = NULL, *floats = NULL, *paths = NULL, *path_at = NULL;
     int32_t *pcol = NULL;
+    Rows R = {0};
+    PyObject *fr = NULL;
     const int want_paths = mach_f != Py_None;
     const Py_ssize_t frames_f = want_paths ? ni + 1 + nb + nc : -1; /* its field, past the rest */
     struct {
@@ -1380,6 +1471,8 @@ static PyObject *scan(PyObject *self, PyObject *args) {
         }
         if (want_paths && (pcol[e] = entry_path(&P, &S, fields[frames_f])) == -3)
             FAIL;
+        if (frames_max && entry_frames(&R, &P, &S, fields[frames_f], e, frames_max))
+            FAIL;
     }
     for (Py_ssize_t k = 0; k < nc; k++) {
         PyObject *objs = PyList_New(dist[k].nvals);
@@ -1406,8 +1499,14 @@ static PyObject *scan(PyObject *self, PyObject *args) {
         path_at = PyBytes_FromStringAndSize((const char *)pcol, n * 4);
         if (!paths || !path_at)
             FAIL;
-        result = Py_BuildValue("(OnOOOOO(OOn))", head, n, ints, masks, floats, bools, coded,
-                               paths, path_at, P.bad);
+        if (frames_max) {
+            if (!(fr = rows_to_py(&R, &P, &S)))
+                FAIL;
+            result = Py_BuildValue("(OnOOOOO(OOn)O)", head, n, ints, masks, floats, bools, coded,
+                                   paths, path_at, P.bad, fr);
+        } else
+            result = Py_BuildValue("(OnOOOOO(OOn))", head, n, ints, masks, floats, bools,
+                                   coded, paths, path_at, P.bad);
     } else
         result = Py_BuildValue("(OnOOOOO)", head, n, ints, masks, floats, bools, coded);
     ok = result != NULL;
@@ -1439,6 +1538,8 @@ done:
     Py_XDECREF(floats);
     Py_XDECREF(paths);
     Py_XDECREF(path_at);
+    Py_XDECREF(fr);
+    rows_free(&R);
     free(pcol);
     paths_free(&P);
     end_scan(&S);
@@ -1449,7 +1550,7 @@ done:
 static PyMethodDef methods[] = {
     {"scan", scan, METH_VARARGS,
      "scan(data, int_fields, float_field, bool_fields, coded_fields, head_keys, machinery=None, "
-     "depth=64) -> tuple | None"},
+     "depth=64, frames_max=0) -> tuple | None"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -310,7 +310,7 @@ def _rank_code(source: Source) -> int:
 
 def _masked(values: np.ndarray) -> pd.arrays.IntegerArray:
     """Int64 with negative values (the missing-value codes used in transit) as <NA>."""
-    return pd.arrays.IntegerArray(values.astype(np.int64), values < 0)
+    return pd.arrays.IntegerArray(values.astype(np.int64, copy=False), values < 0)
 
 
 def _merge(parts: list[tuple[np.ndarray, list[Any]]]) -> tuple[np.ndarray, list[Any]]:
