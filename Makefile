@@ -22,9 +22,11 @@ export TORCH_EXTENSIONS_DIR ?= $(abspath $(VENV))/torch_extensions
 
 .PHONY: install lab test check lint format bench docs clean
 
-PROBE_C := $(wildcard src/rankscope/probe/*.c src/rankscope/probe/*.cpp src/rankscope/probe/*.h)
+# The compiled parts (setup.py's extensions: the probe's and the flight-recorder scanner's): a
+# change to any of them builds them again.
+EXT_SOURCES := $(wildcard src/rankscope/*/*.c src/rankscope/*/*.cpp src/rankscope/*/*.h)
 
-$(STAMP): pyproject.toml setup.py $(PROBE_C) Makefile
+$(STAMP): pyproject.toml setup.py $(EXT_SOURCES) Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q $(TORCH) "setuptools>=70.1"
 	# Without build isolation the build sees this torch: the probe's tensor reader (_meta.cpp)
