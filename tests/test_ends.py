@@ -92,6 +92,30 @@ def test_a_rank_that_leaves_says_how_and_where(start_job, how, end, tag):
 
 @pytest.mark.slow
 @pytest.mark.timeout(120)
+def test_a_teardown_signal_while_the_rank_reports_its_error_keeps_that_error(start_job):
+    """SIGTERM lands while the bootstrap formats the rank's uncaught error, before its end is
+    written (torchrun tears the job down moments after another rank failed): the rank still
+    ends as one that failed there, with its error, its stack and the values at the raise."""
+    run = run_job(start_job, "raise_sigterm")
+    assert end_of(run, 1) == {
+        "end_how": "exception",
+        "end_site": site("raise"),
+        "last_output": "loss is nan at step 7, stopping",
+    }
+    codes = dict(zip(run.ranks["rank"], run.ranks["exit_code"], strict=True))
+    assert codes[1] == -15, codes
+    ev = run.events
+    errors = ev[(ev["rank"] == 1) & (ev["ev"] == "exception")]
+    assert errors["message"].tolist() == ["NanLoss: loss is nan at step 7"], errors
+    values = run.values[run.values["rank"] == 1]
+    at_raise = values[(values["func"] == "guard") & (values["reason"] == "SIGTERM")]
+    assert set(at_raise["name"]) >= {"loss", "how"}, values[["reason", "func", "name"]]
+    facts = Evidence(run).ranks[1]
+    assert facts.end_how == "exception" and site("raise") in facts.ending, facts.ending
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
 def test_an_abort_dump_in_stderr_is_read(start_job):
     """torch's ``record`` enables faulthandler on stderr, after the probe did on stacks.txt: the
     aborted rank's dump of its threads is in its stderr log, and it is read from there."""

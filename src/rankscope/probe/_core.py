@@ -81,7 +81,7 @@ import time
 import traceback
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -207,6 +207,16 @@ _DUMPS = [
 ]
 
 
+class _Leaving(NamedTuple):
+    """How a rank is ending, said before its end runs (:meth:`Probe.leaving`)."""
+
+    how: str
+    thread: int
+    stack: list[list[Any]]
+    frame: Any
+    exc: BaseException | None
+
+
 class Probe:
     """Records one rank's collectives, heartbeats and evidence into ``<run>/ranks/<rank>/``."""
 
@@ -281,6 +291,8 @@ class Probe:
         self._originals: list[tuple[Any, str, Any]] = []
         self._ended = False
         self._ending: int | None = None  # the thread inside end(), until it is done
+        self._leaving: _Leaving | None = None  # how the rank is ending, before end() runs
+        self._told: BaseException | None = None  # the exception on_exception last wrote
         self._pid = os.getpid()  # a forked child (a DataLoader worker) is not the rank
         self._thread = threading.Thread(target=self._loop, name="rankscope-probe", daemon=True)
         self._symbolized = False  # a dump with stack traces was written (capture)
@@ -467,6 +479,7 @@ class Probe:
         how: str | None = None,
         stack: list[list[Any]] | None = None,
         frame: Any = None,
+        thread: int | None = None,
         dying: bool = False,
     ) -> None:
         """Final dump and end event; runs once (bootstrap, atexit, ``os._exit`` or a teardown
@@ -481,7 +494,8 @@ class Probe:
         ``stacks.txt`` as the calling thread's, a capture of its own with ``how`` as its
         reason, after the capture of every thread. ``frame``: the innermost frame of that
         stack while it is still alive (a traceback's), whose values the capture reads for the
-        calling thread (the condition that decided the exit)."""
+        thread that left (the condition that decided the exit): ``thread``, by default the
+        calling one."""
         if os.getpid() != self._pid:
             return
         if how is None and reason != "exit":
@@ -492,7 +506,8 @@ class Probe:
             self._ended = True
             self._ending = threading.get_ident()
             # Evidence first: a rank that fails is often sent SIGTERM by torchrun moments later.
-            ending = (how or reason, threading.get_ident(), stack) if stack else None
+            left = thread or threading.get_ident()
+            ending = (how or reason, left, stack) if stack else None
             self.capture(reason=reason, ending=ending, ending_frame=frame)
             self._stop.set()  # no heartbeat after the end event
             if self._thread.is_alive() and self._thread is not threading.current_thread():
@@ -504,13 +519,33 @@ class Probe:
             self.flush()
             self._ending = None
 
+    def leaving(
+        self,
+        how: str,
+        stack: list[list[Any]],
+        frame: Any,
+        exc: BaseException | None = None,
+    ) -> None:
+        """Say how the rank is ending (as :meth:`end` takes it), before the work its ending
+        does: formatting a traceback, writing it to stderr. A teardown signal that lands in
+        that window (torchrun's SIGTERM, moments after another rank failed) then ends the rank
+        as it was ending, with ``exc``'s event and the values of ``frame``, not as a rank
+        stopped in no frame of its own. From the thread that is leaving."""
+        self._leaving = _Leaving(how, threading.get_ident(), stack, frame, exc)
+
     def on_exception(self, exc: BaseException) -> None:
-        self.emit(
-            "exception",
-            type=type(exc).__name__,
-            message=str(exc),
-            traceback="".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
-        )
+        """The rank's uncaught error as an event, once (the teardown of a rank that was
+        ending with it may write it from another thread)."""
+        told = {
+            "type": type(exc).__name__,
+            "message": str(exc),
+            "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
+        }
+        with self._end_lock:
+            if exc is self._told:
+                return
+            self.emit("exception", **told)
+            self._told = exc
         self.flush()
 
     # --- teardown ---------------------------------------------------------------------------
@@ -580,11 +615,26 @@ class Probe:
     def _teardown(self, signum: int) -> None:
         """Capture and end as the signal's name, then die of the signal (exit code -signum).
         A signal that lands in a thread already inside end() (the rank was exiting anyway) lets
-        that end finish: the process is on its way out with its own exit code."""
+        that end finish: the process is on its way out with its own exit code. One that lands
+        while the rank was getting ready to end (:meth:`leaving`) ends it as it was ending."""
         if self._ending == threading.get_ident():
             return
+        name, left = signal.Signals(signum).name, self._leaving
         with contextlib.suppress(Exception):
-            self.end(-signum, reason=signal.Signals(signum).name, dying=True)
+            if left is None:
+                self.end(-signum, reason=name, dying=True)
+            else:
+                if left.exc is not None:
+                    self.on_exception(left.exc)
+                self.end(
+                    -signum,
+                    reason=name,
+                    how=left.how,
+                    stack=left.stack,
+                    frame=left.frame,
+                    thread=left.thread,
+                    dying=True,
+                )
         _die_of(signum)
 
     # --- the daemon thread ------------------------------------------------------------------
@@ -1325,8 +1375,10 @@ def install(run_dir: str | os.PathLike[str] | None = None, *, rank: int | None =
 
         def hook(tp: type[BaseException], exc: BaseException, tb: Any) -> None:
             if _probe is not None:
+                stack = tb_stack(tb)
+                _probe.leaving("exception", stack, None, exc)
                 _probe.on_exception(exc)
-                _probe.end(1, reason="exception", stack=tb_stack(tb))
+                _probe.end(1, reason="exception", stack=stack)
             previous(tp, exc, tb)
 
         sys.excepthook = hook

@@ -130,17 +130,16 @@ def main(argv: list[str] | None = None) -> None:
             runpy.run_path(script, run_name="__main__")
     except SystemExit as exc:
         code = _exit_code(exc.code)
-        if code != 0:  # sys.exit(1) or sys.exit("message"): the rank failed on purpose
+        stack, frame = tb_stack(exc.__traceback__), _innermost(exc.__traceback__)
+        failed = code != 0  # sys.exit(1) or sys.exit("message"): the rank failed on purpose
+        probe.leaving("sys_exit", stack, frame, exc if failed else None)
+        if failed:
             probe.on_exception(exc)
-        probe.end(
-            code,
-            how="sys_exit",
-            stack=tb_stack(exc.__traceback__),
-            frame=_innermost(exc.__traceback__),
-        )
+        probe.end(code, how="sys_exit", stack=stack, frame=frame)
         raise
     except BaseException as exc:
         stack, frame = tb_stack(exc.__traceback__), _innermost(exc.__traceback__)
+        probe.leaving("exception", stack, frame, exc)
         _strip(exc, set())
         text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
         sys.stderr.write(text)

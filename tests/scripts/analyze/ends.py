@@ -4,6 +4,8 @@
 - ``record_sys_exit``: the same under torch's ``record``, which turns that ``sys.exit(0)`` into a
   return of ``main``;
 - ``raise``: an uncaught ValueError;
+- ``raise_sigterm``: the same, but the rank is sent SIGTERM (as torchrun's teardown would be)
+  while the bootstrap formats that error, before the rank's end is written;
 - ``os_exit``: it prints why and calls ``os._exit(3)``;
 - ``abort``: the script's ``main`` is wrapped in torch's ``record`` (which enables faulthandler
   on stderr, and would swallow a ``sys.exit(0)``: the other ways go without it); rank 1 passes a longer tensor to all_gather_into_tensor than the
@@ -14,13 +16,29 @@ The other ranks go on to a second all_reduce, which fails or is torn down.
 """
 
 import os
+import signal
 import sys
+import time
 
 import torch
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
 how = sys.argv[1]
+
+
+class NanLoss(ValueError):
+    """With ``raise_sigterm``, formatting it the first time sends this rank SIGTERM and waits
+    for the signal to end it."""
+
+    sent = False
+
+    def __str__(self) -> str:
+        if how == "raise_sigterm" and not NanLoss.sent:
+            NanLoss.sent = True
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(10)
+        return super().__str__()
 
 
 def guard(step: int, loss: float) -> None:
@@ -30,7 +48,7 @@ def guard(step: int, loss: float) -> None:
             sys.exit(0)  # site: sys_exit
         if how == "os_exit":
             os._exit(3)  # site: os_exit
-        raise ValueError(f"loss is nan at step {step}")  # site: raise
+        raise NanLoss(f"loss is nan at step {step}")  # site: raise
 
 
 def main() -> None:
