@@ -225,12 +225,40 @@ class Context(Phrasing):
         d = earliest([*divs, *([self.p2p_divergence] if self.p2p_divergence else [])], self.calls)
         if d is None:
             return None
+        d = self._branch_taken(d)
         own = d.culprit_class() or d.classes[0]
         if own.row is not None:
             t = self.calls.at[own.row, "t_start_s"]
             step = step_at(self.ev.table("events"), own.ranks[0], None if pd.isna(t) else t)
             d = replace(d, step=step)
         return d
+
+    def _branch_taken(self, d: FirstDivergence) -> FirstDivergence:
+        """``d`` with the larger class named where the size alone told the culprits, and the
+        larger class took a branch the smaller passed by (an ``if`` without its ``else``, by the
+        two classes' paths) into a call new on the group, while the smaller made a call it had
+        made before: the group's path so far is the smaller's, and the larger left it (a
+        checkpoint on a timer that fired on most ranks). ``decided_by`` is ``branch``."""
+        small, big = d.culprit_class(), d.other_class()
+        if (
+            d.decided_by != "fewer"
+            or len(d.classes) != 2
+            or small is None
+            or small.row is None
+            or big.row is None
+            or not self.made_before(small.row)
+            or self.made_before(big.row)
+        ):
+            return d
+        paths = {small.ranks[0]: list(small.path), big.ranks[0]: list(big.path)}
+        p, _ = find_parting(list(small.ranks), list(big.ranks), paths, diverged=True)
+        if p is None or p.arms or p.kind not in ("if", "elif") or set(p.ranks_in) != set(big.ranks):
+            return d
+        classes = sorted(
+            (replace(c, culprit=c is big) for c in d.classes),
+            key=lambda c: (not c.culprit, -len(c.ranks), c.ranks),
+        )
+        return replace(d, classes=tuple(classes), decided_by="branch", extra=-d.extra)
 
     def made_before(self, row: int) -> bool:
         """Whether the call at ``calls.loc[row]`` is one its rank made before on its group,

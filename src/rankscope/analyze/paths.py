@@ -21,6 +21,8 @@ path of their calls, and the class that left the path the others share is named:
    the class that left the path the others share: the smaller one; between equal classes, the
    one whose call is new on this group where the other's was made before; else the one that
    made no call. Where nothing tells them apart, the divergence names no culprit and says so.
+   (The analysis then names a larger class that took a branch the smaller passed by into a
+   call new on the group: the path the group kept is the smaller's.)
 
 Point-to-point calls are compared apart (their own numbering; a send and its recv differ by
 design): see :func:`p2p_divergence`.
@@ -195,8 +197,11 @@ class FirstDivergence:
     classes: tuple[PathClass, ...]
     decided_by: str
     """How the culprit class was told: ``fewer`` (the smaller class), ``new`` (its call had not
-    been made on the group before, the others' had), ``no_call`` (it made no call there), ``peer`` (a
-    point-to-point call whose peer is not calling it), or ``tie`` (nothing tells: no culprit)."""
+    been made on the group before, the others' had), ``branch`` (the larger class took a branch
+    the smaller passed by into a call new on the group:
+    :meth:`~rankscope.analyze.context.Context.first_divergence`), ``no_call`` (it made no call
+    there), ``peer`` (a point-to-point call whose peer is not calling it), or ``tie`` (nothing
+    tells: no culprit)."""
     extra: int
     """Calls the culprits made more (positive) or fewer (negative) than the others on the group
     from here on, as far as their records go; 0 where the calls differ one for one."""

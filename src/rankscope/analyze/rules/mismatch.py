@@ -152,7 +152,11 @@ def _told_by_paths(ctx: Context, d: align.Divergence) -> list[int] | None:
     and call) and its classes tell them by their size or by a call new on the group; None
     where they do not, or every rank at this call would be a culprit."""
     fd = ctx.first_divergence
-    if fd is None or (fd.pg, fd.seq) != (d.pg, d.seq) or fd.decided_by not in ("fewer", "new"):
+    if (
+        fd is None
+        or (fd.pg, fd.seq) != (d.pg, d.seq)
+        or fd.decided_by not in ("fewer", "new", "branch")
+    ):
         return None
     own, other = fd.culprit_class(), fd.other_class()
     if (
