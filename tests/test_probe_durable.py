@@ -1,7 +1,7 @@
 """Every call is on disk the moment the rank enters it, and its end the moment it returns, however
 the process dies next: a process with the probe installed makes calls through a stand-in with
 all_reduce's signature and is killed with SIGKILL inside one (or right after one returns), with
-no time for the probe's thread to write anything."""
+no time for the probe's thread to write anything; so is the last step it marked."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ import pytest
 from rankscope.collect import load_run
 from rankscope.collect.events import read_ring
 from rankscope.probe import _core
+from rankscope.rundir import RunDir, whole_record
 
 WORKER = textwrap.dedent(
     """
@@ -32,6 +33,7 @@ WORKER = textwrap.dedent(
 
     reduce = probe._wrap("all_reduce", all_reduce, None)
     for _ in range(5):
+        probe.step()
         reduce(torch.ones(2))  # site: done
     reduce(torch.ones(3, dtype=torch.float16))  # site: last
     os.kill(os.getpid(), signal.SIGKILL)
@@ -73,6 +75,10 @@ def test_a_call_is_on_disk_however_fast_the_rank_dies(tmp_path, wrapper, when):
     )
     assert last["file"] == str(script) and calls["line"].iloc[0] == line_of("done")
     assert last["thread"].startswith("0x") and calls["thread"].nunique() == 1
+    # the last step it marked, kept in the ring's header: in the events table and the live record
+    ev = run.events
+    assert ev.loc[ev["ev"] == "step", "step"].tolist()[-1:] == [5], ev[["ev", "step"]]
+    assert whole_record(RunDir(run_dir), 0).step == 5
     assert run.problems.empty, run.problems
 
 

@@ -16,7 +16,8 @@ only place it is spelled out::
       ranks/<rank>/
         events.jsonl           probe events, one JSON object per line (see EVENT_KINDS)
         calls-<pid>.ring       the last RING_SLOTS calls of process <pid>, written at entry and
-                               exit through a shared memory map (see RING_HEADER, RING_SLOT)
+                               exit through a shared memory map, and the last step it marked
+                               (see RING_HEADER, RING_STEP, RING_SLOT)
         stacks.txt             faulthandler dumps of every thread, each after a "# rankscope" marker
         values.jsonl           with each capture, the simple values its threads' conditions read
                                (rankscope.probe._values: numbers, strings, booleans, None only)
@@ -255,8 +256,13 @@ def without_machinery(path: list[Any]) -> list[Any]:
 RING_MAGIC = b"RSRING01"
 RING_VERSION = 1
 RING_SLOTS = 4096
-#: magic, version, slot size, slots, pid, rank, created (time.time()), then padding to 64 bytes.
-RING_HEADER = struct.Struct("<8sIIIIqd24x")
+#: magic, version, slot size, slots, pid, rank, created (time.time()), the last step the rank
+#: marked and when (RING_STEP, at RING_STEP_AT: a time of 0.0 is none), then padding to 64 bytes.
+RING_HEADER = struct.Struct("<8sIIIIqdqd8x")
+#: The header's step and its time (time.time()), stored by the probe at every step it marks: a
+#: rank killed before its thread wrote the step's event still has it here.
+RING_STEP = struct.Struct("<qd")
+RING_STEP_AT = struct.calcsize("<8sIIIIqd")
 #: A slot's fields, in order, with their struct codes: cid (0: empty or torn), seq, t (enter),
 #: t_end, facts id, state (RING_STATES), thread ident; then padding to 64 bytes. The one
 #: definition of the slot: RING_SLOT, RING_SLOT_OFFSETS and the collector's NumPy dtype follow
@@ -700,6 +706,8 @@ class RankRecord:
     once the backend completed it (not failed); process-group management (:data:`MANAGEMENT_OPS`)
     left out. The one count every view shows (see :mod:`rankscope.state`)."""
     step: int | None = None
+    step_t: float | None = None
+    """When it marked ``step`` (its line's ``t``)."""
     op: str | None = None
     """Its latest collective: op, group, number on the group, call site (``train.py:12``)."""
     pg: str | None = None
@@ -899,7 +907,7 @@ class RankRecord:
                 self._completed.clear()
             return True
         if kind == "step":
-            self.step = as_int(ev.get("step"))
+            self.step, self.step_t = as_int(ev.get("step")), as_float(ev.get("t"))
             return True
         if kind == "start":
             env = ev.get("env") if isinstance(ev.get("env"), dict) else {}
@@ -1114,15 +1122,31 @@ def whole_record(run: RunDir, rank: int) -> RankRecord | None:
     if not seen:
         return None
     if not record.ended and record.pid is not None:
-        for ev in ring_lines(run.ring(rank, record.pid), entered=entered, exited=exited):
+        lines = ring_lines(
+            run.ring(rank, record.pid), entered=entered, exited=exited, step_t=record.step_t
+        )
+        for ev in lines:
             record.apply(ev)
     return record
 
 
-def ring_lines(path: Path, *, entered: set[int], exited: set[int]) -> list[dict[str, Any]]:
+def ring_step(data: bytes, step_t: float | None) -> dict[str, Any] | None:
+    """The ``step`` line of the last step a ring's header holds (``data``: the file's bytes,
+    header checked), where it is later than ``step_t`` (the last step line the events file
+    has: its own ``t``); None where it is not, or the rank marked no step."""
+    step, t = RING_STEP.unpack_from(data, RING_STEP_AT)
+    if not t > 0.0 or (step_t is not None and t <= step_t):
+        return None
+    return {"ev": "step", "step": step, "t": t}
+
+
+def ring_lines(
+    path: Path, *, entered: set[int], exited: set[int], step_t: float | None = None
+) -> list[dict[str, Any]]:
     """The calls a ring file holds, as the probe's ``enter`` and ``exit`` lines, but for those
-    ``entered`` and ``exited`` say the events file has; none for a file that is missing or not
-    a ring of this version (the collectors report those)."""
+    ``entered`` and ``exited`` say the events file has, and its last step (:func:`ring_step`);
+    none for a file that is missing or not a ring of this version (the collectors report
+    those)."""
     try:
         data = path.read_bytes()
     except OSError:
@@ -1146,4 +1170,5 @@ def ring_lines(path: Path, *, entered: set[int], exited: set[int]) -> list[dict[
             out.append({"ev": "enter", "id": cid, "seq": seq, "tid": tid, "facts": fid, "t": t})
         if state != 0 and cid not in exited:
             out.append({"ev": "exit", "id": cid, "seq": seq, "ok": state == 1, "t": t_end})
-    return out
+    step = ring_step(data, step_t)
+    return [*out, step] if step is not None else out

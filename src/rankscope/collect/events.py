@@ -44,6 +44,7 @@ from rankscope.rundir import (
     RING_VERSION,
     as_enter_exit,
     read_path,
+    ring_step,
     valid_id,
 )
 
@@ -183,6 +184,8 @@ def parse_events(
                 continue
             if kind == "done":
                 dones.extend(_dones(ev, rank, life.number))
+            if kind == "step":
+                life.step_t = as_float(ev.get("t"))
             # a call line is the call's enter and exit rows; an enter line has its facts'
             for one in as_enter_exit(ev, life.facts):
                 kind = one["ev"] if one is not ev else kind
@@ -217,7 +220,7 @@ def parse_events(
             events.append(_event(ev, kind, ev["rank"]))
             if kind == "enter":
                 enters.append(_enter(ev, ev["rank"], life))
-            else:
+            elif kind == "exit":
                 exits.append(_exit(ev, ev["rank"], life.number))
     follows = {(life.rank, life.number) for mine in lives.values() for life in mine if life.works}
     return EventTables(
@@ -248,6 +251,8 @@ class _Life:
     """Added to its path ids: the highest of its rank's earlier processes (see parse_events)."""
     path_max: int = 0
     """The highest path id it wrote."""
+    step_t: float | None = None
+    """When it marked the last step its events file has."""
 
 
 #: A ring slot as NumPy reads it (``rankscope.rundir.RING_SLOT_FIELDS``).
@@ -265,6 +270,8 @@ class Ring:
     created_s: float
     slots: np.ndarray
     """Structured array (cid, seq, t, t_end, fid, state, tid) of the slots holding a call."""
+    data: bytes
+    """The file's bytes (its header holds the last step: :func:`rankscope.rundir.ring_step`)."""
 
 
 def read_ring(source: SourceLike, problems: Problems | None = None) -> Ring | None:
@@ -280,7 +287,7 @@ def read_ring(source: SourceLike, problems: Problems | None = None) -> Ring | No
     if len(data) < RING_HEADER.size or data[:8] != RING_MAGIC:
         problems.add(source, RING_READER, "not a rankscope ring file (no RSRING01 header)")
         return None
-    _, version, slot_size, nslots, pid, rank, created = RING_HEADER.unpack_from(data)
+    _, version, slot_size, nslots, pid, rank, created, *_ = RING_HEADER.unpack_from(data)
     if version != RING_VERSION or slot_size != RING_SLOT.size:
         problems.add(
             source,
@@ -327,7 +334,9 @@ def read_ring(source: SourceLike, problems: Problems | None = None) -> Ring | No
             "state); skipped, the other slots read",
         )
     slots = slots[used & ~wrong]
-    return Ring(pid=pid, rank=rank, created_s=created, slots=slots[np.argsort(slots["cid"])])
+    return Ring(
+        pid=pid, rank=rank, created_s=created, slots=slots[np.argsort(slots["cid"])], data=data
+    )
 
 
 def _life_of(
@@ -349,7 +358,7 @@ def _life_of(
 
 def _ring_events(ring: Ring, life: _Life) -> list[dict[str, Any]]:
     """Enter and exit events, as the probe writes them, for what the ring holds and the events
-    file does not."""
+    file does not, and the step it marked last where the events file lacks it."""
     slots = ring.slots
     known = np.fromiter((c for c in life.entered if c is not None), dtype=np.uint64)
     done = np.fromiter((c for c in life.exited if c is not None), dtype=np.uint64)
@@ -377,7 +386,8 @@ def _ring_events(ring: Ring, life: _Life) -> list[dict[str, Any]]:
                     "rank": rank,
                 }
             )
-    return out
+    step = ring_step(ring.data, life.step_t)
+    return [*out, {**step, "rank": rank}] if step is not None else out
 
 
 def _clock(t_s: float) -> str:

@@ -75,6 +75,7 @@ import pickle
 import runpy
 import signal
 import socket
+import struct
 import sys
 import threading
 import time
@@ -299,9 +300,10 @@ class Probe:
 
     # --- writing ----------------------------------------------------------------------------
     def emit(self, ev: str, **fields: Any) -> None:
-        """Queue an event; it is written at the next flush (at most ``HEARTBEAT_S`` later)."""
+        """Queue an event; it is written at the next flush (at most ``HEARTBEAT_S`` later).
+        Its time is now, or ``t`` where given (a time the ring holds too: :meth:`step`)."""
         fields["ev"] = ev
-        fields["t"] = time.time()
+        fields.setdefault("t", time.time())
         fields["rank"] = self.rank
         self._state.append((fields,))
 
@@ -1082,7 +1084,10 @@ class Probe:
 
     def step(self, n: int | None = None) -> None:
         self._step = (self._step or 0) + 1 if n is None else int(n)
-        self.emit("step", step=self._step)
+        t = time.time()
+        with contextlib.suppress(struct.error):  # a step beyond int64 stays an event only
+            self._ring.step(self._step, t)
+        self.emit("step", step=self._step, t=t)
 
 
 def _linenos(frame: Any) -> Iterator[int | None]:

@@ -48,6 +48,8 @@ from rankscope.rundir import (
     RING_SLOT,
     RING_SLOT_OFFSETS,
     RING_SLOTS,
+    RING_STEP,
+    RING_STEP_AT,
     RING_VERSION,
 )
 
@@ -189,8 +191,12 @@ class _Ring:
         for at in range(0, size, mmap.PAGESIZE):  # fault every page in now, not at a call
             self.map[at] = 0
         header = (RING_MAGIC, RING_VERSION, RING_SLOT.size, slots, os.getpid(), rank, time.time())
-        RING_HEADER.pack_into(self.map, 0, *header)
+        RING_HEADER.pack_into(self.map, 0, *header, 0, 0.0)
         self.slots = slots
+
+    def step(self, step: int, t: float) -> None:
+        """Keep the last step the rank marked, and when, in the header (one store)."""
+        RING_STEP.pack_into(self.map, RING_STEP_AT, step, t)
 
     def _at(self, cid: int) -> int:
         return RING_HEADER.size + cid % self.slots * RING_SLOT.size
