@@ -936,3 +936,53 @@ def test_gap_labels_never_touch() -> None:
     assert label_lines([0.1, 0.5, 0.9], chars, width) == [0, 0, 0]
     assert label_lines([0.5, 0.1], [10, 10], width) == [0, 0]  # any order in, the same out
     assert label_lines([0.50, 0.5001, 0.5002], chars, width) == [0, 1, 2]
+
+
+def test_progress_counts_an_async_call_when_the_backend_completed_it() -> None:
+    """An async call counts when its Work completed (the collectives table's ``t_done_s``), as
+    the live panel and the card count it, not when the call returned; a failed one never."""
+    events = schema.conform("events", pd.DataFrame([{"rank": 0, "ev": "start", "t_s": T0}] * 1))
+    calls = schema.conform(
+        "collectives",
+        pd.DataFrame(
+            [
+                {
+                    "rank": 0,
+                    "op": "all_reduce",
+                    "t_end_s": T0 + 1,
+                    "t_done_s": T0 + 1,
+                    "completed": True,
+                    "ok": True,
+                },
+                {
+                    "rank": 0,
+                    "op": "all_reduce",
+                    "async_op": True,
+                    "t_end_s": T0 + 2,
+                    "t_done_s": T0 + 6,
+                    "completed": True,
+                    "ok": True,
+                },
+                {
+                    "rank": 0,
+                    "op": "all_reduce",
+                    "async_op": True,
+                    "t_end_s": T0 + 3,
+                    "completed": True,
+                    "ok": False,
+                },
+                {
+                    "rank": 0,
+                    "op": "new_group",
+                    "t_end_s": T0 + 4,
+                    "t_done_s": T0 + 4,
+                    "completed": True,
+                    "ok": True,
+                },
+            ]
+        ),
+    )
+    fig = plot.progress(events, collectives=calls, now=T0 + 10)
+    (line,) = [t for t in fig.data if t.xaxis == "x" and t.name == "rank 0"]
+    points = [(x, y) for x, y in zip(line.x, line.y, strict=True) if y == y]
+    assert points == [(1, 1), (6, 2), (10, 2)]

@@ -72,10 +72,10 @@ def _views(job: Job) -> dict[int, dict[str, str]]:
         assert f" {snap['status']} " in line and snap["end"] in line, line
         # the step: the last one it marked (rankscope.state.STEP_LABEL), the same number in
         # the CLI, the live panel, the notebook's table and the progress plot
-        # (a rank that dies by a signal may lose its last events: its calls are in its ring,
-        # its step markers are not, and then no view shows a step)
+        # (a rank that dies by a signal before its thread writes its last events still has
+        # its calls and its last step in its ring)
         step = snap["step"]
-        assert step == 2 or (step is None and snap["status"] in ("aborted", "killed")), snap
+        assert step == 2, snap
         assert f"done {snap['done']:>5}  {STEP_LABEL} {step or '-':>5}" in line, line
         assert f"<td>{snap['end']}</td>" in html
         # counts: done beside the last completed call, on the one group these jobs use
@@ -83,7 +83,7 @@ def _views(job: Job) -> dict[int, dict[str, str]]:
             assert snap["last_done"].endswith(f"#{snap['done']})"), snap
     assert "running" not in state_text(job.info(), list(snaps.values()))
     assert f"<th>{STEP_LABEL}</th>" in html and "<th>last completed</th>" in html
-    progress = plot.progress(run.events)
+    progress = plot.progress(run.events, collectives=run.collectives)
     assert [a.text for a in progress.layout.annotations][:2] == [
         "collectives completed",
         STEP_LABEL,

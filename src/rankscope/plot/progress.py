@@ -31,6 +31,7 @@ OWN_COLOURS = 8
 def progress(
     events: pd.DataFrame,
     *,
+    collectives: pd.DataFrame | None = None,
     now: float | None = None,
     highlight: Iterable[int] = (),
     classes: Iterable[Iterable[int]] = (),
@@ -50,6 +51,9 @@ def progress(
 
     Args:
         events: the run's ``events`` table (the probe's events).
+        collectives: the run's ``collectives`` table: a call counts when the backend completed
+            it (an async call's Work, after it returned), as every view counts; without it, when
+            it returned (the events' exits).
         now: wall-clock seconds since the epoch; by default the latest event.
         highlight: ranks to draw in red (a diagnosis's culprits).
         classes: groups of ranks alike (the classes of a diagnosis's first divergence).
@@ -65,14 +69,7 @@ def progress(
     now = float(t.max()) if now is None else max(float(now), float(t.max()))
     marked = sorted(set(highlight))
     kind = ev["ev"].astype(str).to_numpy()
-    # completed as every view counts them (RankRecord.done): returned without an error
-    # (rankscope.state.call_state), the process-group management calls left out
-    returned = kind == "exit"
-    returned &= ~ev["op"].isin(list(MANAGEMENT_OPS)).to_numpy(dtype=bool)
-    returned &= call_states(np.ones(len(ev), dtype=bool), ev["ok"]) == CALL_STATES.index(
-        "completed"
-    )
-    exits = ev[returned]
+    exits = _completed(ev, kind, collectives)
     steps = ev[(kind == "step") & ev["step"].notna().to_numpy()]
     panels = [
         "collectives completed",
@@ -89,7 +86,7 @@ def progress(
     ranks = sorted(ev["rank"].dropna().astype(int).unique().tolist())
     state = None
     if len(ranks) > ALIKE_FROM:  # alike: as many calls completed, the same last step
-        count = pd.Series(returned, index=ev.index).groupby(ev["rank"]).sum()
+        count = exits.groupby("rank").size().reindex(ranks, fill_value=0)
         step = steps.sort_values("t_s", kind="stable").groupby("rank")["step"].last()
         state = (count.astype(str) + " " + step.reindex(count.index).astype(str)).to_dict()
     alike = rank_rows(ranks, culprits=marked, classes=classes, state=state)
@@ -157,6 +154,28 @@ def progress(
         legend={"orientation": "h", "y": 1.04, "yanchor": "bottom"},
     )
     return fig
+
+
+def _completed(
+    ev: pd.DataFrame, kind: np.ndarray, collectives: pd.DataFrame | None
+) -> pd.DataFrame:
+    """(rank, t_s) of each collective completed, as every view counts them (RankRecord.done):
+    without an error (rankscope.state.call_state), when the backend completed it, the
+    process-group management calls left out; from the events' exits (when each returned)
+    where there is no collectives table."""
+    if collectives is None or collectives.empty:
+        done = kind == "exit"
+        done &= ~ev["op"].isin(list(MANAGEMENT_OPS)).to_numpy(dtype=bool)
+        done &= call_states(np.ones(len(ev), dtype=bool), ev["ok"]) == CALL_STATES.index(
+            "completed"
+        )
+        return ev.loc[done, ["rank", "t_s"]]
+    c = collectives
+    done = c["completed"].fillna(False).to_numpy(dtype=bool)
+    done &= c["ok"].fillna(False).to_numpy(dtype=bool)
+    done &= ~c["op"].isin(list(MANAGEMENT_OPS)).to_numpy(dtype=bool)
+    c = c[done]
+    return pd.DataFrame({"rank": c["rank"], "t_s": c["t_done_s"].fillna(c["t_end_s"])})
 
 
 def _rank_lines(

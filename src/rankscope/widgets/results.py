@@ -221,7 +221,11 @@ class ResultsPanel(widgets.VBox):
                 run.stacks, run.stack_summary, culprit_ranks=culprits
             ),
             "progress": plot.progress(
-                run.events, now=now, highlight=culprits, classes=plot.alike(d)
+                run.events,
+                collectives=run.collectives,
+                now=now,
+                highlight=culprits,
+                classes=plot.alike(d),
             ),
         }
         if len(run.nccl_comms) or len(run.nccl):
