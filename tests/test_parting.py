@@ -9,7 +9,14 @@ import textwrap
 import pandas as pd
 import pytest
 
-from rankscope.analyze.parting import Parting, env_origin, find_parting, loop_around, runs_alike
+from rankscope.analyze.parting import (
+    Parting,
+    catcher,
+    env_origin,
+    find_parting,
+    loop_around,
+    runs_alike,
+)
 
 
 def _script(tmp_path, text: str):
@@ -489,3 +496,52 @@ def test_a_loop_of_constant_count_is_not_one_a_rank_ran_out_of(tmp_path):
         left_loop=True,
     )
     assert runs_alike(counted)
+
+
+def test_the_handler_that_caught_a_collective_s_error_is_the_innermost_that_catches_it(tmp_path):
+    """Of a call's path, the innermost frame in a ``try`` body whose handler catches what a
+    collective raises (a RuntimeError): a handler of another error is passed by, as Python
+    passes it; a line in a handler, not its body, is not guarded by it; a library's frame says
+    its package."""
+    lib = tmp_path / "site-packages" / "quietmetrics" / "__init__.py"
+    lib.parent.mkdir(parents=True)
+    lib.write_text(
+        textwrap.dedent(
+            """\
+            import torch.distributed as dist
+
+            def sync(x):
+                try:
+                    try:
+                        dist.all_reduce(x)
+                    except ValueError:
+                        return x
+                except (OSError, dist.DistBackendError) as err:
+                    return x
+
+            def report(x):
+                try:
+                    pass
+                except Exception:
+                    dist.all_reduce(x)
+            """
+        )
+    )
+    user = tmp_path / "train.py"
+    user.write_text("try:\n    sync(x)\nexcept:\n    pass\n")
+    caught = catcher([(str(user), "<module>", 2), (str(lib), "sync", 6)])
+    assert caught is not None
+    assert (caught.site, caught.source, caught.library) == (
+        "__init__.py:9",
+        "except (OSError, dist.DistBackendError) as err:",
+        "quietmetrics",
+    )
+    assert caught.frame == (str(lib), "sync", 6)
+    # the library's handler guards nothing here: the user's bare except does
+    mine = catcher([(str(user), "<module>", 2), (str(lib), "report", 16)])
+    assert mine is not None and (mine.site, mine.source, mine.library) == (
+        "train.py:3",
+        "except:",
+        None,
+    )
+    assert catcher([(str(tmp_path / "gone.py"), "f", 3), (str(lib), "report", 16)]) is None

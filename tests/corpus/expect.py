@@ -35,6 +35,8 @@ class Case:
     thread: bool = False
     """The culprit's call came from a thread other than its main one: a note says so."""
     activity: str | None = None
+    caught: str | None = None
+    """The library whose handler caught the collective's error: the card's reason names it."""
     """What the culprit was blocked on, as the stacks say (lock, sleep, queue, ...)."""
     parting: str | None = None
     """Tag of the line of the decision that sent the culprits another way (``parting.site``)."""
@@ -115,6 +117,8 @@ def check(case: Case, d: Any) -> list[str]:
         wrong.append("no note names the thread that made the call")
     if case.activity is not None and not any(w in d.reason for w in _ACTIVITY_WORDS[case.activity]):
         wrong.append(f"the reason does not say the culprit was {case.activity}: {d.reason}")
+    if case.caught is not None and f"caught in the library {case.caught} by" not in d.reason:
+        wrong.append(f"the reason does not name {case.caught} as what caught the error")
     if case.parting is not None:
         got = (d.parting or {}).get("site")
         if got != case.line(case.parting):

@@ -3,8 +3,9 @@ library for the mean loss; the library's sync all-reduces and, on any RuntimeErr
 warning and returns the local value. Ranks 1-2 never call it: they leave after the last step,
 rank 0's all_reduce fails with "Connection closed by peer" when they go, the library swallows
 it and every rank exits 0. The card names the user's line that led into the library and the
-user's `if`, not the library's `except`."""
-# expect: {"ranks": 3, "verdict": "crash", "cause": "swallowed_errors", "run": {"on_stall": "keep"}, "culprits": [0], "site": "report", "parting": "main", "first": {"pg": "default_pg", "seq": 7}}
+user's `if`, not the library's `except`, as the parting line, and says the library caught the
+error."""
+# expect: {"ranks": 3, "verdict": "crash", "cause": "swallowed_errors", "run": {"on_stall": "keep"}, "culprits": [0], "site": "report", "parting": "main", "first": {"pg": "default_pg", "seq": 7}, "caught": "quietmetrics"}
 
 import sys
 from pathlib import Path

@@ -48,7 +48,8 @@ Frame = tuple[str, str, int]
 #: Environment variables whose value differs by rank, and the recipe a decision on them is.
 RANK_ENV = {"LOCAL_RANK": "D3", "RANK": None, "GROUP_RANK": "D3", "NODE_RANK": "D3"}
 _LOOPS = (ast.For, ast.AsyncFor, ast.While)
-_BRANCHES = (ast.If, ast.Try, ast.Match) + ((ast.TryStar,) if hasattr(ast, "TryStar") else ())
+_TRIES = (ast.Try,) + ((ast.TryStar,) if hasattr(ast, "TryStar") else ())
+_BRANCHES = (ast.If, ast.Match, *_TRIES)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -398,7 +399,7 @@ def _span(stmts: list[ast.stmt], line: int) -> bool:
 def _arms(s: ast.stmt) -> list[tuple[str, list[ast.stmt]]]:
     if isinstance(s, (ast.If, *_LOOPS)):
         return [("body", s.body), ("else", s.orelse)]
-    if isinstance(s, _BRANCHES[1:]) and not isinstance(s, ast.Match):
+    if isinstance(s, _TRIES):
         arms = [("body", s.body)]
         arms += [(f"except:{n}", h.body) for n, h in enumerate(s.handlers)]
         return [*arms, ("else", s.orelse), ("finally", s.finalbody)]
@@ -716,6 +717,75 @@ def _def_at(tree: ast.Module, line: int) -> ast.FunctionDef | ast.AsyncFunctionD
         and n.lineno <= line <= (n.end_lineno or n.lineno)
     ]
     return min(inside, key=lambda n: (n.end_lineno or n.lineno) - n.lineno, default=None)
+
+
+#: What a collective raises (torch's DistError and its kinds are RuntimeErrors): a handler of
+#: one of these names, or a bare ``except:``, catches a collective's error.
+_CATCHES = frozenset(
+    {
+        "BaseException",
+        "Exception",
+        "RuntimeError",
+        "DistError",
+        "DistBackendError",
+        "DistNetworkError",
+        "DistStoreError",
+    }
+)
+
+
+@dataclass(frozen=True)
+class Catch:
+    """Where a collective's error was caught: the frame of a call's path whose line lies in
+    the body of a ``try`` with a handler that catches it."""
+
+    frame: Frame
+    site: str
+    """``metrics.py:18``: the handler's line."""
+    source: str
+    """Its text: ``except RuntimeError as err:``."""
+    library: str | None
+    """The installed package it belongs to (:func:`~rankscope.rundir.library_of`); None for
+    the user's code."""
+
+
+def catcher(path: list[Frame] | tuple[Frame, ...]) -> Catch | None:
+    """Of a call's path (frames outermost first), the innermost frame whose line lies in the
+    body of a ``try`` whose handler catches a collective's error (:data:`_CATCHES`, a bare
+    ``except``), as Python picks it; None where no source read shows one."""
+    for frame in reversed(path):
+        tree = _tree(frame[0])
+        if tree is None:
+            continue
+        tries = [
+            n
+            for n in ast.walk(tree)
+            if isinstance(n, _TRIES)
+            and n.body
+            and n.body[0].lineno <= frame[2] <= (n.body[-1].end_lineno or n.body[-1].lineno)
+        ]
+        for node in sorted(tries, key=lambda n: n.lineno, reverse=True):  # the innermost first
+            handler = next((h for h in node.handlers if _catches(h.type)), None)  # type: ignore[attr-defined]
+            if handler is not None:
+                return Catch(
+                    frame=frame,
+                    site=short_site(frame[0], handler.lineno),
+                    source=linecache.getline(frame[0], handler.lineno).strip(),
+                    library=library_of(frame[0]),
+                )
+    return None
+
+
+def _catches(kind: ast.expr | None) -> bool:
+    """Whether an ``except`` of ``kind`` (None: bare) catches what a collective raises."""
+    if kind is None:
+        return True
+    kinds = kind.elts if isinstance(kind, ast.Tuple) else [kind]
+    return any(
+        (k.id if isinstance(k, ast.Name) else k.attr if isinstance(k, ast.Attribute) else None)
+        in _CATCHES
+        for k in kinds
+    )
 
 
 def _tree(file: str) -> ast.Module | None:

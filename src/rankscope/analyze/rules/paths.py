@@ -16,6 +16,7 @@ from rankscope.analyze.calls import failed
 from rankscope.analyze.causes import Cause
 from rankscope.analyze.context import Context
 from rankscope.analyze.diagnosis import who_of
+from rankscope.analyze.parting import Catch, catcher
 from rankscope.analyze.paths import FirstDivergence, PathClass
 from rankscope.analyze.rules.finding import Decided, Finding, rule
 from rankscope.analyze.rules.mismatch import call_of, different_call, ran_out, took_a_branch
@@ -141,9 +142,11 @@ def swallowed(ctx: Context) -> Finding | None:
         )
     if errors:
         first = raised.sort_values("t_start_s").iloc[0]
+        code = ctx.call_paths.codes[probe.index.get_loc(first.name)]
         said.append(
             f"{who_of(errors)} had collectives raise errors that the code caught "
             f"(first: {first['op']} on rank {int(first['rank'])}: {short(first['error'], 120)})"
+            + _caught(catcher(ctx.call_paths.of(int(code))))
         )
     return Finding(
         cause=Cause.swallowed_errors,
@@ -151,6 +154,17 @@ def swallowed(ctx: Context) -> Finding | None:
         waiting=[],
         facts={"swallowed": "; ".join(said)},
     )
+
+
+def _caught(catch: Catch | None) -> str:
+    """Where the first error was caught, in words (``, caught in the library quietmetrics by
+    `except RuntimeError:` at __init__.py:18``); empty where no source read shows it."""
+    if catch is None:
+        return ""
+    by = f"`{catch.source}` at {catch.site}"
+    if catch.library is None:
+        return f", caught by {by}"
+    return f", caught in the library {catch.library} by {by}"
 
 
 @rule(45)
