@@ -4,7 +4,7 @@ tokenizer's cache first and starts its clock 2 s later than the others; when ran
 decide it is time, rank 0 does not, so they enter the save's barrier while rank 0 goes on to
 the next step's all_reduce, and the three wait for ever: the culprits are the ranks whose clock
 fired, the decision their `if` on the time since `last_save`."""
-# expect: {"ranks": 3, "verdict": "hang", "cause": "rank_conditional_collective", "recipe": "D21", "culprits": [1, 2], "parting": "timer", "values": ["last_save"], "first": {"pg": "default_pg", "seq": 2}}
+# expect: {"ranks": 3, "verdict": "hang", "cause": "rank_conditional_collective", "recipe": "D21", "culprits": [1, 2], "parting": "timer", "values": ["last_save"], "first": {"pg": "default_pg", "seq": 2, "culprits": [1, 2]}}
 
 import time
 

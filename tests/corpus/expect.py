@@ -72,8 +72,8 @@ class Case:
 
     first: dict[str, Any] | None = None
     """Where the ranks' paths first part: ``{"pg": name or desc, "seq": N}`` (and ``"kind":
-    "p2p"`` where the calls are point-to-point ones, numbered apart), as
-    ``Diagnosis.first_divergence`` must give it."""
+    "p2p"`` where the calls are point-to-point ones, numbered apart; ``"culprits"`` where the
+    class named there is checked too), as ``Diagnosis.first_divergence`` must give it."""
 
     def line(self, tag: str) -> str:
         """``file.py:N`` of the line marked ``# site: <tag>``: in the script, or in the small
@@ -185,6 +185,11 @@ def _first_wrong(want: dict[str, Any], got: dict[str, Any] | None) -> list[str]:
         wrong.append(f"first divergence among {got.get('kind')} calls")
     if wrong:
         wrong[-1] += f" (expected {want.get('kind', 'collective')} {want['pg']} #{want['seq']})"
+    if "culprits" in want and got.get("culprits") != want["culprits"]:
+        wrong.append(
+            f"first divergence's culprits {got.get('culprits')} (expected {want['culprits']}, "
+            f"told by {got.get('decided_by')})"
+        )
     return wrong
 
 
