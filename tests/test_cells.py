@@ -248,6 +248,43 @@ def test_cells_rank_conditional_collective_card(kernel, tmp_path):
     assert "Call collectives on every rank" in d.fix, d.fix
 
 
+@pytest.mark.timeout(900)
+def test_cells_a_cell_that_raised_on_one_rank_is_that_rank_s_crash(kernel, tmp_path):
+    """A cell raises on rank 1 before its all_reduce: ranks 0 and 2 wait in it for a call rank
+    1 will not make. The card names rank 1's error and the cell's line it raised at (a crash
+    of that rank, for that cell), with the fix to correct the cell and restart; not a rank
+    stuck outside the collectives, done with its cell."""
+    k = kernel
+    k.run("%load_ext rankscope")
+    _, out = k.run(f"%ranks start 3 --timeout 120 --runs {tmp_path / 'runs'}", timeout=400)
+    assert "3 ranks, incarnation 1: running" in out, out
+    code = "%%ranks\nt = torch.ones(2)\nif rank == 1:\n    raise ValueError('bad batch')\n"
+    cell, _ = k.run(code + "dist.all_reduce(t)")
+    text = _wait_view(k, cell, r"CRASH", timeout=150)
+    n = k.counts[cell]
+    assert "CRASH: a rank crashed (recipe D20)" in text, text
+    assert (
+        f"rank 1 failed with ValueError: bad batch at <cell {n}>:3, leaving ranks 0, 2 waiting"
+        in text
+    ), text
+    assert f"rank 1's cell [{n}] raised before all_reduce, which ranks 0, 2 wait in at " in text
+    assert re.search(r"culprit ranks: 1; waiting ranks: 0, 2", text), text
+    assert "%ranks restart" in text and "stuck outside" not in text, text
+
+    import rankscope
+
+    (run,) = (tmp_path / "runs").glob("*-cells-*/*-cells-1-*")
+    loaded = rankscope.load_run(run)
+    row = loaded.ranks.set_index("rank").loc[1]
+    assert (row["cell_state"], row["cell_error"], row["cell_error_site"]) == (
+        "raised",
+        "ValueError: bad batch",
+        f"<cell {n}>:3",
+    )
+    d = rankscope.diagnose(loaded)
+    assert (d.cause, d.culprit_ranks, d.waiting_ranks) == ("rank_crashed", [1], [0, 2])
+
+
 def _run_interrupted(k: Kernel, code: str, after_s: float, timeout: float = 120) -> str:
     """Execute ``code``, press Kernel > Interrupt after ``after_s``; the text it printed."""
     msg_id = k.kc.execute(code)

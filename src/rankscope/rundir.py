@@ -97,8 +97,9 @@ EVENT_KINDS = {
     "exception": "type, message, traceback",
     "cell": "cell (N of the cell's file <cell N>), run (the session's number for this run of "
     "it), phase (start, or end: however it ended on this rank), threads (at its end: threads "
-    "the cell started that still run), ok (at its end: false where the cell raised); written by "
-    "a cell session's rank (rankscope.probe.cells)",
+    "the cell started that still run), ok (at its end: false where the cell raised), error and "
+    "site (where it raised: 'ValueError: bad batch', '<cell 7>:3'); written by a cell "
+    "session's rank (rankscope.probe.cells)",
     "capture": "id, reason, files (what the probe wrote for an evidence request)",
     "dropped": "since (the time of the first write that failed), writes (how many failed), error "
     "(the OS's word: No space left on device): what the probe could not write to this file and "
@@ -808,6 +809,10 @@ class RankRecord:
     """When its latest ``cell`` event was written (that cell's start, or its end)."""
     cell_raised: bool = False
     """That cell ended by raising on it (its end event's ``ok`` is false)."""
+    cell_error: str | None = None
+    """What it raised there (``ValueError: bad batch``), where its end event says."""
+    cell_error_site: str | None = None
+    """The line of the cell it raised at (``<cell 7>:3``), where its end event says."""
 
     @property
     def cell_state(self) -> str | None:
@@ -928,6 +933,9 @@ class RankRecord:
             self.cell_threads = as_int(ev.get("threads")) if self.cell_ended else None
             self.cell_at = t
             self.cell_raised = self.cell_ended and ev.get("ok") is False
+            raised = self.cell_raised or None
+            self.cell_error = raised and as_str(ev.get("error"))
+            self.cell_error_site = raised and as_str(ev.get("site"))
             return False
         if kind == "exception":
             self.exception = f"{as_str(ev.get('type'))}: {as_str(ev.get('message'))}"
@@ -1128,6 +1136,29 @@ def whole_record(run: RunDir, rank: int) -> RankRecord | None:
         for ev in lines:
             record.apply(ev)
     return record
+
+
+#: A cell's end that raised, in the events table's ``message``: ``end: <cell 7>:3: ValueError:
+#: bad batch`` (its site, then its error; either may be missing).
+_CELL_RAISED = re.compile(r"end(?:: (?P<site><cell \d+>:\d+))?(?:: (?P<error>.*))?", re.S)
+
+
+def cell_message(ev: dict[str, Any]) -> str | None:
+    """A ``cell`` event as the events table's ``message``: its phase, and for an end that
+    raised, where and what (:data:`_CELL_RAISED`)."""
+    phase = as_str(ev.get("phase"))
+    if phase != "end" or ev.get("ok") is not False:
+        return phase
+    said = [s for s in (as_str(ev.get("site")), as_str(ev.get("error"))) if s]
+    return ": ".join(["end", *said])
+
+
+def cell_fields(message: str | None) -> dict[str, Any]:
+    """The ``phase``, ``site`` and ``error`` of a cell event's ``message`` (:func:`cell_message`)."""
+    m = _CELL_RAISED.fullmatch(message or "")
+    if m is None:
+        return {"phase": message}
+    return {"phase": "end", "site": m["site"], "error": m["error"]}
 
 
 def ring_step(data: bytes, step_t: float | None) -> dict[str, Any] | None:

@@ -50,12 +50,15 @@ RANKS: Columns = {
     "end": "string",
     # In a cell session (rankscope.cells), its latest cell as its cell events say: N of the
     # cell, the session's number for that run of it, where it stands (RankRecord.cell_state:
-    # running, finished, raised, threads) and when that was written. Null outside a cell
-    # session.
+    # running, finished, raised, threads) and when that was written; where it raised, what
+    # and at which line of the cell ("ValueError: bad batch", "<cell 7>:3"). Null outside a
+    # cell session.
     "cell": "Int64",
     "cell_run": "Int64",
     "cell_state": "string",
     "cell_s": "Float64",
+    "cell_error": "string",
+    "cell_error_site": "string",
 }
 
 #: The probe's events, one row per line of ranks/<rank>/events.jsonl.
@@ -71,7 +74,8 @@ EVENTS: Columns = {
     "done": "Int64",  # heartbeat: collectives completed so far; cell end: threads left running
     "ok": "boolean",  # exit: the call returned normally; cell end: the cell did not raise
     "code": "Int64",  # end: exit code
-    # exception: "Type: message"; exit: error text; capture, end: reason; cell: start or end
+    # exception: "Type: message"; exit: error text; capture, end: reason; cell: start or end,
+    # and for an end that raised, where and what: "end: <cell 7>:3: ValueError: bad batch"
     "message": "string",
     "capture_id": "Int64",  # capture: the evidence request it answered (null at exit/exception)
 }

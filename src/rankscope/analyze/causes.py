@@ -440,6 +440,14 @@ CRASH_FIX = (
     "Fix the failing rank, not the hang: its error is the cause and the others only waited for "
     "it. With nccl, TORCH_NCCL_ASYNC_ERROR_HANDLING=1 makes the peers abort promptly."
 )
+#: A crash's advice where a cell raised on some ranks of a cell session (and its text is no
+#: known error): the others wait in the cell for a call those ranks will not make.
+CELL_RAISED_FIX = (
+    "Fix the cell's error on the rank where it raised (its traceback is in the cell's output, "
+    "under that rank): the other ranks only wait for it, in a call it will not make now. "
+    "%ranks restart starts fresh ranks (--replay runs the earlier cells again); then run the "
+    "fixed cell."
+)
 #: The early exit's advice where the user's code asked for it (sys.exit, os._exit).
 ASKED_EXIT_FIX = (
     "The exit{exit_at} ends this rank alone, and the others wait for it in their next "

@@ -135,6 +135,10 @@ class Evidence:
                 f.cell_run = None if pd.isna(row.cell_run) else int(row.cell_run)
                 f.cell_state = str(row.cell_state)
                 f.cell_s = None if pd.isna(row.cell_s) else float(row.cell_s)
+                f.cell_error = None if pd.isna(row.cell_error) else str(row.cell_error)
+                f.cell_error_site = (
+                    None if pd.isna(row.cell_error_site) else str(row.cell_error_site)
+                )
             f.stopped = self.stopped
         events = self.table("events")
         special = events[events["ev"].isin(["exception", "end", "start"])]
@@ -284,6 +288,10 @@ class RankFacts:
     (:attr:`rankscope.rundir.RankRecord.cell_state`); None outside a cell session."""
     cell_s: float | None = None
     """When its latest cell event was written (the cell's start while it runs, else its end)."""
+    cell_error: str | None = None
+    """What that cell raised on it (``ValueError: bad batch``), where it raised."""
+    cell_error_site: str | None = None
+    """The cell's line it raised at (``<cell 7>:3``)."""
 
     @property
     def ending(self) -> str | None:

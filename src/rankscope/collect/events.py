@@ -43,6 +43,7 @@ from rankscope.rundir import (
     RING_SLOT_FIELDS,
     RING_VERSION,
     as_enter_exit,
+    cell_message,
     read_path,
     ring_step,
     valid_id,
@@ -414,7 +415,7 @@ def _event(ev: dict[str, Any], kind: str | None, rank: Any) -> tuple[Any, ...]:
             f"{as_str(ev.get('error')) or 'unknown error'}"
         )
     elif kind == "cell":
-        message = as_str(ev.get("phase"))
+        message = cell_message(ev)
     coll = ev.get("coll") if kind == "heartbeat" else ev.get("id")
     cell = kind == "cell"  # its numbers in the columns the schema names for it
     return (

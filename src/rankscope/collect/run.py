@@ -30,7 +30,7 @@ from rankscope.collect.logs import last_output, read_logs
 from rankscope.collect.nccl import load_nccl
 from rankscope.collect.stacks import read_stacks, summarize_stacks
 from rankscope.collect.values import read_values
-from rankscope.rundir import RankRecord, RunDir, torchrun_failures
+from rankscope.rundir import RankRecord, RunDir, cell_fields, torchrun_failures
 from rankscope.state import rank_end, signal_name, stopping
 
 
@@ -368,7 +368,7 @@ def _ranks_table(
                     "t": _opt(last["t_s"]),
                     "cell": _opt(last["step"]),
                     "run": _opt(last["seq"]),
-                    "phase": _opt(last["message"]),
+                    **cell_fields(_opt(last["message"])),
                     "threads": _opt(last["done"]),
                     "ok": _opt(last["ok"]),
                 }
@@ -404,6 +404,8 @@ def _ranks_table(
                 "cell_run": record.cell[1] if record.cell else None,
                 "cell_state": record.cell_state,
                 "cell_s": record.cell_at,
+                "cell_error": record.cell_error,
+                "cell_error_site": record.cell_error_site,
             }
         )
     columns = list(schema.RANKS)

@@ -64,7 +64,7 @@ def run_cell(path: str, ns: dict[str, Any], run: int | None = None) -> None:
 
     ``run`` numbers the cell runs of the session (the kernel's count): the probe writes a
     ``cell`` event as the cell starts and as it ends on this rank (however it ends: ``ok``
-    false where it raised), with the threads the cell started that still run then, which the
+    false where it raised, with the error and the cell's line it raised at), with the threads the cell started that still run then, which the
     stall prover reads (a rank that finished the cell without making a call that others wait
     in during it)."""
     with open(path, encoding="utf-8") as f:
@@ -75,15 +75,38 @@ def run_cell(path: str, ns: dict[str, Any], run: int | None = None) -> None:
     if probe is not None:
         probe.emit("cell", cell=number, run=run, phase="start")
         probe.flush()
-    ok = False
+    ok, raised = False, {}
     try:
         _run(source, path, ns)
         ok = True
+    except BaseException as exc:
+        raised = _raised(exc, path)
+        raise
     finally:
         if probe is not None:
             left = [t for t in threading.enumerate() if t not in before and t.is_alive()]
-            probe.emit("cell", cell=number, run=run, phase="end", threads=len(left), ok=ok)
+            probe.emit(
+                "cell", cell=number, run=run, phase="end", threads=len(left), ok=ok, **raised
+            )
             probe.flush()
+
+
+def _raised(exc: BaseException, path: str) -> dict[str, str]:
+    """``error`` (``ValueError: bad batch``) and ``site`` (``<cell 7>:3``: the innermost line
+    of this cell in its traceback) of what a cell raised."""
+    try:
+        said = str(exc)
+    except Exception:  # a broken __str__ of the user's own error
+        said = ""
+    out = {"error": (f"{type(exc).__name__}: {said}" if said else type(exc).__name__)[:500]}
+    tb, line = exc.__traceback__, None
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename == path:
+            line = tb.tb_lineno
+        tb = tb.tb_next
+    if line is not None:
+        out["site"] = f"{os.path.basename(path)}:{line}"
+    return out
 
 
 def _cell_number(path: str) -> int | None:

@@ -13,7 +13,7 @@ import pandas as pd
 
 from rankscope.analyze.activity import WAITS, Activity, passed, user_path
 from rankscope.analyze.calls import done, opt, opt_int
-from rankscope.analyze.causes import ASKED_EXIT_FIX, UNEVEN_FIX, Cause
+from rankscope.analyze.causes import ASKED_EXIT_FIX, CELL_RAISED_FIX, UNEVEN_FIX, Cause
 from rankscope.analyze.context import Context, Where
 from rankscope.analyze.diagnosis import CollectiveInfo, who_of
 from rankscope.analyze.parting import runs_alike
@@ -141,6 +141,34 @@ def _decide_root_cause(
     unrecorded = [r for r in roots if r not in ctx.evidence_ranks]
     if unrecorded and len(unrecorded) == len(roots):
         return silent(roots)
+    raised = [
+        r
+        for r in finished_cell(ctx, roots, w, state="raised")
+        if not (ctx.facts[r].cell_error or "").startswith("KeyboardInterrupt")
+    ]  # an interrupt is the user's stop, not the cell's error
+    if raised:
+        # Its cell failed on it before the call: the others wait for a call it will not make.
+        f = ctx.facts[raised[0]]
+        story = crash_story(Cause.rank_crashed, f.cell_error)
+        return Decided(
+            Cause.rank_crashed,
+            raised,
+            {
+                "error": short(f.cell_error or "an error"),
+                "culprit_site": f.cell_error_site,
+                **story.facts,
+                "crash_fix": story.facts["crash_fix"]
+                if story.facts.get("known")
+                else CELL_RAISED_FIX,
+            },
+            notes=[
+                f"{who_of(raised)}'s cell [{f.cell}] raised before {w.op}, which "
+                f"{facts['others']} {agree(facts['others'], 'waits', 'wait')} in"
+                f"{at(facts['other_site'])}",
+                *story.notes,
+            ],
+            recipe=story.recipe,
+        )
     finished = finished_cell(ctx, roots, w)
     if finished:
         # Like a rank that ended its script, for that cell: it will never make the call.
@@ -189,14 +217,15 @@ def _decide_root_cause(
     return lagging(roots, doing=_some(where))
 
 
-def finished_cell(ctx: Context, roots: list[int], w: Wait) -> list[int]:
+def finished_cell(ctx: Context, roots: list[int], w: Wait, *, state: str = "finished") -> list[int]:
     """In a cell session, the roots that finished the very run of the notebook cell in which
     ``w``'s rank waits (its cell's end event for that run, nothing after it, no thread of the
     cell left running) without making the call: for that cell they are like ranks that ended
     their script. The proof's own limits (:func:`rankscope.waitfor.prove`): the waiting rank
     still runs that cell and made the call in it, from its main thread; a root still inside
-    the cell, in a later cell, or whose cell left a thread running, is not one of them, nor
-    one whose cell raised (it failed the cell: no branch sent it past the call)."""
+    the cell, in a later cell, or whose cell left a thread running, is not one of them. With
+    ``state`` ``raised``, the roots whose cell raised instead (it failed the cell: no branch
+    sent it past the call; it crashed, for that cell)."""
     waiter = ctx.facts.get(w.rank)
     if (
         waiter is None
@@ -216,7 +245,7 @@ def finished_cell(ctx: Context, roots: list[int], w: Wait) -> list[int]:
         r
         for r in roots
         if (f := ctx.facts.get(r)) is not None
-        and f.cell_state == "finished"
+        and f.cell_state == state
         and (f.cell, f.cell_run) == (waiter.cell, waiter.cell_run)
         and r not in made
     ]
