@@ -80,11 +80,31 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | 
     return Grouped(config, log)
 
 
+def run_order(nodeid: str, *, slow: bool) -> int:
+    """Where a test goes in the order that work units are handed out (the longest work first,
+    the shortest last, so that both workers run until the end):
+
+    0. the notebooks: the longest tests; the site's build waits for them;
+    1. the other groups' tests (JupyterLab and Chromium, the SLURM cluster, ...): units of
+       several long tests each;
+    2. the site's tests: its build waits for the notebooks, which by then have ended (unless one
+       is still running on the other worker), and it is one long unit, which would leave the
+       other worker idle at the end;
+    3. the other slow tests (each starts a job);
+    4. the tests not marked ``slow``: quick, they share out the end evenly.
+    """
+    group = group_of(nodeid)
+    if runs_a_notebook(nodeid):
+        return 0
+    if group is not None:
+        return 2 if group == "site" else 1
+    return 3 if slow else 4
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The notebooks first: they are the longest tests, so workers that start them first end
-    together; the site's tests last, so that its build finds them done (it waits for them, and
-    would hold a worker while it does). A test that uses a fixture that exists once
-    outside its group is an error: it would share the fixture with another worker."""
+    """The tests in :func:`run_order`, each file's in their order. A test that uses a fixture
+    that exists once outside its group is an error: it would share the fixture with another
+    worker."""
     for item in items:
         for fixture, group in GROUP_OF_FIXTURE.items():
             if fixture in getattr(item, "fixturenames", ()) and group_of(item.nodeid) != group:
@@ -93,7 +113,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                     f"tests/conftest.py's GROUP_BY_FILE as {group!r}"
                 )
     # stable: the rest keep their order
-    items.sort(key=lambda item: (not runs_a_notebook(item.nodeid), group_of(item.nodeid) == "site"))
+    items.sort(
+        key=lambda item: run_order(item.nodeid, slow=item.get_closest_marker("slow") is not None)
+    )
 
 
 def site_of(script: str, tag: str) -> str:

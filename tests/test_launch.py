@@ -31,9 +31,12 @@ def events(run: RunDir, rank: int) -> list[dict]:
 
 
 @pytest.mark.slow
-def test_clean_run_records_every_rank(start_job):
+def test_clean_run_records_every_rank_beside_another_job(start_job):
     job = start_job("launch/clean.py", nproc_per_node=2)
-    assert job.wait(timeout=60) == 0
+    other = start_job("launch/clean.py", nproc_per_node=2)  # two jobs at the same time
+    assert job.wait(timeout=90) == 0 and other.wait(timeout=90) == 0
+    assert job.info()["port"] != other.info()["port"]
+    assert job.run.path != other.run.path
     info = job.info()
     assert info["state"] == "exited"
     assert {r: v["exit_code"] for r, v in info["ranks"].items()} == {"0": 0, "1": 0}
@@ -189,15 +192,6 @@ def test_gil_held_rank_answers_through_faulthandler_signal(start_job):
     assert manifest["ranks"]["1"]["via"] == "signal"
     stacks = (job.run.capture_dir(stall["capture_id"]) / "rank1.stacks.txt").read_text()
     assert "via=signal" in stacks and 'gil_holder.py", line 13 in <module>' in stacks
-
-
-@pytest.mark.slow
-def test_two_jobs_at_the_same_time(start_job):
-    a = start_job("launch/clean.py", nproc_per_node=2)
-    b = start_job("launch/clean.py", nproc_per_node=2)
-    assert a.wait(timeout=90) == 0 and b.wait(timeout=90) == 0
-    assert a.info()["port"] != b.info()["port"]
-    assert a.run.path != b.run.path
 
 
 @pytest.mark.slow

@@ -22,26 +22,36 @@ NOTEBOOKS = sorted((Path(__file__).parent.parent / "notebooks").glob("*.ipynb"))
 #: mybinder.org gives a session 2 GB; the kernel and every job it starts must fit in it.
 BINDER_MEMORY = 2 * 1024**3
 #: A file per notebook that this file's test has ended (passed, failed or skipped) in a run of
-#: the suite, holding that run's id: tests/test_site.py waits for them on other workers.
+#: the suite, holding that run's id and the folder the notebook ran in (its jobs' ``runs/``):
+#: tests/test_site.py waits for them on other workers, tests/test_scenarios.py reads their runs.
 ENDED = EXECUTED.parent / "notebooks-ended"
 
 
-def ended_in_this_run(path: Path) -> bool:
-    mark = ENDED / path.stem
+def _ended_mark(path: Path) -> list[str]:
     try:
-        return mark.read_text() == TEST_RUN
+        return (ENDED / path.stem).read_text().splitlines()
     except OSError:
-        return False
+        return []
+
+
+def ended_in_this_run(path: Path) -> bool:
+    return _ended_mark(path)[:1] == [TEST_RUN]
+
+
+def workdir_in_this_run(path: Path) -> Path | None:
+    """The folder the notebook at ``path`` ran in, if it ended in this run of the suite."""
+    mark = _ended_mark(path)
+    return Path(mark[1]) if mark[:1] == [TEST_RUN] and len(mark) > 1 else None
 
 
 @pytest.fixture
-def says_when_it_ends(path: Path) -> Iterator[None]:
+def says_when_it_ends(path: Path, tmp_path: Path) -> Iterator[None]:
     """Marks ``path``'s run as ended in this run of the suite, however it ends."""
     try:
         yield
     finally:
         ENDED.mkdir(parents=True, exist_ok=True)
-        (ENDED / path.stem).write_text(TEST_RUN)
+        (ENDED / path.stem).write_text(f"{TEST_RUN}\n{tmp_path}\n")
 
 
 class PeakMemory:

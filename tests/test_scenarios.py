@@ -4,11 +4,15 @@ with its own check that every rank exits 0; this file checks that every scenario
 
 A notebook that breaks a scenario with ``Lesson.break_it`` checks the catalogue's diagnosis too
 (verdict, cause and culprits); such a scenario is run broken here only if it hangs, for the
-replay, so that the suite does not run the same broken job twice."""
+replay, so that the suite does not run the same broken job twice. A hang's broken run that a
+notebook made earlier in the same run of the suite (the same job but for its stall timeout and
+name) is read here rather than run again; run alone, this file runs its own."""
 
 from __future__ import annotations
 
 import ast
+import json
+from collections import defaultdict
 from dataclasses import replace
 from pathlib import Path
 
@@ -16,20 +20,24 @@ import nbformat
 import pytest
 
 from rankscope.analyze import diagnose
-from rankscope.scenarios import catalogue, get
+from rankscope.launch import JobSpec
+from rankscope.rundir import FINAL_STATES
+from rankscope.scenarios import Scenario, catalogue, get
+from rankscope.widgets.lesson import Lesson
 
+from .test_notebooks import workdir_in_this_run
 from .test_replay import assert_replay_reproduces
 
 SCENARIOS = catalogue()
 NOTEBOOKS = sorted((Path(__file__).parent.parent / "notebooks").glob("*.ipynb"))
 
 
-def _lesson_calls() -> list[tuple[str, str, bool]]:
-    """``(method, scenario id, checks the catalogue)`` for every ``lesson.verify(s)`` and
+def _lesson_calls() -> list[tuple[str, str, bool, Path]]:
+    """``(method, scenario id, checks the catalogue, notebook)`` for every ``lesson.verify(s)`` and
     ``lesson.break_it(s)`` of the notebooks, ``s`` resolved from ``s = get("d21")`` in the
     order of the source (a variable may name one scenario after another). A ``break_it`` checks
     the catalogue's diagnosis unless it, or ``Lesson(...)``, names another ``verdict``."""
-    calls: list[tuple[str, str, bool]] = []
+    calls: list[tuple[str, str, bool, Path]] = []
     for path in NOTEBOOKS:
         nb = nbformat.read(path, as_version=4)
         code = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
@@ -52,9 +60,8 @@ def _lesson_calls() -> list[tuple[str, str, bool]]:
                 name = ast.unparse(node.args[0])
                 if name in ids:
                     method = _call_name(node).partition(".")[2]  # type: ignore[union-attr]
-                    calls.append(
-                        (method, ids[name], _checks_catalogue(node, default=lesson_checks))
-                    )
+                    checks = _checks_catalogue(node, default=lesson_checks)
+                    calls.append((method, ids[name], checks, path))
     return calls
 
 
@@ -69,11 +76,14 @@ def _checks_catalogue(call: ast.Call, *, default: bool) -> bool:
 
 LESSON_CALLS = _lesson_calls()
 #: Scenarios a notebook runs fixed with ``Lesson.verify`` (every rank exits 0).
-FIXED_BY_A_NOTEBOOK = {sid for method, sid, _ in LESSON_CALLS if method == "verify"}
-#: Scenarios a notebook breaks with ``Lesson.break_it``, checking the catalogue's diagnosis.
-BROKEN_BY_A_NOTEBOOK = {
-    sid for method, sid, checks in LESSON_CALLS if method == "break_it" and checks
-}
+FIXED_BY_A_NOTEBOOK = {sid for method, sid, _, _ in LESSON_CALLS if method == "verify"}
+#: The notebooks that break each scenario with ``Lesson.break_it``, checking the catalogue's
+#: diagnosis.
+NOTEBOOKS_BREAKING: defaultdict[str, list[Path]] = defaultdict(list)
+for _method, _sid, _checks, _path in LESSON_CALLS:
+    if _method == "break_it" and _checks:
+        NOTEBOOKS_BREAKING[_sid].append(_path)
+BROKEN_BY_A_NOTEBOOK = set(NOTEBOOKS_BREAKING)
 #: The broken runs this file makes: every hang (its replay), and what no notebook checks.
 BROKEN_HERE = [
     s for s in SCENARIOS if s.expected["verdict"] == "hang" or s.id not in BROKEN_BY_A_NOTEBOOK
@@ -110,12 +120,55 @@ def test_catalogue_is_complete_and_consistent():
 def test_scenario_breaks_as_catalogued(scenario, start_job):
     if scenario.missing():  # an optional extra that is not installed here
         pytest.skip(f"{scenario.id} needs {', '.join(scenario.missing())}, which is not installed")
-    job = start_job.spec(scenario.spec(on_stall="stop"))
-    job.wait(timeout=120)
-    diagnosis = diagnose(job.run.path)
+    path = a_notebook_s_run(scenario)
+    if path is None:
+        job = start_job.spec(scenario.spec(on_stall="stop"))
+        job.wait(timeout=120)
+        path = job.run.path
+    diagnosis = diagnose(path)
     wrong = scenario.wrong(diagnosis)
     assert not wrong, "; ".join(wrong)
     if (
         scenario.expected["verdict"] == "hang"
     ):  # its replay freezes the same way (tests/test_replay.py)
-        assert_replay_reproduces(job.run.path, diagnosis, start_job)
+        assert_replay_reproduces(path, diagnosis, start_job)
+
+
+def _the_job(spec: JobSpec) -> JobSpec:
+    """A broken run's job, but for what a lesson sets its own way (its stall timeout) and the
+    name; its backend as it resolves here (a lesson's gloo is the catalogue's auto on CPU)."""
+    return replace(spec, backend=spec.resolve_backend(), stall_timeout_s=None, name=None)
+
+
+def a_notebook_s_run(scenario: Scenario) -> Path | None:
+    """A hang's broken run that a notebook made in this run of the suite (``Lesson.break_it``):
+    the job this file would start (:func:`_the_job`), ended, stopped by the watchdog at a
+    stall; None where there is none (this file run alone, or that notebook not run yet)."""
+    if scenario.expected["verdict"] != "hang":
+        return None
+    want = _the_job(scenario.spec(on_stall="stop"))
+    for notebook in NOTEBOOKS_BREAKING.get(scenario.id, ()):
+        workdir = workdir_in_this_run(notebook)
+        for run_json in sorted(workdir.glob("runs/*/run.json")) if workdir else ():
+            try:
+                data = json.loads(run_json.read_text())
+                spec = JobSpec.from_dict(data["spec"], recorded=True)
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+            if data.get("state") in FINAL_STATES and data.get("stalls") and _the_job(spec) == want:
+                return run_json.parent
+    return None
+
+
+@pytest.mark.parametrize(
+    "sid", sorted(s.id for s in BROKEN_HERE if s.id in BROKEN_BY_A_NOTEBOOK and not s.missing())
+)
+def test_a_lesson_s_broken_run_is_the_job_this_file_runs(sid, monkeypatch):
+    """Where a notebook breaks a hang, its run is the one :func:`a_notebook_s_run` looks for:
+    ``Lesson.run`` starts the catalogue's job, but for the stall timeout and the name."""
+    scenario = get(sid)
+    started: list[JobSpec] = []
+    monkeypatch.setattr(Lesson, "_to_the_end", lambda self, spec: started.append(spec))
+    Lesson(hang_after_s=7.0).run(scenario)
+    assert _the_job(started[0]) == _the_job(scenario.spec(on_stall="stop"))
+    assert started[0].stall_timeout_s == 7.0

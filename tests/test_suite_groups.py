@@ -10,7 +10,7 @@ from collections import defaultdict
 
 import pytest
 
-from .conftest import GROUP_BY_FILE, group_of
+from .conftest import GROUP_BY_FILE, group_of, run_order
 
 
 def test_a_test_s_group_comes_from_its_node_id() -> None:
@@ -19,6 +19,28 @@ def test_a_test_s_group_comes_from_its_node_id() -> None:
     assert group_of("tests/test_notebooks.py::test_notebook_runs[00-quickstart]") is None
     assert group_of("tests/test_state.py::test_x[test_site.py]") is None
     assert set(GROUP_BY_FILE.values()) >= {"slurm", "debug_server", "site", "browser", "bench"}
+
+
+def test_the_longest_work_goes_out_first_and_the_quick_tests_last() -> None:
+    nodeids = {
+        "tests/test_state.py::test_words_not_reprs": False,
+        "tests/test_site.py::test_the_site_reads_at_a_glance": False,
+        "tests/test_launch.py::test_clean_job": True,
+        "tests/test_browser.py::test_make_lab_serves_the_quickstart_at_the_url_it_prints": True,
+        "tests/test_notebooks.py::test_notebook_runs[00-quickstart]": True,
+        "tests/test_notebooks.py::test_committed_notebooks_hold_no_outputs[00-quickstart]": False,
+        "tests/test_notebooks.py::test_notebook_runs[02-laptop-to-cluster]": True,
+    }
+    ordered = sorted(nodeids, key=lambda n: run_order(n, slow=nodeids[n]))
+    assert ordered == [
+        "tests/test_notebooks.py::test_notebook_runs[00-quickstart]",
+        "tests/test_notebooks.py::test_notebook_runs[02-laptop-to-cluster]",
+        "tests/test_browser.py::test_make_lab_serves_the_quickstart_at_the_url_it_prints",
+        "tests/test_site.py::test_the_site_reads_at_a_glance",
+        "tests/test_launch.py::test_clean_job",
+        "tests/test_state.py::test_words_not_reprs",
+        "tests/test_notebooks.py::test_committed_notebooks_hold_no_outputs[00-quickstart]",
+    ]
 
 
 #: Quick tests of no group, for the other worker.
