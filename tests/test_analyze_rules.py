@@ -188,10 +188,10 @@ def test_the_waits_rule_names_a_rank_blocked_outside_and_its_fix():
 ENGINE = "/usr/lib/python3/dist-packages/ipyparallel/engine/"
 
 
-def _cell_hang(cells: dict[int, tuple[int, int, str, float]]):
+def _cell_hang(cells: dict[int, tuple[int, int, str, float]], errors: dict[int, str] | None = None):
     """Rank 0 waits in an all_reduce at ``<cell 5>:3``; ranks 1-2 sit in their IPython
     Parallel engine's loop, between cells. ``cells``: each rank's latest cell as the ranks
-    table holds it, ``rank -> (cell, run, state, time)``."""
+    table holds it, ``rank -> (cell, run, state, time)``; ``errors``: what it raised there."""
     rows = [*steps(range(3), 2)]
     rows.append(call(0, 3, done=False, file="<cell 5>", line=3, site="<cell 5>:3", t=T0 + 10))
     run = run_of(rows, exits=dict.fromkeys(range(3)))
@@ -207,6 +207,7 @@ def _cell_hang(cells: dict[int, tuple[int, int, str, float]]):
         cell_run=[cells.get(r, (None,) * 4)[1] for r in range(3)],
         cell_state=[cells.get(r, (None,) * 4)[2] for r in range(3)],
         cell_s=[cells.get(r, (None,) * 4)[3] for r in range(3)],
+        cell_error=[(errors or {}).get(r) for r in range(3)],
     )
     run.ranks = schema.conform("ranks", ranks)
     return run
@@ -237,21 +238,19 @@ def test_ranks_that_finished_the_cell_the_others_wait_in_took_a_branch():
 
 @pytest.mark.parametrize(
     "why",
-    ["an earlier run", "left threads", "raised", "call before the cell", "waiter not in the cell"],
+    ["an earlier run", "left threads", "call before the cell", "waiter not in the cell"],
 )
 def test_ranks_idle_between_cells_but_not_proven_are_stuck_outside_in_the_plural(why):
     """What the proof does not show is not read as a finished cell (rankscope.waitfor's
     limits): ranks 1-2 idle after an earlier run of the cell, or whose cell left a thread
-    running, or whose cell raised (they failed it: no branch), or a call that rank 0 made
-    before its cell started, or a rank 0 that ended its cell. They are stuck outside the collectives, and the sentence says so of both ranks."""
+    running, or a call that rank 0 made before its cell started, or a rank 0 that ended its
+    cell. They are stuck outside the collectives, and the sentence says so of both ranks."""
     waiter = (5, 3, "running", T0 + 9)
     idle = (5, 3, "finished", T0 + 9.5)
     if why == "an earlier run":
         idle = (5, 2, "finished", T0 + 5)
     elif why == "left threads":
         idle = (5, 3, "threads", T0 + 9.5)
-    elif why == "raised":
-        idle = (5, 3, "raised", T0 + 9.5)
     elif why == "call before the cell":
         waiter = (5, 3, "running", T0 + 11)
     else:
@@ -260,6 +259,24 @@ def test_ranks_idle_between_cells_but_not_proven_are_stuck_outside_in_the_plural
     assert (d.cause, d.culprit_ranks, d.waiting_ranks) == ("stuck_outside", [1, 2], [0])
     assert "rank 0 waits in all_reduce" in d.reason, d.reason
     assert "for ranks 1-2, which are done with their cell (idle" in d.reason, d.reason
+
+
+def test_ranks_whose_cell_raised_before_the_call_crashed_for_that_cell():
+    """Ranks 1-2's run of the cell rank 0 waits in raised (they failed it: no branch took them
+    past the call): their crash, for that cell, with the cell's fix; a rank interrupted by the
+    user (KeyboardInterrupt) is not one."""
+    waiter, raised = (5, 3, "running", T0 + 9), (5, 3, "raised", T0 + 9.5)
+    d = diagnose(_cell_hang({0: waiter, 1: raised, 2: raised}))
+    assert (d.cause, d.culprit_ranks, d.waiting_ranks) == ("rank_crashed", [1, 2], [0])
+    assert d.reason.startswith("ranks 1-2 failed with an error"), d.reason
+    assert "%ranks restart" in d.fix and "ranks 1-2's cell [5] raised before all_reduce" in (
+        " ".join(d.notes)
+    ), d.notes
+    told = diagnose(_cell_hang({0: waiter, 1: raised, 2: raised}, {1: "ValueError: bad batch"}))
+    assert told.reason.startswith("ranks 1-2 failed with ValueError: bad batch"), told.reason
+    stopped = {1: "KeyboardInterrupt", 2: "KeyboardInterrupt"}
+    d = diagnose(_cell_hang({0: waiter, 1: raised, 2: raised}, stopped))
+    assert (d.cause, d.culprit_ranks) == ("stuck_outside", [1, 2]), d.render()
 
 
 def test_fewer_calls_then_a_barrier_with_no_stacks_or_source_is_not_guessed():

@@ -157,8 +157,9 @@ def swallowed(ctx: Context) -> Finding | None:
 
 
 def _caught(catch: Catch | None) -> str:
-    """Where the first error was caught, in words (``, caught in the library quietmetrics by
-    `except RuntimeError:` at __init__.py:18``); empty where no source read shows it."""
+    """Where the first error was caught, in words; empty where no source read shows it.
+
+    ``, caught in the library quietmetrics by `except RuntimeError:` at __init__.py:18``."""
     if catch is None:
         return ""
     by = f"`{catch.source}` at {catch.site}"

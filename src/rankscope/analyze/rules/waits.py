@@ -149,18 +149,19 @@ def _decide_root_cause(
     if raised:
         # Its cell failed on it before the call: the others wait for a call it will not make.
         f = ctx.facts[raised[0]]
-        story = crash_story(Cause.rank_crashed, f.cell_error)
+        cause = failure_cause(text=f.cell_error)
+        story = crash_story(cause, f.cell_error)
+        told = {
+            "error": short(f.cell_error or "an error"),
+            "culprit_site": f.cell_error_site,
+            **story.facts,
+        }
+        if cause == Cause.rank_crashed and not told["known"]:
+            told["crash_fix"] = CELL_RAISED_FIX
         return Decided(
-            Cause.rank_crashed,
+            cause,
             raised,
-            {
-                "error": short(f.cell_error or "an error"),
-                "culprit_site": f.cell_error_site,
-                **story.facts,
-                "crash_fix": story.facts["crash_fix"]
-                if story.facts.get("known")
-                else CELL_RAISED_FIX,
-            },
+            told,
             notes=[
                 f"{who_of(raised)}'s cell [{f.cell}] raised before {w.op}, which "
                 f"{facts['others']} {agree(facts['others'], 'waits', 'wait')} in"
