@@ -314,7 +314,7 @@ def _pg_codes(pg: pd.Series) -> tuple[np.ndarray, list[Any]]:
 def _order(pg: np.ndarray, rank: np.ndarray, seq: np.ndarray) -> np.ndarray:
     """The rows' order by group, rank and seq, as ``np.lexsort((seq, rank, pg))`` gives it
     (stable). Where each (group, rank) is one run of rows already in seq order (a table read
-    dump after dump, with the dumps in the order of their file names: rank 10 before rank 2),
+    dump after dump, the dumps in another order than their ranks'; the reader's own is by rank),
     only the runs are sorted, not the rows (32 million at 16k ranks)."""
     n = len(pg)
     if n < 2:
