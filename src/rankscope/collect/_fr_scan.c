@@ -766,8 +766,22 @@ static int flat(const Scan *S, Val v) {
     return 1;
 }
 
+/* A text's hash, 8 bytes at a time (a frame's file is a path of 60 to 100). */
+static uint64_t span_hash(const Scan *S, Val v, uint64_t h) {
+    const unsigned char *p = S->data + v.u.s.off;
+    uint32_t n = v.u.s.len, i = 0;
+    for (; i + 8 <= n; i += 8) {
+        uint64_t w;
+        memcpy(&w, p + i, 8);
+        h = (h ^ w) * 0x9E3779B97F4A7C15ULL;
+        h ^= h >> 29;
+    }
+    for (; i < n; i++)
+        h = (h ^ p[i]) * 0x100000001b3ULL;
+    return (h ^ n) * 0x9E3779B97F4A7C15ULL;
+}
+
 static uint64_t ident(const Scan *S, Val v) {
-    const unsigned char *data = S->data;
     uint64_t payload;
     if (flat(S, v)) {
         const Box *b = &S->boxes[v.u.c];
@@ -783,10 +797,8 @@ static uint64_t ident(const Scan *S, Val v) {
     case T_FLOAT:
         memcpy(&payload, &v.u.f, 8);
         break;
-    case T_STR: /* FNV-1a of the text */
-        payload = 0xcbf29ce484222325ULL;
-        for (uint32_t i = 0; i < v.u.s.len; i++)
-            payload = (payload ^ data[v.u.s.off + i]) * 0x100000001b3ULL;
+    case T_STR: /* of the text, 8 bytes at a time */
+        payload = span_hash(S, v, 0xcbf29ce484222325ULL);
         break;
     case T_LIST:
     case T_TUPLE:
@@ -933,21 +945,6 @@ struct Paths {
         int machinery;
     } *files;
 };
-
-/* A text's hash, 8 bytes at a time (a frame's file is a path of 60 to 100). */
-static uint64_t span_hash(const Scan *S, Val v, uint64_t h) {
-    const unsigned char *p = S->data + v.u.s.off;
-    uint32_t n = v.u.s.len, i = 0;
-    for (; i + 8 <= n; i += 8) {
-        uint64_t w;
-        memcpy(&w, p + i, 8);
-        h = (h ^ w) * 0x9E3779B97F4A7C15ULL;
-        h ^= h >> 29;
-    }
-    for (; i < n; i++)
-        h = (h ^ p[i]) * 0x100000001b3ULL;
-    return (h ^ n) * 0x9E3779B97F4A7C15ULL;
-}
 
 static int span_eq(const Scan *S, Val a, Val b) {
     return a.u.s.len == b.u.s.len &&
