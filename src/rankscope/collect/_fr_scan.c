@@ -986,16 +986,20 @@ static void frame_fields(Paths *P, const Scan *S, const Val *items, Py_ssize_t n
         Val k = items[i];
         if (k.type != T_STR)
             continue;
-        for (int f = 0; f < 3; f++) {
-            if (out[f] || k.u.s.len != lens[f])
+        uint32_t at = k.u.s.off + 1;
+        int f = 0;
+        while (f < 3 && (at != P->keyoff[f] || k.u.s.len != lens[f]))
+            f++;
+        if (f == 3) { /* not where a key was found before: by its text */
+            for (f = 0; f < 3; f++)
+                if (k.u.s.len == lens[f] && memcmp(S->data + k.u.s.off, names[f], lens[f]) == 0)
+                    break;
+            if (f == 3)
                 continue;
-            if (k.u.s.off + 1 == P->keyoff[f] ||
-                memcmp(S->data + k.u.s.off, names[f], lens[f]) == 0) {
-                P->keyoff[f] = k.u.s.off + 1;
-                out[f] = &items[i + 1];
-                break;
-            }
+            P->keyoff[f] = at;
         }
+        if (!out[f])
+            out[f] = &items[i + 1];
     }
 }
 
