@@ -781,3 +781,21 @@ def test_an_exception_whose_text_makes_a_rank_a_victim_is_not_its_crash():
     d = diagnose(run_of(rows, exits={0: 1, 1: 1, 2: 0}, events=events, errors=errors))
     assert not {0, 1} & set(d.culprit_ranks), d.render()
     assert d.cause != "rank_crashed", d.render()
+
+
+@pytest.mark.parametrize("run", [1, 3, 50, 1000])
+def test_per_group_min_and_max_are_those_of_the_rows_in_runs_or_not(run):
+    """Rows in runs of one group (reduced a run at a time) or scattered: each group's minimum
+    and maximum are its rows' own; a group without rows gets lo > hi."""
+    from rankscope.analyze.align import _min_max
+
+    rng = np.random.default_rng(run)
+    groups = np.repeat(rng.integers(0, 6, size=4000 // run), run)
+    values = rng.integers(-(2**40), 2**40, size=len(groups))
+    lo, hi = _min_max(groups, values, 8)
+    for g in range(8):
+        mine = values[groups == g]
+        if len(mine):
+            assert (lo[g], hi[g]) == (mine.min(), mine.max())
+        else:
+            assert lo[g] > hi[g]

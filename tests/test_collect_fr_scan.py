@@ -342,3 +342,54 @@ def test_frames_the_scanner_reads_are_the_python_readers(tmp_path, monkeypatch):
     assert depth.max() == _fr_parse.MAX_FRAMES - 1 and list(depth[2:4]) == [1, 4]
     assert (part["arrays"]["record_id"] == -1).sum() == len(shared)
     assert ["all_reduce", torch_file, 9] in [list(f) for f in part["meta"]["frames"]]
+
+
+def _text(s: str) -> bytes:
+    return b"\x8c" + bytes([len(s)]) + s.encode()
+
+
+def test_small_dicts_read_at_once_give_the_same_table(tmp_path, monkeypatch):
+    """The scanner reads a small dict of scalars (EMPTY_DICT, its memo entry, MARK, keys and
+    values, SETITEMS) in one go; whatever breaks that shape (a value that is the dict itself, a
+    container or an unset memo entry, a memoized text, too many items, a cut) is read opcode by
+    opcode, and a frame dict read at once behaves as one made opcode by opcode (shared, an
+    entry, a coded value, a dict key): the Python reader's table every time."""
+    frame = b"}q\x05(" + _text("filename") + _text("/srv/t.py") + _text("name") + _text("f")
+    frame += _text("line") + b"K\x03u"
+    record = _text("record_id")
+    entries = {
+        "plain": b"](}\x94(" + record + b"K\x01" + _text("state") + _text("completed") + b"ue",
+        "memoize": b"](}\x94(" + record + b"\x94K\x01ue",  # a memoized key text
+        "binput": b"](}q\x01(" + record + b"K\x02" + _text("pg_id") + b"J\x00\x00\x00\x80ue",
+        "itself": b"](}q\x01(" + record + b"h\x01ue",
+        "a container": b"](]q\x03}q\x01(" + record + b"h\x03ue",
+        "unset": b"](}q\x01(" + record + b"h\x09ue",
+        "too many": b"](}q\x01(" + record * 9 + b"K\x01" * 9 + b"ue",
+        "frames": b"](}q\x01("
+        + record
+        + b"K\x01"
+        + _text("frames")
+        + b"]q\x02("
+        + frame
+        + b"h\x05eue",
+        "a frame entry": b"](" + frame + b"h\x05e",
+        "a frame coded": b"](" + frame + b"}q\x01(" + _text("state") + b"h\x05ue",
+        "a frame key": b"](" + frame + b"}q\x01(h\x05K\x01ue",
+        "a frame set again": b"](" + frame + b"h\x05" + _text("line") + b"K\x04se",
+    }
+    items = []
+    for name, body in entries.items():
+        data = b"\x80\x04}\x8c\x07entries" + body + b"s."
+        (path := tmp_path / name).write_bytes(data)
+        items.append((len(items), str(path)))
+    read = {Path(p).name: _fr_parse._scan(Path(p).read_bytes()) for _, p in items}
+    for name in ("plain", "memoize", "binput", "too many", "frames", "a frame entry"):
+        assert read[name] is not None, name
+    for name in ("itself", "a container", "unset", "a frame coded", "a frame key"):
+        assert read[name] is None, name
+    assert read["a frame set again"] is None
+    assert read["frames"][1].paths[0] == [(("/srv/t.py", "f", 3),) * 2]  # shared, as written
+    for item in items:
+        assert_readers_agree(monkeypatch, [item])
+    cut = b"\x80\x04}\x8c\x07entries](}q\x01(" + record + b"K"
+    assert _fr_parse._scan(cut) is None

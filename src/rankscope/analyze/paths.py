@@ -257,11 +257,17 @@ def first_divergences(
     numbered = ~np.asarray(seq_all.isna(), dtype=bool) & (pg_all >= 0)
     if not numbered.any():
         return []
-    where = np.flatnonzero(numbered)
-    seq = np.asarray(seq_all[where], dtype=np.int64)
-    rank = calls["rank"].to_numpy(dtype=np.int64)[where]
-    pg_codes = pg_all[where].astype(np.int64)
-    token = _tokens(calls["key"].to_numpy(dtype=np.int64)[where], calls["path"].to_numpy()[where])
+    # every row numbered (the usual table): the columns as they are, not copies of them
+    everything = bool(numbered.all())
+    where = np.arange(len(numbered)) if everything else np.flatnonzero(numbered)
+
+    def take(a: np.ndarray) -> np.ndarray:
+        return a if everything else a[where]
+
+    seq = take(seq_all.to_numpy(dtype=np.int64, na_value=0))
+    rank = take(calls["rank"].to_numpy(dtype=np.int64))
+    pg_codes = take(pg_all).astype(np.int64)
+    token = _tokens(take(calls["key"].to_numpy(dtype=np.int64)), take(calls["path"].to_numpy()))
     # one order: by group, rank and seq (kept where it already is: a sort of 32 million rows
     # costs seconds)
     if not _sorted(pg_codes, rank, seq):
@@ -319,7 +325,7 @@ def _pg_codes(pg: pd.Series) -> tuple[np.ndarray, list[Any]]:
 def _order(pg: np.ndarray, rank: np.ndarray, seq: np.ndarray) -> np.ndarray:
     """The rows' order by group, rank and seq, as ``np.lexsort((seq, rank, pg))`` gives it
     (stable). Where each (group, rank) is one run of rows already in seq order (a table read
-    dump after dump, with the dumps in the order of their file names: rank 10 before rank 2),
+    dump after dump, the dumps in another order than their ranks'; the reader's own is by rank),
     only the runs are sorted, not the rows (32 million at 16k ranks)."""
     n = len(pg)
     if n < 2:
@@ -361,21 +367,29 @@ def _tokens(key: np.ndarray, path: np.ndarray) -> np.ndarray:
 
 
 def _mix(x: np.ndarray) -> np.ndarray:
-    """splitmix64's finaliser, on unsigned 64-bit integers (wrapping)."""
-    x = x ^ (x >> np.uint64(30))
-    x = x * np.uint64(0xBF58476D1CE4E5B9)
-    x = x ^ (x >> np.uint64(27))
-    x = x * np.uint64(0x94D049BB133111EB)
-    return x ^ (x >> np.uint64(31))
+    """splitmix64's finaliser, on unsigned 64-bit integers (wrapping), in place of ``x``: an
+    array of the calls (32 million at 16k ranks) and one temporary, not five."""
+    t = x >> np.uint64(30)
+    x ^= t
+    x *= np.uint64(0xBF58476D1CE4E5B9)
+    np.right_shift(x, np.uint64(27), out=t)
+    x ^= t
+    x *= np.uint64(0x94D049BB133111EB)
+    np.right_shift(x, np.uint64(31), out=t)
+    x ^= t
+    return x
 
 
 def _classes(g: _Group, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray | None:
     """The class of each rank's sequence (ranks with the same whole sequence share one), from
     one hash per rank checked row by row against the class's first rank; None where two
     different sequences share a hash (then the caller compares them as bytes)."""
-    pos = np.arange(len(g.token), dtype=np.int64) - np.repeat(starts, lengths)
+    pos = np.arange(len(g.token), dtype=np.int64)
+    pos -= np.repeat(starts, lengths)
     with np.errstate(over="ignore"):
-        h = _mix(g.token.astype(np.uint64) ^ _mix(pos.astype(np.uint64) + np.uint64(1)))
+        h = _mix(pos.view(np.uint64) + np.uint64(1))
+        h ^= g.token.astype(np.uint64, copy=False)
+        _mix(h)
         summed = np.add.reduceat(h, starts) if len(h) else np.zeros(0, np.uint64)
     summed = np.where(lengths > 0, summed, 0)
     cls, _ = pd.factorize(pd.MultiIndex.from_arrays([summed.view(np.int64), lengths]))

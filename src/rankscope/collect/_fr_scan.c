@@ -25,7 +25,7 @@
  * distinct ones as tuples of (filename, name, line), `at` n int32 indices into them (-1: no
  * frames, or only the machinery's), `bad` how many entries' frames are malformed (no path).
  * A frame dict gets its id as it is made, and keeps no items (a heavy dump holds 20 times more
- * frame dicts than entries); one found anywhere else than in the frames, or set again after it
+ * frame dicts than entries; one read at once by small_dict has no container at all); one found anywhere else than in the frames, or set again after it
  * was made, leaves the dump to the restricted unpickler. A file text is looked for in the
  * machinery once per distinct text, however many times the dump writes it.
  * _fr_parse.entry_paths is the same in Python.
@@ -40,7 +40,21 @@
 #include <stdint.h>
 #include <string.h>
 
-enum { T_NONE = 0, T_TRUE, T_FALSE, T_INT, T_FLOAT, T_STR, T_LIST, T_TUPLE, T_DICT, T_MARK_UNSET };
+/* T_FRAME: a frame dict read by small_dict, its frame id in u.c and no box (made of nothing
+ * else: a dict that is a frame when made is read as one, and can be set no more). */
+enum {
+    T_NONE = 0,
+    T_TRUE,
+    T_FALSE,
+    T_INT,
+    T_FLOAT,
+    T_STR,
+    T_LIST,
+    T_TUPLE,
+    T_DICT,
+    T_FRAME,
+    T_MARK_UNSET
+};
 
 /* A value: scalars inline; a string is a span of the input; a container an index in the table. */
 typedef struct {
@@ -279,7 +293,7 @@ static int memo_get(Scan *S, uint64_t idx) {
     return push(&S->stack, S->memo.v[idx]);
 }
 
-static int is_container(uint8_t t) { return t == T_LIST || t == T_TUPLE || t == T_DICT; }
+static int is_container(uint8_t t) { return t >= T_LIST && t <= T_FRAME; }
 
 static int tuple_of(Scan *S, Py_ssize_t from) {
     Val t;
@@ -290,22 +304,152 @@ static int tuple_of(Scan *S, Py_ssize_t from) {
 }
 
 static int frame_intern(Paths *P, Scan *S, int32_t c, const Val *kv);
+static void frame_fields(Paths *P, const Scan *S, const Val *items, Py_ssize_t n,
+                         const Val *out[3]);
+static int32_t frame_of(Paths *P, const Scan *S, Val file, Val name, int64_t line);
+static int well_formed(const Val *got[3]);
 
-static int dict_items(Scan *S, int32_t c, Py_ssize_t from) {
-    Py_ssize_t n = S->stack.len - from;
+/* Set the n keys and values kv in dict box c. */
+static int set_items(Scan *S, int32_t c, const Val *kv, Py_ssize_t n) {
     if (n % 2 || S->boxes[c].frame) /* a frame dict set again: left to the unpickler */
         return -1;
-    for (Py_ssize_t i = from; i < S->stack.len; i += 2)
-        if (is_container(S->stack.v[i].type)) /* possibly unhashable: left to Python */
+    for (Py_ssize_t i = 0; i < n; i += 2)
+        if (is_container(kv[i].type)) /* possibly unhashable: left to Python */
             return -1;
     int interned = 0;
     if (n == 6 && S->paths && !S->boxes[c].len &&
-        (interned = frame_intern(S->paths, S, c, S->stack.v + from)) < 0)
+        (interned = frame_intern(S->paths, S, c, kv)) < 0)
         return -1;
-    if (!interned && box_add(S, c, S->stack.v + from, n))
+    if (!interned && box_add(S, c, kv, n))
+        return -1;
+    return 0;
+}
+
+static int dict_items(Scan *S, int32_t c, Py_ssize_t from) {
+    if (set_items(S, c, S->stack.v + from, S->stack.len - from))
         return -1;
     S->stack.len = from;
     return 0;
+}
+
+/* The opcodes of a small dict of scalars, as a pickler writes every such dict (an entry's
+ * frames are thousands of them): EMPTY_DICT, its MEMOIZE or BINPUT, MARK, at most SMALL_ITEMS
+ * keys and values each a scalar, a memo reference to one, or a short text, then SETITEMS. Read
+ * here in one go, with the same effects as opcode by opcode. S->pos is just past EMPTY_DICT.
+ * 1: read; 0: not that shape (nothing was changed: the opcodes are run one by one); -1: left
+ * to the unpickler. */
+#define SMALL_ITEMS 16
+static int small_dict(Scan *S) {
+    const unsigned char *d = S->data;
+    Py_ssize_t p = S->pos, end = S->size;
+    int64_t put = -1; /* the memo index the dict goes to */
+    if (p < end && d[p] == 0x94) {
+        put = S->memo_set;
+        p++;
+    } else if (p + 1 < end && d[p] == 'q') {
+        put = d[p + 1];
+        p += 2;
+    } else
+        return 0;
+    if (p >= end || d[p] != '(')
+        return 0;
+    p++;
+    Val kv[SMALL_ITEMS];
+    int n = 0;
+    const Val *memo = S->memo.v;
+    const Py_ssize_t nmemo = S->memo.len;
+    for (;;) {
+        if (p >= end)
+            return 0;
+        unsigned char op = d[p];
+        if (op == 'u')
+            break;
+        if (n == SMALL_ITEMS)
+            return 0;
+        Val *v = &kv[n++];
+        switch (op) {
+        case 'h': /* BINGET of a scalar or a text (not of the dict itself) */
+            if (p + 1 >= end || d[p + 1] >= nmemo || d[p + 1] == put)
+                return 0;
+            *v = memo[d[p + 1]];
+            if (v->type >= T_LIST) /* a container, or unset */
+                return 0;
+            p += 2;
+            break;
+        case 'K':
+            if (p + 1 >= end)
+                return 0;
+            v->type = T_INT;
+            v->u.i = d[p + 1];
+            p += 2;
+            break;
+        case 'M':
+            if (p + 2 >= end)
+                return 0;
+            v->type = T_INT;
+            v->u.i = (int64_t)le(d + p + 1, 2);
+            p += 3;
+            break;
+        case 'J':
+            if (p + 4 >= end)
+                return 0;
+            v->type = T_INT;
+            v->u.i = (int32_t)(uint32_t)le(d + p + 1, 4);
+            p += 5;
+            break;
+        case 'N':
+            v->type = T_NONE;
+            p++;
+            break;
+        case 0x88:
+        case 0x89:
+            v->type = op == 0x88 ? T_TRUE : T_FALSE;
+            p++;
+            break;
+        case 0x8c: /* SHORT_BINUNICODE, not memoized (a memoized one: opcode by opcode) */
+        {
+            if (p + 1 >= end)
+                return 0;
+            Py_ssize_t len = d[p + 1];
+            if (len > end - p - 2 || !utf8_ok(d + p + 2, len))
+                return 0;
+            Py_ssize_t after = p + 2 + len;
+            if (after < end && (d[after] == 0x94 || d[after] == 'q'))
+                return 0;
+            v->type = T_STR;
+            v->u.s.off = (uint32_t)(p + 2);
+            v->u.s.len = (uint32_t)len;
+            p = after;
+            break;
+        }
+        default:
+            return 0;
+        }
+    }
+    /* The shape matched: the dict, its memo entry, then its items, as the opcodes would; a frame
+     * dict (as set_items would intern it) is its id alone. */
+    Val dict;
+    if (n == 6 && S->paths) {
+        const Val *got[3];
+        frame_fields(S->paths, S, kv, 6, got);
+        if (well_formed(got)) {
+            int32_t id = frame_of(S->paths, S, *got[0], *got[1], got[2]->u.i);
+            if (id == -3)
+                return -1;
+            dict.type = T_FRAME;
+            dict.u.c = id;
+            if (push(&S->stack, dict) || memo_put(S, (uint64_t)put))
+                return -1;
+            S->pos = p + 1;
+            return 1;
+        }
+    }
+    if (new_box(S, T_DICT, &dict) || push(&S->stack, dict))
+        return -1;
+    if (memo_put(S, (uint64_t)put) || set_items(S, dict.u.c, kv, n))
+        return -1;
+    S->pos = p + 1;
+    return 1;
 }
 
 /* Run the opcodes; 0 with the result on the stack, -1 for anything left to the unpickler. */
@@ -444,9 +588,17 @@ static int run(Scan *S) {
                 return -1;
             break;
         }
+        case '}':
+            if (S->pos + 3 < S->size) { /* most dicts of a dump are small ones of scalars */
+                int done = small_dict(S);
+                if (done < 0)
+                    return -1;
+                if (done)
+                    break;
+            }
+            /* fall through */
         case ']':
         case ')':
-        case '}':
             if (new_box(S, op == ']' ? T_LIST : op == ')' ? T_TUPLE : T_DICT, &v) ||
                 push(&S->stack, v))
                 return -1;
@@ -542,6 +694,10 @@ static PyObject *to_py(Scan *S, Val v, int depth) {
         return PyUnicode_DecodeUTF8((const char *)S->data + v.u.s.off, v.u.s.len,
                                     "surrogatepass");
     }
+    if (v.type == T_FRAME) {
+        PyErr_SetString(PyExc_ValueError, "a frame dict outside the frames");
+        return NULL;
+    }
     if (depth > DEPTH_MAX) {
         PyErr_SetString(PyExc_RecursionError, "nested too deep");
         return NULL;
@@ -610,8 +766,22 @@ static int flat(const Scan *S, Val v) {
     return 1;
 }
 
+/* A text's hash, 8 bytes at a time (a frame's file is a path of 60 to 100). */
+static uint64_t span_hash(const Scan *S, Val v, uint64_t h) {
+    const unsigned char *p = S->data + v.u.s.off;
+    uint32_t n = v.u.s.len, i = 0;
+    for (; i + 8 <= n; i += 8) {
+        uint64_t w;
+        memcpy(&w, p + i, 8);
+        h = (h ^ w) * 0x9E3779B97F4A7C15ULL;
+        h ^= h >> 29;
+    }
+    for (; i < n; i++)
+        h = (h ^ p[i]) * 0x100000001b3ULL;
+    return (h ^ n) * 0x9E3779B97F4A7C15ULL;
+}
+
 static uint64_t ident(const Scan *S, Val v) {
-    const unsigned char *data = S->data;
     uint64_t payload;
     if (flat(S, v)) {
         const Box *b = &S->boxes[v.u.c];
@@ -627,14 +797,13 @@ static uint64_t ident(const Scan *S, Val v) {
     case T_FLOAT:
         memcpy(&payload, &v.u.f, 8);
         break;
-    case T_STR: /* FNV-1a of the text */
-        payload = 0xcbf29ce484222325ULL;
-        for (uint32_t i = 0; i < v.u.s.len; i++)
-            payload = (payload ^ data[v.u.s.off + i]) * 0x100000001b3ULL;
+    case T_STR: /* of the text, 8 bytes at a time */
+        payload = span_hash(S, v, 0xcbf29ce484222325ULL);
         break;
     case T_LIST:
     case T_TUPLE:
     case T_DICT:
+    case T_FRAME:
         payload = (uint64_t)(uint32_t)v.u.c;
         break;
     default:
@@ -657,6 +826,7 @@ static int same_write(Val a, Val b) {
     case T_LIST:
     case T_TUPLE:
     case T_DICT:
+    case T_FRAME:
         return a.u.c == b.u.c;
     }
     return 1;
@@ -776,21 +946,6 @@ struct Paths {
     } *files;
 };
 
-/* A text's hash, 8 bytes at a time (a frame's file is a path of 60 to 100). */
-static uint64_t span_hash(const Scan *S, Val v, uint64_t h) {
-    const unsigned char *p = S->data + v.u.s.off;
-    uint32_t n = v.u.s.len, i = 0;
-    for (; i + 8 <= n; i += 8) {
-        uint64_t w;
-        memcpy(&w, p + i, 8);
-        h = (h ^ w) * 0x9E3779B97F4A7C15ULL;
-        h ^= h >> 29;
-    }
-    for (; i < n; i++)
-        h = (h ^ p[i]) * 0x100000001b3ULL;
-    return (h ^ n) * 0x9E3779B97F4A7C15ULL;
-}
-
 static int span_eq(const Scan *S, Val a, Val b) {
     return a.u.s.len == b.u.s.len &&
            memcmp(S->data + a.u.s.off, S->data + b.u.s.off, a.u.s.len) == 0;
@@ -831,16 +986,20 @@ static void frame_fields(Paths *P, const Scan *S, const Val *items, Py_ssize_t n
         Val k = items[i];
         if (k.type != T_STR)
             continue;
-        for (int f = 0; f < 3; f++) {
-            if (out[f] || k.u.s.len != lens[f])
+        uint32_t at = k.u.s.off + 1;
+        int f = 0;
+        while (f < 3 && (at != P->keyoff[f] || k.u.s.len != lens[f]))
+            f++;
+        if (f == 3) { /* not where a key was found before: by its text */
+            for (f = 0; f < 3; f++)
+                if (k.u.s.len == lens[f] && memcmp(S->data + k.u.s.off, names[f], lens[f]) == 0)
+                    break;
+            if (f == 3)
                 continue;
-            if (k.u.s.off + 1 == P->keyoff[f] ||
-                memcmp(S->data + k.u.s.off, names[f], lens[f]) == 0) {
-                P->keyoff[f] = k.u.s.off + 1;
-                out[f] = &items[i + 1];
-                break;
-            }
+            P->keyoff[f] = at;
         }
+        if (!out[f])
+            out[f] = &items[i + 1];
     }
 }
 
@@ -976,6 +1135,8 @@ static int frame_intern(Paths *P, Scan *S, int32_t c, const Val *kv) {
 
 /* A frame dict's id; -2 malformed, -3 out of memory. */
 static int32_t frame_id(Paths *P, const Scan *S, Val v) {
+    if (v.type == T_FRAME)
+        return v.u.c;
     if (v.type != T_DICT)
         return -2;
     const Box *b = &S->boxes[v.u.c];
@@ -1142,7 +1303,7 @@ static int entry_frames(Rows *R, Paths *P, const Scan *S, const Val *v, Py_ssize
         grow((void **)&R->code, &R->cap, R->n + m, sizeof(int32_t)))
         return -1;
     for (Py_ssize_t i = 0; i < m; i++) {
-        if (b->items[i].type != T_DICT)
+        if (b->items[i].type != T_DICT && b->items[i].type != T_FRAME)
             continue;
         int32_t id = frame_id(P, S, b->items[i]);
         if (id < 0) /* malformed (-2) or out of memory (-3) */
@@ -1397,10 +1558,12 @@ static PyObject *scan(PyObject *self, PyObject *args) {
     /* Field k of an entry: ints [0, ni), the float ni, bools, then coded. */
     for (Py_ssize_t e = 0; e < n; e++) {
         Val ent = eb->items[e];
-        if (ent.type != T_DICT)
+        if (ent.type != T_DICT && ent.type != T_FRAME)
             FAIL;
         memset(fields, 0, (size_t)(nf + 1) * sizeof *fields);
-        Box *d = &S.boxes[ent.u.c];
+        /* an entry that is a frame dict has none of an entry's fields */
+        static const Box no_items = {.type = T_DICT};
+        const Box *d = ent.type == T_DICT ? &S.boxes[ent.u.c] : &no_items;
         for (Py_ssize_t i = 0; i < d->len; i += 2) {
             Val key = d->items[i];
             if (key.type != T_STR)
