@@ -986,3 +986,4 @@ def test_progress_counts_an_async_call_when_the_backend_completed_it() -> None:
     (line,) = [t for t in fig.data if t.xaxis == "x" and t.name == "rank 0"]
     points = [(x, y) for x, y in zip(line.x, line.y, strict=True) if y == y]
     assert points == [(1, 1), (6, 2), (10, 2)]
+    assert list(fig.layout.xaxis.range) == [0, 10]  # the whole job, not from the first call

@@ -104,7 +104,9 @@ def progress(
     lines = [(exits, done)] + ([(steps, steps["step"].astype(float))] if len(steps) else [])
     for row, (rows, value) in enumerate(lines, start=1):
         _rank_lines(fig, rows, value, row=row, t0=t0, now=now, marked=marked, own=own, names=names)
-        fig.update_xaxes(title={"text": time_origin(t0)}, row=row, col=1)
+        # the whole job, from its first event to now: a rank that completed nothing for a
+        # while shows as the flat start it is, not cut off
+        fig.update_xaxes(title={"text": time_origin(t0)}, range=[0, now - t0], row=row, col=1)
     last = ev.groupby("rank")["t_s"].max()
     # a bar per row: the oldest heartbeat of the ranks it stands for
     age = [float(now - last.reindex(m).min()) for m in alike.members]
