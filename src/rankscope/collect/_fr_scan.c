@@ -256,6 +256,18 @@ static uint64_t le(const unsigned char *p, int n) {
     return x;
 }
 
+/* BININT1, BININT2, BININT (op K, M, J): the int whose argument starts at arg, with left bytes
+ * of input from there; its width in bytes, 0 where the input ends first. */
+static int bin_int(unsigned char op, const unsigned char *arg, Py_ssize_t left, Val *v) {
+    int w = op == 'K' ? 1 : op == 'M' ? 2 : 4;
+    if (left < w)
+        return 0;
+    uint64_t raw = le(arg, w);
+    v->type = T_INT;
+    v->u.i = op == 'J' ? (int64_t)(int32_t)(uint32_t)raw : (int64_t)raw;
+    return w;
+}
+
 /* The opcode's argument: an unsigned little-endian number of w bytes. */
 static int arg(Scan *S, int w, uint64_t *out) {
     if (!need(S, w))
@@ -377,26 +389,14 @@ static int small_dict(Scan *S) {
             p += 2;
             break;
         case 'K':
-            if (p + 1 >= end)
-                return 0;
-            v->type = T_INT;
-            v->u.i = d[p + 1];
-            p += 2;
-            break;
         case 'M':
-            if (p + 2 >= end)
+        case 'J': {
+            int w = bin_int(op, d + p + 1, end - p - 1, v);
+            if (!w)
                 return 0;
-            v->type = T_INT;
-            v->u.i = (int64_t)le(d + p + 1, 2);
-            p += 3;
+            p += 1 + w;
             break;
-        case 'J':
-            if (p + 4 >= end)
-                return 0;
-            v->type = T_INT;
-            v->u.i = (int32_t)(uint32_t)le(d + p + 1, 4);
-            p += 5;
-            break;
+        }
         case 'N':
             v->type = T_NONE;
             p++;
@@ -508,26 +508,15 @@ static int run(Scan *S) {
             if (push(&S->stack, v))
                 return -1;
             break;
-        case 'J': /* BININT */
-            if (!need(S, 4))
-                return -1;
-            v.type = T_INT;
-            v.u.i = (int32_t)(uint32_t)le(S->data + S->pos, 4);
-            S->pos += 4;
-            if (push(&S->stack, v))
-                return -1;
-            break;
+        case 'J':
         case 'K':
-        case 'M': /* BININT1, BININT2 */
-            n = op == 'K' ? 1 : 2;
-            if (!need(S, (Py_ssize_t)n))
+        case 'M': { /* BININT, BININT1, BININT2 */
+            int w = bin_int(op, S->data + S->pos, S->size - S->pos, &v);
+            if (!w || push(&S->stack, v))
                 return -1;
-            v.type = T_INT;
-            v.u.i = (int64_t)le(S->data + S->pos, (int)n);
-            S->pos += (Py_ssize_t)n;
-            if (push(&S->stack, v))
-                return -1;
+            S->pos += w;
             break;
+        }
         case 0x8a:
         case 0x8b: /* LONG1, LONG4: what fits in 64 bits */
             if (op == 0x8a) {
