@@ -104,7 +104,7 @@ class CellRanks:
         nproc: int,
         *,
         runs_root: str | Path = "runs",
-        backend: str = "gloo",
+        backend: str = "auto",
         stall_timeout_s: float = 10.0,
         startup_timeout_s: float = 180.0,
     ):
@@ -375,7 +375,8 @@ class CellRanks:
         if self.job is None:
             return "no ranks"
         return (
-            f"{self.nproc} ranks, incarnation {self.incarnation}: {self.job.status()} "
+            f"{self.nproc} rank{'' if self.nproc == 1 else 's'}, incarnation "
+            f"{self.incarnation}: {self.job.status()} "
             f"(run {shown_path(self.job.run.path)})"  # type: ignore[union-attr]
         )
 
@@ -666,7 +667,7 @@ class RanksMagics:
     def _start(self, args: list[str]) -> Any:
         if self.ranks is not None and self.ranks.job is not None and self.ranks.job.poll() is None:
             raise CellsError("the ranks are already started: %ranks restart, or %ranks stop")
-        options = {"--timeout": 10.0, "--backend": "gloo", "--runs": "runs"}
+        options = {"--timeout": 10.0, "--backend": "auto", "--runs": "runs"}
         n = None
         it = iter(args)
         for a in it:

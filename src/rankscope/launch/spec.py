@@ -298,7 +298,14 @@ class JobSpec:
         return env
 
 
+#: Device nodes of a GPU driver (NVIDIA's, and ROCm's that torch.cuda also drives): without
+#: any, there is no GPU, and importing torch to count none (seconds of CPU) is skipped.
+_GPU_NODES = ("/dev/nvidiactl", "/proc/driver/nvidia", "/dev/kfd")
+
+
 def _gpu_count() -> int:
+    if "torch" not in sys.modules and not any(os.path.exists(p) for p in _GPU_NODES):
+        return 0
     try:
         import torch
 

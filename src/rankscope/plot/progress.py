@@ -94,9 +94,10 @@ def progress(
     exits = exits[exits["rank"].isin(drawn).to_numpy(dtype=bool)]
     steps = steps[steps["rank"].isin(drawn).to_numpy(dtype=bool)]
     own = len(alike.shown) <= OWN_COLOURS
+    # a line's name, as the other views label its row: "rank 37", "1023 ranks: 0-36, 38-1023"
     names = {
-        int(m[0]): f"rank {m[0]}" if len(m) == 1 else f"rank {m[0]} and {len(m) - 1} alike"
-        for m in alike.members
+        int(m[0]): f"rank {m[0]}" if len(m) == 1 else label
+        for m, label in zip(alike.members, alike.labels(), strict=True)
     }
     done = pd.Series(
         exits.sort_values(["rank", "t_s"], kind="stable").groupby("rank").cumcount() + 1
