@@ -3,7 +3,9 @@ cycles."""
 
 from __future__ import annotations
 
-from rankscope.waitfor import Call, RankState, differs, paired, prove, walk
+import json
+
+from rankscope.waitfor import Call, CallNumber, Proof, RankState, differs, paired, prove, walk
 
 
 def test_differs_names_the_first_fact_that_differs():
@@ -45,12 +47,12 @@ def test_walk_finds_roots_and_cycles():
     assert walk({}) == ((), ())
 
 
-def test_the_diagnosis_renumbers_every_form_of_the_proof():
+def test_every_form_of_the_proof_carries_its_call_numbers():
     """The diagnosis restates the prover's sentence in its own numbering of each group's calls
-    (the recorder's, with torch's own collectives): each form the prover writes is one it
-    reads."""
-    from rankscope.analyze.driver import _CYCLE, _DIFFER, _ENDED_AFTER, _WAITS_IN
-
+    (the recorder's, with torch's own collectives): every call number in each form the prover
+    writes is a part of its own, written again by the numbering given; a proof on the flight
+    recorder's numbering keeps its numbers; a run.json keeps the parts, and a malformed one
+    gives no proof rather than a wrong one."""
     call = ("all_reduce", "[[4]]", '["float32"]', None)
     pair = {"0": [0, 1], "1": [0, 1]}
 
@@ -65,14 +67,44 @@ def test_the_diagnosis_renumbers_every_form_of_the_proof():
             blocked=(pg, seq),
         )
 
+    def later(c: CallNumber) -> int:
+        return c.n + (100 if c.kind == "nth" else 1000)
+
     ended = prove(
         {
             0: blocked(0, "0", 3),
             1: RankState(rank=1, members=pair, called={"0": 2}, calls={}, exited=0),
         }
     )
-    assert ended and _WAITS_IN.search(ended) and _ENDED_AFTER.search(ended), ended
+    assert ended is not None
+    assert ended.text() == (
+        "rank 1 ended (exit code 0) after 2 call(s) on group 0; rank 0 waits in all_reduce, "
+        "call #3 of group 0"
+    )
+    assert ended.text(later) == (
+        "rank 1 ended (exit code 0) after 1002 call(s) on group 0; rank 0 waits in "
+        "all_reduce, call #103 of group 0"
+    )
     differ = prove({0: blocked(0, "0", 1), 1: blocked(1, "0", 1, ("barrier", "[]", "[]", None))})
-    assert differ and _DIFFER.search(differ), differ
+    assert differ is not None and "as collective #101 of group 0:" in differ.text(later)
     cycle = prove({0: blocked(0, "0", 1), 1: blocked(1, "1", 1)})
-    assert cycle and len(_CYCLE.findall(cycle)) == 2, cycle
+    assert cycle is not None
+    assert "(group 0 #101)" in cycle.text(later) and "(group 1 #101)" in cycle.text(later)
+    assert str(cycle) == cycle.text() and "#1)" in str(cycle)
+
+    recorded = cycle.by_recorder()
+    assert recorded.text(later) == f"{cycle.text()} (by the flight recorder's numbering)"
+    for proof in (ended, differ, cycle, recorded):
+        again = Proof.from_json(json.loads(json.dumps(proof.to_json())))
+        assert again == proof
+    for bad in (
+        None,
+        "rank 1 ended",
+        {"numbering": "probe"},
+        {"numbering": "mine", "parts": ["x"]},
+        {"numbering": "probe", "parts": [["1", "0", 2, "nth"]]},
+        {"numbering": "probe", "parts": [[1, "0", 2, "all"]]},
+        {"numbering": "probe", "parts": [[1, "0", True, "nth"]]},
+        {"numbering": "probe", "parts": [{"rank": 1}]},
+    ):
+        assert Proof.from_json(bad) is None, bad

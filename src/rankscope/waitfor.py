@@ -13,14 +13,14 @@ core that the diagnosis (:mod:`rankscope.analyze`, over tables) and the live sta
   set, not rank by rank (a 16k-rank job with half its ranks gone is a handful of sets).
 * :func:`prove`: whether the live state of the ranks (:class:`RankState`, built by the
   watchdog's tracker from each rank's events) proves that no rank can progress, and by which
-  fact: the stall watchdog calls such a stall at once, whatever its timeout.
+  fact (a :class:`Proof`): the stall watchdog calls such a stall at once, whatever its timeout.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 #: Collectives whose tensors differ between ranks by design (the root's list, uneven splits):
 #: their shapes and dtypes are no part of what makes two calls the same call.
@@ -164,6 +164,77 @@ def terminal_components(edges: list[list[int]]) -> list[list[int]]:
 
 
 # --- the prover: what the live state proves --------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class CallNumber:
+    """A number in a proof that counts a rank's collectives on a group as the prover counts
+    them: ``nth``, the rank's n-th call there; ``made``, how many it made there."""
+
+    rank: int
+    pg: str
+    n: int
+    kind: Literal["nth", "made"] = "nth"
+
+
+@dataclass(frozen=True, slots=True)
+class Proof:
+    """A fact that proves a hang, as the parts of its sentence: words, and the numbers of calls
+    (:class:`CallNumber`) in the prover's numbering, the probe's (the Python calls it saw;
+    ``numbering="recorder"``: the flight recorder's, every collective of the group). A reader
+    that numbers a group's calls otherwise (the diagnosis counts those torch makes from C++,
+    DDP's gradient all-reduce) writes the same fact in its own numbers (:meth:`text`)."""
+
+    parts: tuple[str | CallNumber, ...]
+    numbering: Literal["probe", "recorder"] = "probe"
+
+    def text(self, number: Callable[[CallNumber], int | None] | None = None) -> str:
+        """The sentence; ``number`` gives a probe-numbered call its number in another
+        numbering (None: the prover's own is kept)."""
+        out = []
+        for part in self.parts:
+            if isinstance(part, str):
+                out.append(part)
+                continue
+            n = number(part) if number is not None and self.numbering == "probe" else None
+            out.append(str(part.n if n is None else n))
+        return "".join(out)
+
+    def __str__(self) -> str:
+        return self.text()
+
+    def by_recorder(self) -> Proof:
+        """The same fact, proved on the backend's state: numbered as its flight recorder
+        numbers the group's calls, and saying so."""
+        return Proof((*self.parts, " (by the flight recorder's numbering)"), "recorder")
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "numbering": self.numbering,
+            "parts": [p if isinstance(p, str) else [p.rank, p.pg, p.n, p.kind] for p in self.parts],
+        }
+
+    @classmethod
+    def from_json(cls, data: Any) -> Proof | None:
+        """The proof a run.json holds, or None where it holds none or one not in this form
+        (an older run, a file edited by hand)."""
+        if not isinstance(data, dict) or data.get("numbering") not in ("probe", "recorder"):
+            return None
+        parts: list[str | CallNumber] = []
+        for p in data.get("parts") or ():
+            if isinstance(p, str):
+                parts.append(p)
+            elif (
+                isinstance(p, list)
+                and len(p) == 4
+                and all(type(x) is int for x in (p[0], p[2]))
+                and isinstance(p[1], str)
+                and p[3] in ("nth", "made")
+            ):
+                parts.append(CallNumber(p[0], p[1], p[2], p[3]))
+            else:
+                return None
+        return cls(tuple(parts), data["numbering"]) if parts else None
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class RankState:
     """One rank as the prover reads it, from a prefix of its events (the ranks' prefixes end at
@@ -198,8 +269,8 @@ class RankState:
     (which could still make calls)."""
 
 
-def prove(ranks: Mapping[int, RankState]) -> str | None:
-    """The fact that proves that no rank waiting in a call can progress, in words, or None.
+def prove(ranks: Mapping[int, RankState]) -> Proof | None:
+    """The fact that proves that no rank waiting in a call can progress, or None.
 
     Facts that cannot change: two calls at the same place of a group's sequence that are not
     the same call (:func:`differs`; the other may be in flight or done); a rank waiting in a
@@ -232,10 +303,12 @@ def prove(ranks: Mapping[int, RankState]) -> str | None:
                 and other.sent is not None
                 and other.sent.get(rank, 0) < n
             ):
-                return (
-                    f"rank {peer} ended (exit code {other.exited}) having sent rank {rank} "
-                    f"{other.sent.get(rank, 0)} message(s); rank {rank} waits in its "
-                    f"receive number {n} from it"
+                return Proof(
+                    (
+                        f"rank {peer} ended (exit code {other.exited}) having sent rank {rank} "
+                        f"{other.sent.get(rank, 0)} message(s); rank {rank} waits in its "
+                        f"receive number {n} from it",
+                    )
                 )
     waits: dict[int, frozenset[int]] = {}
     for rank, st in ranks.items():
@@ -260,8 +333,12 @@ def prove(ranks: Mapping[int, RankState]) -> str | None:
     if not cycles:
         return None
     cycle = cycles[0]
-    where = "; ".join(f"rank {r} {_waiting_text(ranks[r], waits[r] & set(cycle))}" for r in cycle)
-    return f"ranks {', '.join(map(str, cycle))} each wait inside a call for another: {where}"
+    parts: list[str | CallNumber] = [
+        f"ranks {', '.join(map(str, cycle))} each wait inside a call for another: "
+    ]
+    for i, r in enumerate(cycle):
+        parts += ["; " if i else "", f"rank {r} ", *_waiting_parts(ranks[r], waits[r] & set(cycle))]
+    return Proof(tuple(p for p in parts if p != ""))
 
 
 def _members(ranks: Mapping[int, RankState], waiting: list[int], pg: str) -> Sequence[int]:
@@ -274,7 +351,7 @@ def _members(ranks: Mapping[int, RankState], waiting: list[int], pg: str) -> Seq
 
 def _differ(
     ranks: Mapping[int, RankState], cell: tuple[str, int], waiting: list[int]
-) -> str | None:
+) -> Proof | None:
     """Two members' calls at ``(pg, seq)`` that are not the same call, one of them waiting:
     every member's call is compared with one waiting rank's (any pair that differs has one
     side that differs from it), so the work grows with the members, not their square."""
@@ -293,9 +370,13 @@ def _differ(
         a, b = _as_call(mine), _as_call(theirs)
         what = differs(a, b)
         if what is not None:
-            return (
-                f"rank {rank} waits in {_fact(a, what)} and rank {other} called "
-                f"{_fact(b, what)} as collective #{seq} of group {pg}: not the same call"
+            return Proof(
+                (
+                    f"rank {rank} waits in {_fact(a, what)} and rank {other} called "
+                    f"{_fact(b, what)} as collective #",
+                    CallNumber(rank, pg, seq),
+                    f" of group {pg}: not the same call",
+                )
             )
     return None
 
@@ -313,7 +394,9 @@ def _fact(call: Call, what: str) -> str:
     return f"{call.op} of {what} {getattr(call, what)}"
 
 
-def _ended(ranks: Mapping[int, RankState], cell: tuple[str, int], waiting: list[int]) -> str | None:
+def _ended(
+    ranks: Mapping[int, RankState], cell: tuple[str, int], waiting: list[int]
+) -> Proof | None:
     """A member that ended before calling ``cell`` (group, seq), which a rank waits in."""
     pg, seq = cell
     for m in _members(ranks, waiting, pg):
@@ -323,16 +406,21 @@ def _ended(ranks: Mapping[int, RankState], cell: tuple[str, int], waiting: list[
         rank = min(waiting)
         facts = ranks[rank].calls.get((pg, seq))
         op = facts[0] if facts else "a collective"
-        return (
-            f"rank {m} ended (exit code {st.exited}) after {st.called.get(pg, 0)} call(s) on "
-            f"group {pg}; rank {rank} waits in {op}, call #{seq} of group {pg}"
+        return Proof(
+            (
+                f"rank {m} ended (exit code {st.exited}) after ",
+                CallNumber(m, pg, st.called.get(pg, 0), "made"),
+                f" call(s) on group {pg}; rank {rank} waits in {op}, call #",
+                CallNumber(rank, pg, seq),
+                f" of group {pg}",
+            )
         )
     return None
 
 
 def _finished_cell(
     ranks: Mapping[int, RankState], cell: tuple[str, int], waiting: list[int]
-) -> str | None:
+) -> Proof | None:
     """In a cell session, a member that finished the notebook cell in which ranks wait in the
     call ``cell`` (group, seq), without calling it.
 
@@ -359,19 +447,26 @@ def _finished_cell(
         facts = ranks[held[0]].calls.get(cell)
         op = facts[0] if facts else "a collective"
         who = ("rank " if len(held) == 1 else "ranks ") + ", ".join(map(str, held))
-        return (
-            f"rank {m} finished cell [{at[0]}] without calling {op} #{seq} of group {pg} "  # type: ignore[index]
-            f"that {who} wait{'s' if len(held) == 1 else ''} in"
+        return Proof(
+            (
+                f"rank {m} finished cell [{at[0]}] without calling {op} #",  # type: ignore[index]
+                CallNumber(held[0], pg, seq),
+                f" of group {pg} that {who} wait{'s' if len(held) == 1 else ''} in",
+            )
         )
     return None
 
 
-def _waiting_text(st: RankState, next_ranks: set[int]) -> str:
+def _waiting_parts(st: RankState, next_ranks: set[int]) -> tuple[str | CallNumber, ...]:
     late = ", ".join(map(str, sorted(next_ranks)))
     if st.blocked is not None:
         pg, seq = st.blocked
         facts = st.calls.get((pg, seq))
         op = facts[0] if facts else "a collective"
-        return f"in {op} (group {pg} #{seq}), not called by rank {late}"
+        return (
+            f"in {op} (group {pg} #",
+            CallNumber(st.rank, pg, seq),
+            f"), not called by rank {late}",
+        )
     assert st.receiving is not None
-    return f"in a receive from rank {st.receiving[0]}, not sent by it"
+    return (f"in a receive from rank {st.receiving[0]}, not sent by it",)

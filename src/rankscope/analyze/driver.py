@@ -12,7 +12,6 @@ never culprits for that.
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -32,6 +31,7 @@ from rankscope.analyze.wording import at
 from rankscope.collect import load_run
 from rankscope.rundir import RunDir
 from rankscope.state import agree, proof_text
+from rankscope.waitfor import CallNumber, Proof
 
 
 def diagnose(run: Any, *, straggler_s: float = 1.0, rules: Sequence[Rule] = RULES) -> Diagnosis:
@@ -80,9 +80,7 @@ def _diagnosis(ctx: Context, f: Finding) -> Diagnosis:
     reason = explain(f.cause, facts)
     summary = f"{cause.title[0].upper()}{cause.title[1:]}: {reason.rstrip('.')}."
     # The watchdog's proof that the job could not move again (rankscope.waitfor.prove).
-    notes = [
-        proof_text(_renumbered(ctx, s["proven"])) for s in ctx.ev.stalls[-1:] if s.get("proven")
-    ]
+    notes = [proof_text(_proof_text(ctx, s)) for s in ctx.ev.stalls[-1:] if s.get("proven")]
     parting, notes = None, notes + list(f.notes)
     fd = ctx.first_divergence
     others = f.waiting or (
@@ -125,62 +123,38 @@ def _diagnosis(ctx: Context, f: Finding) -> Diagnosis:
     )
 
 
-_WAITS_IN = re.compile(r"rank (\d+) waits in (\S+), call #(\d+) of group (\S+?)(?=;|$|\s)")
-_ENDED_AFTER = re.compile(
-    r"rank (\d+) ended \(exit code (-?\d+)\) after (\d+) call\(s\) on group (\S+?);"
-)
-
-_DIFFER = re.compile(r"rank (\d+) (waits in .*? called .*? )as collective #(\d+) of group (\S+?):")
-_CYCLE = re.compile(r"rank (\d+) in (\S+) \(group (\S+) #(\d+)\)")
-
-
-def _renumbered(ctx: Context, proven: str) -> str:
-    """The live prover's sentence in the diagnosis's numbering of each group's collectives.
-    The prover counts the calls Python made (the probe's); the diagnosis numbers every
-    collective of the group, those torch issued from C++ too (DDP's gradient all_reduce, as the
-    flight recorder lists them), so "call #13" of one is "#21" of the other. A call the calls
-    table does not hold keeps the prover's number."""
+def _proof_text(ctx: Context, stall: dict[str, Any]) -> str:
+    """The live prover's sentence (:class:`~rankscope.waitfor.Proof`) in the diagnosis's
+    numbering of each group's collectives. The prover counts the calls Python made (the
+    probe's); the diagnosis numbers every collective of the group, those torch issued from C++
+    too (DDP's gradient all_reduce, as the flight recorder lists them), so "call #13" of one is
+    "#21" of the other. A call the calls table does not hold keeps the prover's number, and so
+    does a proof read from the flight recorder (numbered as the diagnosis numbers) or one a
+    run.json holds only as words (an older run)."""
+    proof = Proof.from_json(stall.get("proof"))
+    if proof is None:
+        return str(stall["proven"])
     probe = calls_from_probe(ctx.ev.table("collectives"))
     calls = ctx.calls[ctx.calls["seq"].notna()]
 
-    def seq_of(rank: int, pg: str, n: int) -> int | None:
-        """The group's number of the rank's n-th Python call there: the first call of the
-        calls table, on that rank and group, that started when it did or after."""
-        mine = probe[(probe["rank"] == rank) & (probe["pg"].astype(str) == pg)]
-        mine = mine[mine["seq"] == n]
+    def number(call: CallNumber) -> int | None:
+        """The group's number of the rank's n-th Python call there (the first call of the
+        calls table, on that rank and group, that started when it did or after); for ``made``,
+        the number of the last call the rank made there."""
+        if call.kind == "made" and call.n == 0:
+            return None
+        mine = probe[(probe["rank"] == call.rank) & (probe["pg"].astype(str) == call.pg)]
+        mine = mine[mine["seq"] == call.n]
         if mine.empty or pd.isna(mine["t_start_s"].iloc[0]):
             return None
+        own = calls[(calls["rank"] == call.rank) & (calls["pg"].astype(str) == call.pg)]
+        if call.kind == "made":
+            return int(own["seq"].max()) if len(own) else None
         t0 = float(mine["t_start_s"].iloc[0])
-        own = calls[(calls["rank"] == rank) & (calls["pg"].astype(str) == pg)]
         later = own[(own["t_start_s"] >= t0).fillna(False)].sort_values("t_start_s")
         return None if later.empty else int(later["seq"].iloc[0])
 
-    def waits(m: re.Match[str]) -> str:
-        rank, op, n, pg = int(m[1]), m[2], int(m[3]), m[4]
-        seq = seq_of(rank, pg, n)
-        return m[0] if seq is None else f"rank {rank} waits in {op}, call #{seq} of group {pg}"
-
-    def ended(m: re.Match[str]) -> str:
-        rank, code, n, pg = int(m[1]), m[2], int(m[3]), m[4]
-        seq = seq_of(rank, pg, n) if n else None
-        if seq is None:
-            return m[0]
-        mine = calls[(calls["rank"] == rank) & (calls["pg"].astype(str) == pg)]
-        made = int(mine["seq"].max()) if len(mine) else seq
-        return f"rank {rank} ended (exit code {code}) after {made} call(s) on group {pg};"
-
-    def differ(m: re.Match[str]) -> str:
-        seq = seq_of(int(m[1]), m[4], int(m[3]))
-        return m[0] if seq is None else f"rank {m[1]} {m[2]}as collective #{seq} of group {m[4]}:"
-
-    def cycle(m: re.Match[str]) -> str:
-        seq = seq_of(int(m[1]), m[3], int(m[4]))
-        return m[0] if seq is None else f"rank {m[1]} in {m[2]} (group {m[3]} #{seq})"
-
-    text = _WAITS_IN.sub(waits, proven)
-    text = _ENDED_AFTER.sub(ended, text)
-    text = _DIFFER.sub(differ, text)
-    return _CYCLE.sub(cycle, text)
+    return proof.text(number)
 
 
 def _before_hang(ctx: Context, fd: FirstDivergence) -> bool:

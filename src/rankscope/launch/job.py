@@ -34,6 +34,7 @@ from rankscope.rundir import (
     rank_records,
     rank_summaries,
 )
+from rankscope.waitfor import Proof
 
 log = logging.getLogger(__name__)
 
@@ -426,7 +427,7 @@ class Job:
 
         self.run.update_run(change)  # type: ignore[union-attr]
 
-    def _on_stall(self, kind: str, idle_s: float, proven: str | None = None) -> None:
+    def _on_stall(self, kind: str, idle_s: float, proven: Proof | None = None) -> None:
         run, tracker = self.run, self._tracker
         assert run is not None and tracker is not None
         detected = time.time()
@@ -439,7 +440,9 @@ class Job:
             "kind": kind,
             "detected_at": detected,
             "idle_s": idle_s,
-            "proven": proven,
+            # the proof's sentence, and its parts: the diagnosis writes it in its own numbers
+            "proven": proven.text() if proven else None,
+            "proof": proven.to_json() if proven else None,
             "summary": busy_text(snapshot) if self._busy_stall(kind) else None,
             "capture_id": manifest["id"] if manifest else None,
             "evidence_complete_at": manifest["completed_at"] if manifest else time.time(),

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 from rankscope.launch.tracker import RankTracker
 from rankscope.rundir import FINAL_STATES, RunDir, RunDirError
-from rankscope.waitfor import prove
+from rankscope.waitfor import Proof, prove
 
 log = logging.getLogger(__name__)
 
@@ -101,10 +101,10 @@ def stall_decision(look: Look, *, stall_timeout_s: float, startup_timeout_s: flo
 
 class Watchdog:
     """Follows a job's ranks until the job ends and calls ``on_stall(kind, idle_s, proven)``
-    once per stall (``proven``: the fact that proves a ``proven`` stall, else None), and once
-    more where a ``busy`` stall becomes a ``no_progress`` one; ``on_clear(stalled_s)`` when
-    progress resumes after one (not after a proven one: what proved it cannot change), with how
-    long after it was called."""
+    once per stall (``proven``: the :class:`~rankscope.waitfor.Proof` of a ``proven`` stall,
+    else None), and once more where a ``busy`` stall becomes a ``no_progress`` one;
+    ``on_clear(stalled_s)`` when progress resumes after one (not after a proven one: what
+    proved it cannot change), with how long after it was called."""
 
     def __init__(
         self,
@@ -115,7 +115,7 @@ class Watchdog:
         stall_timeout_s: float,
         startup_timeout_s: float,
         lock: threading.Lock,
-        on_stall: Callable[[str, float, str | None], None],
+        on_stall: Callable[[str, float, Proof | None], None],
         on_new_ranks: Callable[[], None],
         on_clear: Callable[[float], None],
     ):
@@ -169,9 +169,9 @@ class Watchdog:
                 ):
                     began = time.monotonic()
                     proved_upto = tracker.changes
-                    proven = prove(tracker.states()) or _recorder_says(
-                        prove(tracker.backend_states())
-                    )
+                    proven = prove(tracker.states())
+                    if proven is None and (recorded := prove(tracker.backend_states())):
+                        proven = recorded.by_recorder()
                     took = time.monotonic() - began
                     next_proof = began + max(
                         min(PROVE_BUSY_S, took / PROVE_BUSY_SHARE), PROVE_SHARE * took
@@ -231,7 +231,3 @@ class Watchdog:
                 stalled_kind, for_good = kind, kind == "proven"
                 self.on_stall(kind, idle, proven)
             time.sleep(min(LOOK_MAX_S, max(POLL_S, read_cpu / LOOK_SHARE)))
-
-
-def _recorder_says(fact: str | None) -> str | None:
-    return None if fact is None else f"{fact} (by the flight recorder's numbering)"
