@@ -18,7 +18,7 @@ a field open (null), the table shows what came out without scoring it. The corpu
 (``tests/corpus``) states every field of each case.
 
     python bench/diagnosis_accuracy.py [--only NAME ...] [--skip-catalogue] [--skip-corpus]
-        [--load N] [--slow-disk] [--quiet-table FILE] [--save FILE]
+        [--load N] [--slow-disk] [--quiet-table FILE] [--save FILE] [--keep DIR]
 
 Under load (the answer must not depend on it): ``--load N`` runs N CPU-bound processes beside
 every case, and ``--slow-disk`` a writer that keeps the run directory's file system busy (large
@@ -27,6 +27,8 @@ page cache stays full of dirty pages; no FUSE, no privileges). Then each case ru
 (or its quiet row is read from ``--quiet-table``, a file ``--save`` wrote on a quiet run), then
 loaded, and a line per case says whether the loaded answer equals the quiet one (verdict,
 cause, culprits, parting line, first divergence), naming the fields that differ.
+``--keep DIR`` keeps every case's run directory there, and a wrong case's line names its own,
+to be read after (``rankscope diagnose``).
 """
 
 from __future__ import annotations
@@ -74,6 +76,8 @@ class Row:
     framework: str = "torch"
     """What the case runs under: ``torch`` (a plain script), ``lightning``, ``transformers``,
     ``accelerate``, ``deepspeed``."""
+    run: Path | None = None
+    """The case's run directory."""
 
 
 def run_case(
@@ -109,7 +113,9 @@ def run_case(
     }
     stalls = job.info()["stalls"]
     stall = stalls[0]["kind"] if stalls else "none"
-    return Row(name, kind, want, got, check(d), done - start, done - t0, stall, framework)
+    return Row(
+        name, kind, want, got, check(d), done - start, done - t0, stall, framework, job.run.path
+    )
 
 
 #: The fields of a row that must not change with the machine's load.
@@ -238,6 +244,7 @@ def main() -> None:
     )
     ap.add_argument("--quiet-table", type=Path, help="quiet rows saved by --save, not rerun")
     ap.add_argument("--save", type=Path, help="write the rows (what came out) as JSON here")
+    ap.add_argument("--keep", type=Path, help="keep every case's run directory under this folder")
     args = ap.parse_args()
     if args.load < 0:
         ap.error("--load takes a number of processes, 0 or more")
@@ -253,7 +260,10 @@ def main() -> None:
         cases += [("corpus", *c) for c in corpus_cases(only)]
     rows: list[Row] = []
     same: dict[str, list[str]] = {}
-    with tempfile.TemporaryDirectory(prefix="rankscope-accuracy-") as tmp:
+    with contextlib.ExitStack() as stack:
+        tmp = args.keep or stack.enter_context(
+            tempfile.TemporaryDirectory(prefix="rankscope-accuracy-")
+        )
         for kind, name, spec, want, check, framework in cases:
             quiet = quiet_rows.get(name)
             if loaded and quiet is None:
@@ -283,7 +293,9 @@ def main() -> None:
                 f"{row.got['recipe'] or '-':4} culprits {row.got['culprits']!s:10} "
                 f"parted at {row.got['parting'] or '-':24} "
                 f"to verdict {row.to_verdict_s:5.1f} s  diagnose {row.diagnose_s:5.2f} s  "
-                f"stall {row.stall}" + (f"  <- {'; '.join(row.wrong)}" if row.wrong else ""),
+                f"stall {row.stall}"
+                + (f"  <- {'; '.join(row.wrong)}" if row.wrong else "")
+                + (f"  ({row.run})" if args.keep and row.wrong else ""),
                 flush=True,
             )
     print()
