@@ -234,6 +234,10 @@ def test_ranks_that_finished_the_cell_the_others_wait_in_took_a_branch():
         "ranks 1-2 finished cell [5] without calling all_reduce while rank 0 waits in " in d.reason
     )
     assert "Call collectives on every rank" in d.fix, d.fix
+    # the card's row of each: where it stands, between cells, not "outside any collective"
+    for r in (1, 2):
+        state = d.collective.state_by_rank[r]
+        assert state == "never called it: done with cell [5], waiting for the next", state
 
 
 @pytest.mark.parametrize(

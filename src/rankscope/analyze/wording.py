@@ -121,7 +121,10 @@ class Phrasing:
                 state[r] = "no record of this rank's calls" + (f" ({f.died})" if f.died else "")
                 continue
             site[r] = absent[r].site
-            if self.known_absent(r):
+            if f.cell is not None and f.cell_state == "finished" and absent[r].state != "exited":
+                # a cell session's rank between cells: idle in its engine, not in the user's code
+                state[r] = f"{NEVER} called it: done with cell [{f.cell}], waiting for the next"
+            elif self.known_absent(r):
                 state[r] = f"{NEVER} called it: {absent[r].note}"
             else:
                 state[r] = (
