@@ -781,6 +781,10 @@ def test_an_exception_whose_text_makes_a_rank_a_victim_is_not_its_crash():
     d = diagnose(run_of(rows, exits={0: 1, 1: 1, 2: 0}, events=events, errors=errors))
     assert not {0, 1} & set(d.culprit_ranks), d.render()
     assert d.cause != "rank_crashed", d.render()
+    # The exception's own text says so where the logs do not hold it: torchrun's SIGTERM
+    # ended them while their traceback was being printed, so no line of it reached the logs.
+    d = diagnose(run_of(rows, exits={0: -15, 1: -15, 2: 0}, events=events))
+    assert not {0, 1} & set(d.culprit_ranks), d.render()
 
 
 @pytest.mark.parametrize("run", [1, 3, 50, 1000])

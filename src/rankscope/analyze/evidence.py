@@ -16,7 +16,14 @@ from typing import Any
 import pandas as pd
 
 from rankscope import schema
-from rankscope.collect import SIGNATURES, VICTIM_ROLES, is_user_file, latest_captures, short_site
+from rankscope.collect import (
+    SIGNATURES,
+    VICTIM_ROLES,
+    is_user_file,
+    latest_captures,
+    short_site,
+    victims_words,
+)
 from rankscope.state import RankEnd, rank_end, signal_name, stopping
 
 ROLE_OF_KIND = {s.kind: s.role for s in SIGNATURES}
@@ -186,10 +193,19 @@ class Evidence:
     @cached_property
     def waiters(self) -> set[int]:
         """Ranks whose own texts say they waited on others: a victim's error (a timeout, a
-        peer's exit, a mismatch), or a report made while waiting (DETAIL, monitored_barrier)."""
+        peer's exit, a mismatch) in their logs or as the exception they raised (a teardown
+        signal may end a rank before its traceback reaches the logs), or a report made while
+        waiting (DETAIL, monitored_barrier)."""
         errors = self.table("errors")
         waiting = errors["role"].isin(list(VICTIM_ROLES)) | errors["kind"].isin(list(WAITER_KINDS))
-        return set(errors.loc[waiting, "rank"].dropna().astype(int).tolist())
+        events = self.table("events")
+        raised = events[(events["ev"] == "exception").to_numpy(dtype=bool)]
+        said = [
+            int(r)
+            for r, m in zip(raised["rank"], raised["message"], strict=True)
+            if not pd.isna(r) and isinstance(m, str) and victims_words(m)
+        ]
+        return set(errors.loc[waiting, "rank"].dropna().astype(int).tolist()) | set(said)
 
     def terminated(self, code: int | None) -> bool:
         """An exit by SIGTERM, SIGINT or SIGHUP (torchrun or a stop ending a live rank), or by

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from rankscope.collect.logs import read_logs
     from rankscope.collect.nccl import read_nccl, read_nccl_comms
     from rankscope.collect.run import Run, latest_dumps, load_run
-    from rankscope.collect.signatures import SIGNATURES, VICTIM_ROLES, Signature
+    from rankscope.collect.signatures import SIGNATURES, VICTIM_ROLES, Signature, victims_words
     from rankscope.collect.stacks import (
         is_user_file,
         latest_captures,
@@ -65,6 +65,7 @@ _LAZY = {
     "SIGNATURES": "rankscope.collect.signatures",
     "VICTIM_ROLES": "rankscope.collect.signatures",
     "Signature": "rankscope.collect.signatures",
+    "victims_words": "rankscope.collect.signatures",
     "is_user_file": "rankscope.collect.stacks",
     "latest_captures": "rankscope.collect.stacks",
     "read_stacks": "rankscope.collect.stacks",
@@ -103,6 +104,7 @@ __all__ = [
     "recognise",
     "short_site",
     "summarize_stacks",
+    "victims_words",
 ]
 
 

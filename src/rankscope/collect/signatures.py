@@ -851,3 +851,13 @@ SIGNATURES: tuple[Signature, ...] = (
 
 #: The known errors: the signatures that name a recipe's mistake (those with a fix).
 KNOWN: tuple[Signature, ...] = tuple(s for s in SIGNATURES if s.fix)
+
+
+def victims_words(text: str) -> bool:
+    """Whether ``text`` (an exception's message, a log line) is an error whose role makes the
+    rank that raised it a victim (:data:`VICTIM_ROLES`: a peer's exit, a timeout, a mismatch
+    another rank caused)."""
+    return any(
+        s.role in VICTIM_ROLES and s.literal in text and s.regex.search(text) is not None
+        for s in SIGNATURES
+    )

@@ -18,7 +18,7 @@ from rankscope.analyze.diagnosis import EvidenceRef, who_of
 from rankscope.analyze.evidence import SIGNAL_TEXT, RankFacts
 from rankscope.analyze.rules.finding import Decided, Failure, Finding, log_site, rule
 from rankscope.analyze.wording import MAX_REFS, at, error_refs, short
-from rankscope.collect import VICTIM_ROLES, recognise
+from rankscope.collect import VICTIM_ROLES, recognise, victims_words
 from rankscope.collect.signatures import KNOWN
 
 _OOM = re.compile(r"out of memory|OutOfMemoryError|can't allocate memory", re.IGNORECASE)
@@ -214,7 +214,11 @@ def reported_failure(ctx: Context) -> Finding | None:
 
 def _victims_text(errors: pd.DataFrame, rank: int, exception: str) -> bool:
     """The rank's exception is an error text whose role makes it a victim (a peer's exit or
-    timeout, NCCL's remote error), as its logs show it."""
+    timeout, NCCL's remote error): by its own words, or as its logs show it. Its own words
+    count where the logs lack it: a teardown signal that lands while the traceback is printed
+    leaves none of it there."""
+    if victims_words(exception):
+        return True
     mine = errors[(errors["rank"] == rank) & errors["role"].isin(list(VICTIM_ROLES))]
     head = exception.split("\n", 1)[0]
     return any(head[:80] in str(m) or str(m)[:80] in exception for m in mine["message"])
