@@ -6,20 +6,13 @@ one GPU, and the lent machines have one. Skipped, saying why, where torch sees n
 from __future__ import annotations
 
 import pytest
-import torch
 
 from rankscope.collect import load_run
 
 from ..test_cells import Kernel, _wait_view
+from . import ON_A_GPU
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.timeout(300),
-    pytest.mark.skipif(
-        not torch.cuda.is_available(),
-        reason="needs a CUDA GPU (torch.cuda.is_available() is False here)",
-    ),
-]
+pytestmark = [*ON_A_GPU, pytest.mark.timeout(300)]
 
 
 def test_a_cell_s_all_reduce_runs_on_the_gpu_by_default(tmp_path):

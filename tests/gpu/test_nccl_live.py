@@ -10,7 +10,6 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 
 from rankscope.analyze import diagnose
 from rankscope.cli import main
@@ -18,15 +17,9 @@ from rankscope.collect import load_run
 from rankscope.launch.spec import free_port
 
 from ..conftest import SCRIPTS, site_of
+from . import ON_A_GPU
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.timeout(240),
-    pytest.mark.skipif(
-        not torch.cuda.is_available(),
-        reason="needs a CUDA GPU (torch.cuda.is_available() is False here)",
-    ),
-]
+pytestmark = [*ON_A_GPU, pytest.mark.timeout(240)]
 
 STALL_S = 3.0
 BENCH = Path(__file__).parents[2] / "bench" / "probe_overhead.py"
