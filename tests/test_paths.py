@@ -182,3 +182,57 @@ def test_a_class_that_made_no_call_had_left_only_where_its_ranks_had() -> None:
     asleep = diagnose(load_run(data / "monitored_barrier" / "run")).first_divergence
     assert asleep["text"].startswith("rank 1 made no call there at collective #1")
     assert [c["left"] for c in asleep["classes"] if c["op"] is None] == [False]
+
+
+def dp_tp_skip_run(*, barrier_at: float) -> Any:
+    """DP x TP on 4 ranks: tp groups [0, 1], [2, 3]; dp groups [0, 2], [1, 3]. Each of three
+    steps all-reduces on the rank's tp group (line 20), then on its dp group (line 30); at step
+    2 rank 1 skips its dp call. A barrier on the world group ends the script (line 40). Ranks
+    0-2 wait in the barrier, started at ``barrier_at``; rank 3 in its dp all_reduce #3, which
+    rank 1 never makes. Two divergences exclude each other: rank 1 made the barrier and not dp
+    #3, rank 3 the reverse."""
+    groups = {"tp": ([0, 1], [2, 3]), "dp": ([0, 2], [1, 3])}
+    rows = []
+    for r in range(4):
+        made: dict[str, int] = {}
+        n = 0
+
+        def add(kind: str, line: int, *, done: bool = True, t: float | None = None) -> None:
+            nonlocal n
+            members = next(m for m in groups[kind] if r in m) if kind != "world" else range(4)
+            pg = "0" if kind == "world" else f"{kind}{list(groups[kind]).index(members)}"
+            made[pg] = made.get(pg, 0) + 1
+            n += 1
+            rows.append(
+                at(
+                    r,
+                    made[pg],
+                    line,
+                    pg=pg,
+                    pg_desc=pg,
+                    coll_id=n,
+                    done=done,
+                    pg_ranks=",".join(map(str, members)),
+                    op="barrier" if line == 40 else "all_reduce",
+                    t=T0 + n if t is None else t,
+                )
+            )
+
+        for step in (1, 2, 3):
+            add("tp", 20)
+            if not (r == 1 and step == 2):
+                add("dp", 30, done=not (r == 3 and step == 3))
+        if r != 3:
+            add("world", 40, done=False, t=barrier_at)
+    return run_of(rows, exits=dict.fromkeys(range(4)), world=4)
+
+
+def test_two_divergences_that_exclude_each_other_are_told_by_the_paths_not_the_clock():
+    """Rank 3 waits in dp1 #3 on the path ranks 0 and 2 took to the barrier: it had not got
+    there yet. Rank 1's path left theirs at step 2. Whichever started first, the paths first
+    parted at dp1 #3, where rank 1 made no call."""
+    for barrier_at in (T0 + 4.5, T0 + 9):
+        fd = context(dp_tp_skip_run(barrier_at=barrier_at)).first_divergence
+        assert (fd.pg, fd.seq, fd.culprits) == ("dp1", 3, [1]), barrier_at
+        d = diagnose(dp_tp_skip_run(barrier_at=barrier_at))
+        assert (d.cause, d.culprit_ranks) == ("rank_conditional_collective", [1]), d.render()

@@ -705,9 +705,10 @@ def earliest(divs: Iterable[FirstDivergence], calls: pd.DataFrame) -> FirstDiver
     """Of the groups' first divergences, the one whose culprits did something there (made a
     call: where one rank called on another group than its own, that call says what it did,
     its absence on its own group does not), then the first the ranks reached (one where a rank
-    made its call before one where that rank made none), then the first in time (the start of
-    its earliest call; one without a call at all, last). The first rule keeps the choice independent of
-    the timing of two groups that part at once."""
+    made its call before one where that rank made none), then one not made only by ranks that
+    had not got there yet (:func:`_behind`), then the first in time (the start of its earliest
+    call; one without a call at all, last). The rules before time keep the choice independent
+    of the timing of two groups that part at once."""
 
     def when(d: FirstDivergence) -> tuple[bool, float]:
         own = d.culprit_class()
@@ -728,8 +729,53 @@ def earliest(divs: Iterable[FirstDivergence], calls: pd.DataFrame) -> FirstDiver
         d
         for j, d in enumerate(pool)
         if not any(i != j and reached[i] & missing[j] for i in range(len(pool)))
-    ]
-    return min(first or pool, key=when)
+    ] or pool
+    # Two that exclude each other (rank 1 reached one and skipped the other, rank 3 the
+    # reverse) are told by the paths, not by the clock.
+    if len(first) > 1:
+        first = [d for d in first if not _behind(d, calls)] or first
+    return min(first, key=when)
+
+
+def _behind(d: FirstDivergence, calls: pd.DataFrame) -> bool:
+    """Whether every rank that made no call at ``d`` waits in a call on the path of a rank
+    that made it: its whole sequence of calls (on every group, in its own order; the same
+    call from the same path) is the start of that rank's. Such a rank had not got there yet;
+    ``d`` follows from where it waits, and did not part the paths."""
+    missing = sorted({r for c in d.classes if c.op is None for r in c.ranks})
+    reached = sorted({r for c in d.classes if c.op is not None for r in c.ranks})
+    if not missing or not reached:
+        return False
+    rank = calls["rank"].to_numpy(dtype=np.int64)
+    here = np.flatnonzero(np.isin(rank, [*missing, *reached]))
+    if not len(here):
+        return False
+    rank = rank[here]
+    order = calls["order"].to_numpy(dtype=np.int64)[here]
+    token = _tokens(calls["key"].to_numpy(dtype=np.int64)[here], calls["path"].to_numpy()[here])
+    waits = (calls["state"] != "completed").to_numpy(dtype=bool)[here]
+    if not _sorted(rank, order):
+        by = np.lexsort((order, rank))
+        rank, token, waits = rank[by], token[by], waits[by]
+    starts = np.r_[0, np.flatnonzero(np.diff(rank)) + 1]
+    lengths = np.diff(np.r_[starts, len(rank)])
+    position = np.arange(len(rank)) - np.repeat(starts, lengths)
+    of = {int(r): (int(lo), int(n)) for r, lo, n in zip(rank[starts], starts, lengths, strict=True)}
+    ahead = np.isin(rank, reached)
+    for m in missing:
+        if m not in of:
+            return False
+        lo, n = of[m]
+        if not waits[lo : lo + n].any():
+            return False  # it had ended, or left: a path of its own
+        mine = ahead & (position < n)
+        same = np.zeros(len(rank), dtype=bool)
+        same[mine] = token[mine] == token[lo + position[mine]]
+        agree = np.bincount(rank[same], minlength=int(rank.max()) + 1)
+        longer = [r for r in reached if r in of and of[r][1] > n]
+        if not any(agree[r] == n for r in longer):
+            return False
+    return True
 
 
 def step_at(events: pd.DataFrame, rank: int, t_s: float | None) -> int | None:
