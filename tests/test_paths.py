@@ -191,18 +191,20 @@ def dp_tp_skip_run(*, barrier_at: float) -> Any:
     0-2 wait in the barrier, started at ``barrier_at``; rank 3 in its dp all_reduce #3, which
     rank 1 never makes. Two divergences exclude each other: rank 1 made the barrier and not dp
     #3, rank 3 the reverse."""
-    groups = {"tp": ([0, 1], [2, 3]), "dp": ([0, 2], [1, 3])}
+    groups = {"tp": ([0, 1], [2, 3]), "dp": ([0, 2], [1, 3]), "world": ([0, 1, 2, 3],)}
     rows = []
     for r in range(4):
+        plan = [("tp", 20), ("dp", 30), ("tp", 20), ("tp", 20), ("dp", 30)]
+        if r != 1:
+            plan.insert(3, ("dp", 30))
+        if r != 3:
+            plan.append(("world", 40))
         made: dict[str, int] = {}
-        n = 0
-
-        def add(kind: str, line: int, *, done: bool = True, t: float | None = None) -> None:
-            nonlocal n
-            members = next(m for m in groups[kind] if r in m) if kind != "world" else range(4)
-            pg = "0" if kind == "world" else f"{kind}{list(groups[kind]).index(members)}"
+        for n, (kind, line) in enumerate(plan, start=1):
+            members = next(m for m in groups[kind] if r in m)
+            pg = "0" if kind == "world" else f"{kind}{groups[kind].index(members)}"
             made[pg] = made.get(pg, 0) + 1
-            n += 1
+            last = n == len(plan)
             rows.append(
                 at(
                     r,
@@ -210,20 +212,13 @@ def dp_tp_skip_run(*, barrier_at: float) -> Any:
                     line,
                     pg=pg,
                     pg_desc=pg,
-                    coll_id=n,
-                    done=done,
                     pg_ranks=",".join(map(str, members)),
-                    op="barrier" if line == 40 else "all_reduce",
-                    t=T0 + n if t is None else t,
+                    coll_id=n,
+                    op="barrier" if kind == "world" else "all_reduce",
+                    done=not last,
+                    t=barrier_at if kind == "world" else T0 + n,
                 )
             )
-
-        for step in (1, 2, 3):
-            add("tp", 20)
-            if not (r == 1 and step == 2):
-                add("dp", 30, done=not (r == 3 and step == 3))
-        if r != 3:
-            add("world", 40, done=False, t=barrier_at)
     return run_of(rows, exits=dict.fromkeys(range(4)), world=4)
 
 

@@ -18,6 +18,7 @@ import pytest
 
 from rankscope import plot, schema
 from rankscope.collect import load_run
+from rankscope.plot._common import time_origin
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = Path(__file__).parent / "data"
@@ -987,3 +988,29 @@ def test_progress_counts_an_async_call_when_the_backend_completed_it() -> None:
     points = [(x, y) for x, y in zip(line.x, line.y, strict=True) if y == y]
     assert points == [(1, 1), (6, 2), (10, 2)]
     assert list(fig.layout.xaxis.range) == [0, 10]  # the whole job, not from the first call
+
+
+def test_the_timeline_and_the_progress_plot_count_from_one_origin_when_given_it() -> None:
+    """The job started at T0 + 0.5 (its first event) and made its first call at T0 + 1: given
+    the same origin, both views count seconds from it."""
+    calls = collectives([call(r, n, ok=True) for r in range(3) for n in range(1, 5)])
+    start = T0 + 0.5
+    rows = [{"rank": r, "ev": "start", "t_s": start} for r in range(3)]
+    rows += [{"rank": r, "ev": "exit", "t_s": T0 + n + 0.1} for r in range(3) for n in range(1, 5)]
+    events = schema.conform("events", pd.DataFrame(rows))
+    before = calls.copy()
+    apart = plot.rank_timeline(calls), plot.progress(events, collectives=calls)
+    pd.testing.assert_frame_equal(calls, before)  # the views leave the run's table as it was
+    origin = [f.layout.xaxis.title.text.split(" (")[0] for f in apart]
+    assert origin == [time_origin(T0 + 1), time_origin(start)]
+    timeline, progress = (
+        plot.rank_timeline(calls, since=start),
+        plot.progress(events, collectives=calls, since=start),
+    )
+    origin = [f.layout.xaxis.title.text.split(" (")[0] for f in (timeline, progress)]
+    assert origin == [time_origin(start)] * 2
+    line = next(t for t in progress.data if t.name == "rank 0")
+    assert np.isclose(np.asarray(line.x, dtype=float), 0.6, atol=1e-3).any()  # #1 ends
+    # an origin later than the first call is not taken: nothing falls left of the axis
+    late = plot.rank_timeline(calls, since=T0 + 5)
+    assert late.layout.xaxis.title.text.startswith(time_origin(T0 + 1))

@@ -35,6 +35,7 @@ def progress(
     now: float | None = None,
     highlight: Iterable[int] = (),
     classes: Iterable[Iterable[int]] = (),
+    since: float | None = None,
 ) -> go.Figure:
     """Panels stacked over one another: collectives completed per rank over time, the user's
     step marker per rank over time (only when some rank marked steps), and each rank's
@@ -57,15 +58,17 @@ def progress(
         now: wall-clock seconds since the epoch; by default the latest event.
         highlight: ranks to draw in red (a diagnosis's culprits).
         classes: groups of ranks alike (the classes of a diagnosis's first divergence).
+        since: wall-clock seconds since the epoch from which the axis counts (the first event,
+            where it is later or not given), as :func:`~rankscope.plot.rank_timeline` takes it.
 
     Returns:
-        The figure; x of the line panels is seconds since the first event.
+        The figure; x of the line panels is seconds since ``since``.
     """
     ev = events[events["t_s"].notna()]
     if ev.empty:
         return empty_figure(TITLE, "no probe events in this run")
     t = floats(ev["t_s"])
-    t0 = float(t.min())
+    t0 = float(t.min()) if since is None else min(float(since), float(t.min()))
     now = float(t.max()) if now is None else max(float(now), float(t.max()))
     marked = sorted(set(highlight))
     kind = ev["ev"].astype(str).to_numpy()
@@ -174,7 +177,8 @@ def _completed(
         )
         return ev.loc[done, ["rank", "t_s"]]
     c = collectives
-    done = c["completed"].fillna(False).to_numpy(dtype=bool)
+    # a copy: without nulls, the column's own data would come back and be written over
+    done = c["completed"].fillna(False).to_numpy(dtype=bool, copy=True)
     done &= c["ok"].fillna(False).to_numpy(dtype=bool)
     done &= ~c["op"].isin(list(MANAGEMENT_OPS)).to_numpy(dtype=bool)
     c = c[done]

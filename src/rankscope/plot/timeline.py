@@ -55,6 +55,7 @@ def rank_timeline(
     ranks: Iterable[int] = (),
     chain: Sequence[Mapping[str, Any]] = (),
     classes: Iterable[Iterable[int]] = (),
+    since: float | None = None,
 ) -> go.Figure:
     """One row per rank, one bar per collective or point-to-point call over wall time.
 
@@ -82,9 +83,12 @@ def rank_timeline(
             from each waiting rank to the ranks it waits for.
         classes: groups of ranks alike (the ranks of each class of a diagnosis's first
             divergence, :func:`~rankscope.plot.alike`).
+        since: wall-clock seconds since the epoch from which the axis counts (the first call,
+            where it is later or not given): the same for several views puts a moment at the
+            same x in each (:func:`~rankscope.plot.progress` takes it too).
 
     Returns:
-        The figure; x is seconds since the first call.
+        The figure; x is seconds since ``since``.
     """
     table = as_calls(calls)
     table = table[table["t_start_s"].notna()]
@@ -96,7 +100,7 @@ def rank_timeline(
     end = floats(table["t_end_s"])
     latest = float(np.nanmax(np.concatenate([start, end])))
     now = latest if now is None else max(float(now), latest)
-    t0 = float(start.min())
+    t0 = float(start.min()) if since is None else min(float(since), float(start.min()))
     # A call's state is every view's (rankscope.state.call_state, the calls table's column):
     # issued or started is in flight, returned from or not (an async call, an nccl call
     # returned from at enqueue), drawn up to now.

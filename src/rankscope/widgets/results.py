@@ -200,6 +200,9 @@ class ResultsPanel(widgets.VBox):
         divergence = d.collective.to_dict() if d.collective else None
         calls = d.calls  # what the diagnosis was built from: the probe's and the recorder's
         ranks = run.ranks["rank"].dropna().astype(int).tolist()
+        # one time origin for the views that count seconds: the run's first event or call
+        firsts = [run.events["t_s"].min(), calls["t_start_s"].min()]
+        since = min((float(t) for t in firsts if pd.notna(t)), default=None)
         self.timeline_figure = plot.rank_timeline(
             calls,
             culprit_ranks=culprits,
@@ -208,6 +211,7 @@ class ResultsPanel(widgets.VBox):
             ranks=ranks,
             chain=d.chain,
             classes=plot.alike(d),
+            since=since,
         )
         set_figure(self.timeline, self.timeline_figure)
         figures: dict[str, go.Figure] = {
@@ -226,6 +230,7 @@ class ResultsPanel(widgets.VBox):
                 now=now,
                 highlight=culprits,
                 classes=plot.alike(d),
+                since=since,
             ),
         }
         if len(run.nccl_comms) or len(run.nccl):
