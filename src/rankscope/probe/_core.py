@@ -247,7 +247,7 @@ class Probe:
         self._entered: set[int] = set()  # calls whose enter line is written, exit not yet
         # Calls that returned a Work (async_op=True, isend, ...) the backend has not completed:
         # the thread looks at them at every wake-up (see _returned, _look_works).
-        self._works: dict[int, tuple[Any, ...]] = {}  # call id -> its Works
+        self._works: dict[int, Any] = {}  # call id -> its Work, or a tuple of its Works
         self._returned: list[tuple[int, Any, bool]] = []  # see _take_returned
         self._no_work: list[int] = []  # async calls that returned no Work: done at once
         self._fr_seen: tuple[Any, Any] = (None, None)  # (what was uncompleted, its entries)
@@ -708,35 +708,48 @@ class Probe:
             return
         batch = returned[:n]
         del returned[:n]  # the wrappers append behind, under the GIL: nothing is lost
+        works = self._works
         for cid, result, async_op in batch:
-            if type(result) is list:
-                if result and all(isinstance(w, _WORK) for w in result):
-                    self._works[cid] = tuple(result)
-                    continue
-            elif isinstance(result, _WORK):
-                self._works[cid] = (result,)
-                continue
-            if async_op:
+            if isinstance(result, _WORK):  # the usual: one Work, kept as it is
+                works[cid] = result
+            elif type(result) is list and result and all(isinstance(w, _WORK) for w in result):
+                works[cid] = tuple(result)
+            elif async_op:
                 self._no_work.append(cid)
 
     def _look_works(self) -> None:
         """The thread's look at the async calls: one ``done`` event for those the backend has
         completed since the last look, their ids and those that failed (one line a look, not
         one a call). ``is_completed()`` costs about 0.15 us (gloo: a flag under a mutex; nccl:
-        a CUDA event query). Only this thread touches ``_works``."""
+        a CUDA event query). Only this thread touches ``_works``.
+
+        A loop of ``all_reduce(async_op=True).wait()`` makes a call in about 300 us on 2
+        cores, and each microsecond here is 0.3 % of it: a single Work is kept as it is and
+        looked at without a generator, and the dict is rebuilt rather than deleted from (about
+        0.7 us a Work, against 3 us before). Freeing the Works the look lets go costs about
+        2 us each more (a Work freed long after its call is no longer in the cache)."""
         self._take_returned()
         done: list[int] = []
         failed: list[int] = []
-        for cid, works in list(self._works.items()):
+        pending: dict[int, Any] = {}
+        for cid, work in self._works.items():
             try:
-                if not all(w.is_completed() for w in works):
+                if type(work) is tuple:
+                    if not all(w.is_completed() for w in work):
+                        pending[cid] = work
+                        continue
+                    bad = any(w.exception() is not None for w in work)
+                elif not work.is_completed():
+                    pending[cid] = work
                     continue
-                if any(w.exception() is not None for w in works):
-                    failed.append(cid)
+                else:
+                    bad = work.exception() is not None
             except Exception:  # a Work torn down with its group: completed, not by us
+                bad = True
+            if bad:
                 failed.append(cid)
-            del self._works[cid]
             done.append(cid)
+        self._works = pending
         done += self._no_work
         self._no_work.clear()
         if done:
