@@ -215,15 +215,17 @@ def _page(chromium: str, tmp_path: Path, name: str) -> Iterator[Any]:
             browser.close()
 
 
-#: For every element under the locator's elements: those wider than their own box (their
-#: content cut off, spilling or scrolled sideways) or reaching past the right edge of the
-#: outermost box. Figures and preformatted text are not measured.
-OVERFLOWING = """
+#: One reading of the locator's elements: under them, the elements wider than their own box
+#: (their content cut off, spilling or scrolled sideways) or reaching past the right edge of
+#: the outermost box (figures and preformatted text are not measured); the left and right
+#: padding (px) of every cell of their tables; and whether all of them are still in the page
+#: (a live table is replaced at every refresh, and a replaced one has no layout).
+LEGIBLE = """
 (boxes) => {
-  const bad = [];
+  const spilling = [];
   for (const box of boxes) {
     // the box, and the output or page column it is in
-    const outer = box.parentElement.closest('.jp-OutputArea-output, article, .rs-showcase-card');
+    const outer = box.parentElement?.closest('.jp-OutputArea-output, article, .rs-showcase-card');
     const right = Math.min(box.getBoundingClientRect().right,
                            outer ? outer.getBoundingClientRect().right : Infinity);
     for (const el of [box, ...box.querySelectorAll('*')]) {
@@ -233,33 +235,64 @@ OVERFLOWING = """
       // a cell may end in an ellipsis when its whole text shows on hover; a header may not
       const cut = wider && (el.tagName === 'TH' || (el.tagName === 'TD' && !el.title));
       if ((wider && !['TD', 'TH'].includes(el.tagName)) || past || cut) {
-        bad.push(el.tagName + ': ' + (el.innerText || '').slice(0, 60));
+        spilling.push(el.tagName + ': ' + (el.innerText || '').slice(0, 60));
       }
     }
   }
-  return bad;
+  const pads = boxes.flatMap((box) => [...box.querySelectorAll('td, th')].map((c) => {
+    const style = getComputedStyle(c);
+    return Math.min(parseFloat(style.paddingLeft), parseFloat(style.paddingRight));
+  }));
+  return {spilling, pads, connected: boxes.every((box) => box.isConnected)};
 }
 """
-#: Left and right padding (px) of every cell of the tables under the locator's elements.
-PADDING = """
-(boxes) => boxes.flatMap((box) => [...box.querySelectorAll('td, th')].map((c) => {
-  const style = getComputedStyle(c);
-  return Math.min(parseFloat(style.paddingLeft), parseFloat(style.paddingRight));
-}))
+#: One reading of a table, taken at once: its header cells' widths, its text, and where it has
+#: no layout, the nearest element that hides it (what a failure names).
+LAYOUT = """
+(table) => {
+  let hider = null;
+  for (let e = table; e && !hider; e = e.parentElement) {
+    const style = getComputedStyle(e);
+    if (style.display === 'none' || style.contentVisibility === 'hidden') {
+      hider = `${e.tagName.toLowerCase()}.${[...e.classList].join('.')}`
+        + ` (display ${style.display}, content-visibility ${style.contentVisibility})`;
+    }
+  }
+  return {
+    widths: [...table.querySelectorAll('th')].map((th) => th.getBoundingClientRect().width),
+    text: table.innerText,
+    table: table.getBoundingClientRect().width,
+    connected: table.isConnected,
+    hider,
+  };
+}
 """
-#: Widths of the header cells of the first table under the locator.
-WIDTHS = (
-    "(table) => [...table.querySelectorAll('th')].map((th) => th.getBoundingClientRect().width)"
-)
+
+
+def laid_out(page: Any, table: Any, *, unlike: str | None = None) -> dict[str, Any]:
+    """The first reading of ``table`` (:data:`LAYOUT`) whose columns all have a width, and
+    whose text differs from ``unlike`` where given (a later refresh); within 30 s, or fail
+    with the last reading."""
+    deadline = time.monotonic() + 30
+    while True:
+        reading = table.evaluate(LAYOUT)
+        if all(reading["widths"]) and reading["text"] != unlike:
+            return reading
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no laid-out reading of the table within 30 s: {reading}")
+        page.wait_for_timeout(200)
 
 
 def assert_legible(boxes: Any, what: str) -> None:
     """Nothing under ``boxes`` is wider than its box, and their tables' cells are padded
     (short values such as ``0,1`` and ``2`` in neighbouring cells do not run together)."""
     assert boxes.count(), f"no {what} on the page"
-    spilling = boxes.evaluate_all(OVERFLOWING)
+    for _ in range(20):  # a reading of boxes that a refresh replaced meanwhile is taken again
+        reading = boxes.evaluate_all(LEGIBLE)
+        if reading["connected"]:
+            break
+    spilling, pads = reading["spilling"], reading["pads"]
     assert not spilling, f"{what}: content wider than its box: {spilling}"
-    pads = boxes.evaluate_all(PADDING)
     assert pads and min(pads) >= 4, f"{what}: table cells with less than 4 px of padding: {pads}"
 
 
@@ -386,17 +419,13 @@ def test_the_live_panel_and_the_controls_answer_in_the_browser(
         expect(ranks).to_contain_text("waiting in barrier", timeout=90_000)
         expect(ranks).to_contain_text("at hang.py:")
         # The columns keep their widths from one refresh to the next (every 0.5 s).
+        # Each refresh replaces the table: Playwright finds the element, then evaluates on it,
+        # and a refresh between the two leaves it a detached table with no layout (all widths
+        # 0). Such a reading is taken again; widths and text come from one reading.
         expect(ranks).to_be_visible(timeout=30_000)
-        deadline = time.monotonic() + 30
-        while not all(ranks.evaluate(WIDTHS)) and time.monotonic() < deadline:
-            page.wait_for_timeout(200)  # laid out once its output area is drawn
-        before, seconds = ranks.evaluate(WIDTHS), ranks.inner_text()
-        assert all(before), f"the ranks table has columns of no width: {before}"
-        deadline = time.monotonic() + 10
-        while ranks.inner_text() == seconds and time.monotonic() < deadline:
-            page.wait_for_timeout(200)
-        assert ranks.inner_text() != seconds, "the live panel did not refresh"
-        assert ranks.evaluate(WIDTHS) == before, "the ranks table's columns moved"
+        before = laid_out(page, ranks)
+        after = laid_out(page, ranks, unlike=before["text"])  # the live panel refreshed
+        assert after["widths"] == before["widths"], f"the columns moved: {before} -> {after}"
         assert_legible(ranks, "the live ranks table")
         page.screenshot(path=str(ARTIFACTS / "live-waiting.png"))
         page.locator("button", has_text="Capture evidence").click()

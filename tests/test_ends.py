@@ -4,6 +4,11 @@ stderr, and the last line the rank printed. rankscope's watchdog is kept out of 
 
 from __future__ import annotations
 
+import json
+import shutil
+from pathlib import Path
+
+import pandas as pd
 import pytest
 
 from rankscope.analyze.evidence import Evidence
@@ -170,3 +175,28 @@ def test_a_stderr_cut_mid_stack_keeps_its_complete_frames(tmp_path):
     for n in range(0, len(text), 5):
         log.write_text(text[:n])
         read_stacks([Source(log, "stderr.log", rank=1, stream="stderr")], problems=Problems())
+
+
+def test_a_rank_whose_launcher_missed_its_abort_died_of_the_signal_its_dump_names(tmp_path):
+    """torchrun leaves out of its summary a rank that aborted while it was already ending the
+    others (another rank failed first): the rank's faulthandler dump says which signal ended
+    it, and its exit code is that signal's; without a dump it stays unknown."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(Path(__file__).parent / "data" / "gloo_barrier_hang" / "run", run_dir)
+    info = json.loads((run_dir / "run.json").read_text())
+    info["ranks"]["3"]["exit_code"] = None
+    (run_dir / "run.json").write_text(json.dumps(info))
+    row = load_run(run_dir).ranks.set_index("rank").loc[3]
+    assert pd.isna(row["exit_code"]) and pd.isna(row["signal"]), row
+    with (run_dir / "ranks" / "3" / "stacks.txt").open("a") as stacks:
+        stacks.write(
+            "Fatal Python error: Aborted\n\n"
+            "Current thread 0x00007f7b13a12b80 (most recent call first):\n"
+            '  File "/home/u/train.py", line 12 in step\n'
+            '  File "/home/u/train.py", line 30 in main\n'
+        )
+    ranks = load_run(run_dir).ranks.set_index("rank")
+    row = ranks.loc[3]
+    assert (row["exit_code"], row["signal"], row["end_how"]) == (-6, "SIGABRT", "SIGABRT"), row
+    assert row["end"] == "aborted itself: SIGABRT (-6)", row["end"]
+    assert ranks.loc[[0, 1, 2], "exit_code"].tolist() == [-15, -15, -15]

@@ -155,7 +155,8 @@ def signal_name(code: int | None) -> str | None:
         return f"signal {-code}"
 
 
-def _code_of(name: str | None) -> int | None:
+def signal_code(name: str | None) -> int | None:
+    """-6 for ``SIGABRT`` (the exit code of a process that signal ended), else None."""
     try:
         return -int(_signal.Signals[name]) if name else None
     except KeyError:
@@ -262,7 +263,7 @@ def rank_end(
     the job was stopped. None where neither says it ended."""
     code = parent_code if parent_code is not None else probe_code
     if code is None:
-        code = _code_of(how)  # a probe that caught the signal wrote its name
+        code = signal_code(how)  # a probe that caught the signal wrote its name
     if code is None and how is None:
         return None
     return RankEnd(code=code, how=how, stopped=stopped)

@@ -28,10 +28,10 @@ from rankscope.collect.events import parse_events
 from rankscope.collect.flight_recorder import load_flight_recorder, read_fr_frames
 from rankscope.collect.logs import last_output, read_logs
 from rankscope.collect.nccl import load_nccl
-from rankscope.collect.stacks import read_stacks, summarize_stacks
+from rankscope.collect.stacks import FATAL_SIGNALS, read_stacks, summarize_stacks
 from rankscope.collect.values import read_values
 from rankscope.rundir import RankRecord, RunDir, cell_fields, torchrun_failures
-from rankscope.state import rank_end, signal_name, stopping
+from rankscope.state import rank_end, signal_code, signal_name, stopping
 
 
 class Run:
@@ -417,6 +417,27 @@ def _opt(value: Any) -> Any:
     return None if pd.isna(value) else value.item() if hasattr(value, "item") else value
 
 
+def _fatal_codes(ranks: pd.DataFrame, summary: pd.DataFrame) -> pd.DataFrame:
+    """The ranks table with the exit code of a rank that neither its launcher nor its end event
+    gave one, where faulthandler's dump names the fatal signal it got: it died of that signal,
+    which faulthandler raises again once its dump is written. torchrun leaves such a rank out
+    of its summary when another rank failed first and it was already ending the rest."""
+    fatal = {
+        int(r): signal_code(reason)
+        for r, reason in zip(summary["rank"], summary["reason"], strict=True)
+        if not pd.isna(r) and isinstance(reason, str) and reason in FATAL_SIGNALS.values()
+    }
+    unknown = ranks["exit_code"].isna() & ranks["rank"].isin(list(fatal))
+    if not unknown.any():
+        return ranks
+    codes = ranks["exit_code"].copy()
+    codes[unknown] = [fatal[int(r)] for r in ranks.loc[unknown, "rank"]]
+    return ranks.assign(
+        exit_code=codes,
+        signal=[None if pd.isna(c) else signal_name(int(c)) for c in codes.tolist()],
+    )
+
+
 def _with_ends(
     ranks: pd.DataFrame,
     inv: Inventory,
@@ -429,6 +450,7 @@ def _with_ends(
     fatal signal's dump) and the last line it printed (:func:`~rankscope.collect.logs.last_output`)."""
     if ranks.empty:
         return ranks
+    ranks = _fatal_codes(ranks, summary)
     hows: dict[int, str | None] = {}
     for source in inv.events:
         end = end_event(source.path) if source.rank is not None else None

@@ -33,7 +33,7 @@ READER = "stacks"
 _MARKER = re.compile(r"# rankscope capture id=(?P<id>\S+) t=(?P<t>\S+)(?: reason=(?P<reason>\S+))?")
 #: faulthandler's first line when a fatal signal ends the process, and the signals' names.
 _FATAL = re.compile(r"Fatal Python error: (?P<what>.*?)\s*$")
-_FATAL_SIGNALS = {
+FATAL_SIGNALS = {
     "Segmentation fault": "SIGSEGV",
     "Aborted": "SIGABRT",
     "Bus error": "SIGBUS",
@@ -102,7 +102,7 @@ def _faulthandler(
             if capture is not None and capture.threads:
                 yield capture
             if fatal:
-                pending = (None, None, _FATAL_SIGNALS.get(fatal["what"], f"fatal: {fatal['what']}"))
+                pending = (None, None, FATAL_SIGNALS.get(fatal["what"], f"fatal: {fatal['what']}"))
             else:
                 m = _MARKER.match(line)
                 pending = (as_int(m["id"]), _float(m["t"]), m["reason"]) if m else (None,) * 3
