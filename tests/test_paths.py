@@ -231,3 +231,47 @@ def test_two_divergences_that_exclude_each_other_are_told_by_the_paths_not_the_c
         assert (fd.pg, fd.seq, fd.culprits) == ("dp1", 3, [1]), barrier_at
         d = diagnose(dp_tp_skip_run(barrier_at=barrier_at))
         assert (d.cause, d.culprit_ranks) == ("rank_conditional_collective", [1]), d.render()
+
+
+def subgroup_skip_run(*, g_at: float, default_at: float) -> Any:
+    """3 ranks, g = [0, 1]. Each of five steps all-reduces on g (line 14, ranks 0 and 1), then
+    on the default group (line 15); at the last step rank 1 skips its g call. Rank 0 waits in
+    g #5 (started at ``g_at``), ranks 1 and 2 in default #5 (``default_at``). The two
+    divergences exclude each other (rank 0 made g #5 and not default #5, rank 1 the reverse),
+    and neither rank's calls are the start of the other's."""
+    rows = []
+    for r in range(3):
+        n = 0
+        for step in range(1, 6):
+            last = step == 5
+            for pg, line in (("g", 14), ("0", 15)):
+                if pg == "g" and (r == 2 or (r == 1 and last)):
+                    continue
+                n += 1
+                waits = last and (pg == "g" or r != 0)
+                if last and pg == "0" and r == 0:
+                    break
+                t = (g_at if pg == "g" else default_at) if waits else T0 + n
+                ranks = "0,1" if pg == "g" else "0,1,2"
+                rows.append(
+                    at(
+                        r,
+                        step,
+                        line,
+                        pg=pg,
+                        pg_desc=pg,
+                        pg_ranks=ranks,
+                        coll_id=n,
+                        done=not waits,
+                        t=t,
+                    )
+                )
+    return run_of(rows, exits=dict.fromkeys(range(3)), world=3)
+
+
+def test_two_divergences_neither_path_explains_are_told_by_the_rank_that_broke_its_order():
+    """Rank 1 broke the g-then-default order every rank in g kept at every step; rank 0 kept
+    it. Whichever call started first, the paths parted at g #5, where rank 1 made no call."""
+    for g_at, default_at in ((T0 + 20, T0 + 30), (T0 + 30, T0 + 20)):
+        fd = context(subgroup_skip_run(g_at=g_at, default_at=default_at)).first_divergence
+        assert (fd.pg, fd.seq, fd.culprits) == ("g", 5, [1]), (g_at, default_at, fd)

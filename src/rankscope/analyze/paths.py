@@ -41,6 +41,7 @@ import pandas as pd
 
 from rankscope.analyze.calls import opt
 from rankscope.analyze.diagnosis import who_of
+from rankscope.analyze.waits import departed
 from rankscope.collect import short_site
 from rankscope.rundir import is_user_file
 from rankscope.state import step_words
@@ -706,9 +707,10 @@ def earliest(divs: Iterable[FirstDivergence], calls: pd.DataFrame) -> FirstDiver
     call: where one rank called on another group than its own, that call says what it did,
     its absence on its own group does not), then the first the ranks reached (one where a rank
     made its call before one where that rank made none), then one not made only by ranks that
-    had not got there yet (:func:`_behind`), then the first in time (the start of its earliest
-    call; one without a call at all, last). The rules before time keep the choice independent
-    of the timing of two groups that part at once."""
+    had not got there yet (:func:`_behind`), then one whose culprits include a rank that broke
+    the order of calls the job kept (:func:`rankscope.analyze.waits.departed`), then the first
+    in time (the start of its earliest call; one without a call at all, last). The rules before
+    time keep the choice independent of the timing of two groups that part at once."""
 
     def when(d: FirstDivergence) -> tuple[bool, float]:
         own = d.culprit_class()
@@ -734,6 +736,12 @@ def earliest(divs: Iterable[FirstDivergence], calls: pd.DataFrame) -> FirstDiver
     # reverse) are told by the paths, not by the clock.
     if len(first) > 1:
         first = [d for d in first if not _behind(d, calls)] or first
+    # Where neither rank is behind the other (their paths part at once, each on its own
+    # group), the history tells: one of them left the order of calls it kept at every step.
+    if len(first) > 1:
+        blamed = [set(d.culprits) for d in first]
+        odd = set(departed(calls, set().union(*blamed)))
+        first = [d for d, b in zip(first, blamed, strict=True) if b & odd] or first
     return min(first, key=when)
 
 
