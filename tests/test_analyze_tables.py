@@ -803,3 +803,18 @@ def test_per_group_min_and_max_are_those_of_the_rows_in_runs_or_not(run):
             assert (lo[g], hi[g]) == (mine.min(), mine.max())
         else:
             assert lo[g] > hi[g]
+
+
+def test_a_rank_late_to_its_first_call_took_longer_to_start_and_is_no_straggler():
+    """Arrival at a rank's first collective measures its start-up (imports, the model, the
+    load of the machine): 3 s there is no straggler; 3 s at the second call is."""
+    rows = steps(range(3), 3)
+    first = [
+        dict(r, t_start_s=T0 + 1 + 3.0) if (r["rank"], r["seq"]) == (1, 1) else r for r in rows
+    ]
+    assert diagnose(run_of(first)).cause is None
+    later = [
+        dict(r, t_start_s=T0 + 2 + 3.0) if (r["rank"], r["seq"]) == (1, 2) else r for r in rows
+    ]
+    d = diagnose(run_of(later))
+    assert (d.cause, d.culprit_ranks) == ("straggler", [1]), d.render()

@@ -42,7 +42,8 @@ The order (:func:`rules_for`; the first that answers decides). Each rule says it
    fingerprints, monitored_barrier, timeouts in foreign logs).
 9. ``bare_exit`` (:mod:`.failures`): a rank exited non-zero and nothing else says why.
 10. ``straggler`` (:mod:`.straggler`): every collective completed, but one rank arrived far behind
-    (``ok``).
+    (``ok``); not at a rank's first call, where ranks part by how long each took to start,
+    unless the stall watchdog called the wait.
 
 A rule is a plain function: test it on a context built from tables (see the tests). It returns a
 new :class:`Finding` and changes none after. Each cause is named in one function alone (a test

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pandas as pd
+
 from rankscope._values import as_float
 from rankscope.analyze import align
 from rankscope.analyze.causes import Cause
@@ -16,6 +18,8 @@ from rankscope.analyze.wording import site_of
 @rule(100)
 def straggler(ctx: Context) -> Finding | None:
     spread = align.arrival_spread(ctx.calls, members=ctx.members)
+    if not ctx.ev.stalls:  # one the watchdog called is a straggler wherever it was
+        spread = _after_start(ctx.calls, spread)
     if spread.empty or spread["late_s"].iloc[0] < ctx.straggler_s:
         return None
     top = spread.iloc[0]
@@ -40,6 +44,23 @@ def straggler(ctx: Context) -> Finding | None:
         refs=ctx.call_refs(d),
         notes=notes,
     )
+
+
+def _after_start(calls: pd.DataFrame, spread: pd.DataFrame) -> pd.DataFrame:
+    """``spread`` without the collectives that were a rank's first call: how late a rank
+    arrives there is how much longer it took to start (imports, building the model, the load
+    of the machine), not a rank that kept the others waiting in the job's loop (D23: eval or
+    a save on one rank)."""
+    if spread.empty or calls.empty:
+        return spread
+    ordered = calls[calls["seq"].notna()].sort_values(["rank", "order"], kind="stable")
+    first = ordered.drop_duplicates("rank")
+    starts = set(zip(first["pg"].astype(str), first["seq"].astype(int), strict=True))
+    keep = [
+        (pg, int(seq)) not in starts
+        for pg, seq in zip(spread["pg"].astype(str), spread["seq"], strict=True)
+    ]
+    return spread[keep].reset_index(drop=True)
 
 
 def _stall_note(stall: dict[str, Any]) -> str:
