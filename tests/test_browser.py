@@ -53,12 +53,16 @@ CHROMIUM_ARGS = [
 ]
 
 
-def settle(proc: psutil.Process, family: list[psutil.Process]) -> list[psutil.Process]:
-    """Wait for ``proc`` and its descendants to exit; kill and return any that do not."""
-    _, alive = psutil.wait_procs([proc, *family], timeout=20)
+def settle(proc: psutil.Process, family: list[psutil.Process]) -> list[str]:
+    """Wait for ``proc`` and its descendants to exit (a minute: on a loaded machine the server
+    waits for each kernel to shut down); kill any that do not, and name them."""
+    _, alive = psutil.wait_procs([proc, *family], timeout=60)
+    named = []
     for p in alive:
-        p.kill()
-    return alive
+        with contextlib.suppress(psutil.Error):
+            named.append(f"{p.pid} {' '.join(p.cmdline())[:120]}")
+            p.kill()
+    return named
 
 
 def jupyter_env(tmp_path: Path) -> dict[str, str]:
@@ -94,8 +98,10 @@ def stop_server(server: subprocess.Popen[bytes], tmp_path: Path) -> None:
     runtime = str(tmp_path / "runtime")
     stray = leftover_processes(tmp_path) + processes_with("JUPYTER_RUNTIME_DIR", runtime.__eq__)
     for p in stray:
-        p.kill()
-    assert not left and not stray, f"still running: {left + stray}"
+        with contextlib.suppress(psutil.Error):
+            left.append(f"{p.pid} {' '.join(p.cmdline())[:120]}")
+            p.kill()
+    assert not left, f"still running: {left}"
 
 
 @pytest.fixture
