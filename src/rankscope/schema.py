@@ -29,7 +29,9 @@ RANKS: Columns = {
     "world_size": "Int64",
     "started_s": "Float64",
     "ended_s": "Float64",
-    "exit_code": "Int64",  # negative: killed by that signal (-9 SIGKILL)
+    # negative: killed by that signal (-9 SIGKILL). The launcher's, else the probe's end event,
+    # else the fatal signal a faulthandler dump of the rank names (it re-raises that signal).
+    "exit_code": "Int64",
     "signal": "string",  # the signal's name when exit_code is negative: SIGKILL, SIGTERM, ...
     "end_reason": "string",  # the probe's end event: exit, exception, os._exit, SIGTERM, ...
     "last_event_s": "Float64",  # the rank's last recorded event or call (ring included)
