@@ -57,8 +57,13 @@ def settle(proc: psutil.Process, family: list[psutil.Process]) -> list[str]:
     """Wait for ``proc`` and its descendants to exit (a minute: on a loaded machine the server
     waits for each kernel to shut down); kill any that do not, and name them."""
     _, alive = psutil.wait_procs([proc, *family], timeout=60)
+    return kill_named(alive)
+
+
+def kill_named(procs: list[psutil.Process]) -> list[str]:
+    """Kill ``procs``; each one that was still there (a zombie is not), by pid and command."""
     named = []
-    for p in alive:
+    for p in procs:
         with contextlib.suppress(psutil.Error):
             named.append(f"{p.pid} {' '.join(p.cmdline())[:120]}")
             p.kill()
@@ -97,10 +102,7 @@ def stop_server(server: subprocess.Popen[bytes], tmp_path: Path) -> None:
     # and whatever left the group: a kernel (its own session), a job's ranks
     runtime = str(tmp_path / "runtime")
     stray = leftover_processes(tmp_path) + processes_with("JUPYTER_RUNTIME_DIR", runtime.__eq__)
-    for p in stray:
-        with contextlib.suppress(psutil.Error):
-            left.append(f"{p.pid} {' '.join(p.cmdline())[:120]}")
-            p.kill()
+    left += kill_named(stray)
     assert not left, f"still running: {left}"
 
 
@@ -252,26 +254,14 @@ LEGIBLE = """
   return {spilling, pads, connected: boxes.every((box) => box.isConnected)};
 }
 """
-#: One reading of a table, taken at once: its header cells' widths, its text, and where it has
-#: no layout, the nearest element that hides it (what a failure names).
+#: One reading of a table, taken at once: its header cells' widths and its text (a table a
+#: refresh replaced is no longer connected, and has no layout).
 LAYOUT = """
-(table) => {
-  let hider = null;
-  for (let e = table; e && !hider; e = e.parentElement) {
-    const style = getComputedStyle(e);
-    if (style.display === 'none' || style.contentVisibility === 'hidden') {
-      hider = `${e.tagName.toLowerCase()}.${[...e.classList].join('.')}`
-        + ` (display ${style.display}, content-visibility ${style.contentVisibility})`;
-    }
-  }
-  return {
-    widths: [...table.querySelectorAll('th')].map((th) => th.getBoundingClientRect().width),
-    text: table.innerText,
-    table: table.getBoundingClientRect().width,
-    connected: table.isConnected,
-    hider,
-  };
-}
+(table) => ({
+  widths: [...table.querySelectorAll('th')].map((th) => th.getBoundingClientRect().width),
+  text: table.innerText,
+  connected: table.isConnected,
+})
 """
 
 
