@@ -15,6 +15,9 @@ from rankscope.analyze.evidence import Evidence
 from rankscope.analyze.parting import rank_path
 from rankscope.collect import load_run
 from rankscope.collect.stacks import read_stacks
+from rankscope.launch.supervisor import Supervisor
+from rankscope.launch.tracker import snapshot
+from rankscope.rundir import RunDir, rank_records
 
 from .conftest import site_of
 
@@ -177,26 +180,54 @@ def test_a_stderr_cut_mid_stack_keeps_its_complete_frames(tmp_path):
         read_stacks([Source(log, "stderr.log", rank=1, stream="stderr")], problems=Problems())
 
 
-def test_a_rank_whose_launcher_missed_its_abort_died_of_the_signal_its_dump_names(tmp_path):
-    """torchrun leaves out of its summary a rank that aborted while it was already ending the
-    others (another rank failed first): the rank's faulthandler dump says which signal ended
-    it, and its exit code is that signal's; without a dump it stays unknown."""
+#: faulthandler's report of a fatal signal, as a rank's stacks file ends with it.
+ABORT_DUMP = (
+    "Fatal Python error: Aborted\n\n"
+    "Current thread 0x00007f7b13a12b80 (most recent call first):\n"
+    '  File "/home/u/train.py", line 12 in step\n'
+    '  File "/home/u/train.py", line 30 in main\n'
+)
+
+
+def a_run_whose_launcher_missed_rank_3(tmp_path: Path) -> Path:
+    """A recorded run (four ranks stopped by the watchdog) in which neither the launcher nor
+    an end event gave rank 3 an exit code."""
     run_dir = tmp_path / "run"
     shutil.copytree(Path(__file__).parent / "data" / "gloo_barrier_hang" / "run", run_dir)
     info = json.loads((run_dir / "run.json").read_text())
     info["ranks"]["3"]["exit_code"] = None
     (run_dir / "run.json").write_text(json.dumps(info))
+    return run_dir
+
+
+def test_a_rank_whose_launcher_missed_its_abort_died_of_the_signal_its_dump_names(tmp_path):
+    """torchrun leaves out of its summary a rank that aborted while it was already ending the
+    others (another rank failed first): the rank's faulthandler dump says which signal ended
+    it, and its exit code is that signal's; without a dump it stays unknown."""
+    run_dir = a_run_whose_launcher_missed_rank_3(tmp_path)
     row = load_run(run_dir).ranks.set_index("rank").loc[3]
     assert pd.isna(row["exit_code"]) and pd.isna(row["signal"]), row
     with (run_dir / "ranks" / "3" / "stacks.txt").open("a") as stacks:
-        stacks.write(
-            "Fatal Python error: Aborted\n\n"
-            "Current thread 0x00007f7b13a12b80 (most recent call first):\n"
-            '  File "/home/u/train.py", line 12 in step\n'
-            '  File "/home/u/train.py", line 30 in main\n'
-        )
+        stacks.write(ABORT_DUMP)
     ranks = load_run(run_dir).ranks.set_index("rank")
     row = ranks.loc[3]
     assert (row["exit_code"], row["signal"], row["end_how"]) == (-6, "SIGABRT", "SIGABRT"), row
     assert row["end"] == "aborted itself: SIGABRT (-6)", row["end"]
     assert ranks.loc[[0, 1, 2], "exit_code"].tolist() == [-15, -15, -15]
+
+
+def test_the_supervisor_gives_such_a_rank_the_signal_its_dump_names(tmp_path):
+    """The same rank as the job ends: the supervisor writes the code into run.json, where the
+    live panel reads it ("aborted itself", not "gone, exit not known")."""
+    run_dir = a_run_whose_launcher_missed_rank_3(tmp_path)
+    run = RunDir(run_dir)
+    run.update_run(lambda d: d.update(state="running", stop_reason=None))
+    Supervisor(run)._finish(ok=False, code=1, failed=None, see="launcher.log")
+    assert run.read_run()["ranks"]["3"]["exit_code"] is None  # no dump: not known
+    with run.stacks(3).open("a") as stacks:
+        stacks.write(ABORT_DUMP)
+    Supervisor(run)._finish(ok=False, code=1, failed=None, see="launcher.log")
+    job = run.read_run()
+    assert job["ranks"]["3"]["exit_code"] == -6
+    record = rank_records(run)[3]
+    assert snapshot(record, job_ended=job)["end"] == "aborted itself: SIGABRT (-6)"

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import signal as _signal
 from collections.abc import Iterable
 from typing import Any
@@ -161,6 +162,29 @@ def signal_code(name: str | None) -> int | None:
         return -int(_signal.Signals[name]) if name else None
     except KeyError:
         return None
+
+
+#: faulthandler's first line when a fatal signal ends the process, and the signals it names.
+FATAL_LINE = re.compile(r"Fatal Python error: (?P<what>.*?)\s*$")
+FATAL_SIGNALS = {
+    "Segmentation fault": "SIGSEGV",
+    "Aborted": "SIGABRT",
+    "Bus error": "SIGBUS",
+    "Illegal instruction": "SIGILL",
+    "Floating-point exception": "SIGFPE",
+}
+
+
+def fatal_signal(dump: str) -> str | None:
+    """The signal that the last fatal-error report in a faulthandler dump names (``SIGABRT``
+    for "Fatal Python error: Aborted"), else None. faulthandler raises that signal again once
+    its report is written: the process died of it."""
+    named = None
+    for line in dump.splitlines():
+        m = FATAL_LINE.match(line) if line.startswith("Fatal Python error") else None
+        if m:
+            named = FATAL_SIGNALS.get(m["what"])
+    return named
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

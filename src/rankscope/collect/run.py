@@ -28,10 +28,10 @@ from rankscope.collect.events import parse_events
 from rankscope.collect.flight_recorder import load_flight_recorder, read_fr_frames
 from rankscope.collect.logs import last_output, read_logs
 from rankscope.collect.nccl import load_nccl
-from rankscope.collect.stacks import FATAL_SIGNALS, read_stacks, summarize_stacks
+from rankscope.collect.stacks import read_stacks, summarize_stacks
 from rankscope.collect.values import read_values
 from rankscope.rundir import RankRecord, RunDir, cell_fields, torchrun_failures
-from rankscope.state import rank_end, signal_code, signal_name, stopping
+from rankscope.state import FATAL_SIGNALS, rank_end, signal_code, signal_name, stopping
 
 
 class Run:

@@ -27,19 +27,11 @@ from rankscope.collect._common import (
     split_lines,
 )
 from rankscope.rundir import is_user_file
+from rankscope.state import FATAL_LINE, FATAL_SIGNALS
 
 READER = "stacks"
 
 _MARKER = re.compile(r"# rankscope capture id=(?P<id>\S+) t=(?P<t>\S+)(?: reason=(?P<reason>\S+))?")
-#: faulthandler's first line when a fatal signal ends the process, and the signals' names.
-_FATAL = re.compile(r"Fatal Python error: (?P<what>.*?)\s*$")
-FATAL_SIGNALS = {
-    "Segmentation fault": "SIGSEGV",
-    "Aborted": "SIGABRT",
-    "Bus error": "SIGBUS",
-    "Illegal instruction": "SIGILL",
-    "Floating-point exception": "SIGFPE",
-}
 _FH_THREAD = re.compile(
     r"(?P<current>Current thread|Thread) (?P<tid>0x[0-9a-fA-F]+)(?: \[(?P<name>[^\]]*)\])?"
     r" \(most recent call first\):|Stack \(most recent call first\):"
@@ -97,7 +89,7 @@ def _faulthandler(
     thread: _Thread | None = None
     pending: tuple[int | None, float | None, str | None] = (None, None, None)  # id, t, reason
     for line in lines:
-        fatal = _FATAL.match(line) if line.startswith("Fatal Python error") else None
+        fatal = FATAL_LINE.match(line) if line.startswith("Fatal Python error") else None
         if line.startswith("# rankscope capture") or fatal:
             if capture is not None and capture.threads:
                 yield capture

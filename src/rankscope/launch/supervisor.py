@@ -23,8 +23,12 @@ from typing import Any
 from rankscope.launch import slurm
 from rankscope.launch.procs import terminate, when_owner_gone
 from rankscope.rundir import DIST_ENV, FINAL_STATES, RunDir, rank_summaries, torchrun_failures
+from rankscope.state import fatal_signal, signal_code
 
 log = logging.getLogger("rankscope.launch.supervisor")  # it runs as __main__
+#: How much of the end of a rank's stacks file is read for a fatal signal's dump (one dump
+#: of every thread's stack is a few kB; a rank with hundreds of threads writes more).
+STACKS_TAIL = 1 << 20
 
 
 class Supervisor:
@@ -183,6 +187,10 @@ class Supervisor:
                 # (a crash during interpreter shutdown happens after it).
                 rank_code = failures.get(r, info.get("exit_code"))
                 if rank_code is None and info.get("pid") is not None:
+                    # torchrun leaves out of its summary a rank that died of a fatal signal
+                    # while it was already ending the others; faulthandler's dump names it.
+                    rank_code = signal_code(fatal_signal(self._stacks_tail(r)))
+                if rank_code is None and info.get("pid") is not None:
                     if stopped:  # ended by our SIGTERM, or by the SIGKILL after the grace period
                         killed = info["pid"] in self.killed
                         rank_code = -signal.SIGKILL if killed else -signal.SIGTERM
@@ -210,6 +218,17 @@ class Supervisor:
             log.info("final state %s, exit code %s", d["state"], d["exit_code"])
 
         self.run.update_run(final)
+
+    def _stacks_tail(self, rank: int) -> str:
+        """The end of the rank's stacks file, where a fatal signal's dump is the last thing
+        written."""
+        try:
+            with self.run.stacks(rank).open("rb") as f:
+                f.seek(0, os.SEEK_END)
+                f.seek(max(0, f.tell() - STACKS_TAIL))
+                return f.read().decode(errors="replace")
+        except OSError:
+            return ""
 
     def _never_started(self, data: dict[str, Any]) -> str | None:
         """Why a job that the startup watchdog stopped never ran: no rank reported its start
