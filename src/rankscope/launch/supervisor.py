@@ -187,15 +187,7 @@ class Supervisor:
                 # (a crash during interpreter shutdown happens after it).
                 rank_code = failures.get(r, info.get("exit_code"))
                 if rank_code is None and info.get("pid") is not None:
-                    # torchrun leaves out of its summary a rank that died of a fatal signal
-                    # while it was already ending the others; faulthandler's dump names it.
-                    rank_code = signal_code(fatal_signal(self._stacks_tail(r)))
-                if rank_code is None and info.get("pid") is not None:
-                    if stopped:  # ended by our SIGTERM, or by the SIGKILL after the grace period
-                        killed = info["pid"] in self.killed
-                        rank_code = -signal.SIGKILL if killed else -signal.SIGTERM
-                    elif ok:
-                        rank_code = 0
+                    rank_code = self._unreported_code(r, info["pid"], stopped=bool(stopped), ok=ok)
                 info["exit_code"] = rank_code
                 table[str(r)] = info
             d["ranks"] = table
@@ -218,6 +210,18 @@ class Supervisor:
             log.info("final state %s, exit code %s", d["state"], d["exit_code"])
 
         self.run.update_run(final)
+
+    def _unreported_code(self, rank: int, pid: int, *, stopped: bool, ok: bool) -> int | None:
+        """The exit code of a rank that neither torchrun nor its end event reported: the fatal
+        signal that faulthandler's dump names (torchrun leaves out of its summary a rank that
+        died of one while it was already ending the others); else that of the stop (our
+        SIGTERM, or the SIGKILL after the grace period), or 0 when the launcher saw success."""
+        fatal = signal_code(fatal_signal(self._stacks_tail(rank)))
+        if fatal is not None:
+            return fatal
+        if stopped:
+            return -signal.SIGKILL if pid in self.killed else -signal.SIGTERM
+        return 0 if ok else None
 
     def _stacks_tail(self, rank: int) -> str:
         """The end of the rank's stacks file, where a fatal signal's dump is the last thing
