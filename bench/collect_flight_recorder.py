@@ -1,8 +1,8 @@
 """Flight-recorder loading against a bare ``pickle.load`` loop over the same files, in one run.
 
-Writes 1024 rank dumps x 2000 entries in torch's NCCL layout (format 2.10, stack frames shared
-between entries as torch's pickler shares them) to a temporary directory, warms the page cache,
-then times
+Writes 1024 rank dumps x 2000 entries in torch's NCCL layout (format 2.10, every entry with its
+stack, pickled as torch's recorder pickles them: ``tests/data/nccl_fr/make_dumps.py``) to a
+temporary directory, warms the page cache, then times
 
 - the reference: ``for f in files: pickle.load(open(f, "rb"))`` (one process, results dropped);
 - :func:`rankscope.collect.read_flight_recorder` (the compiled scanner, every core, the table;
@@ -18,110 +18,27 @@ deleted at the end.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import pickle
 import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any
 
 import psutil
 
 from rankscope.collect.flight_recorder import read_flight_recorder
 
-TORCH = "/opt/conda/lib/python3.11/site-packages/torch/distributed/"
-OPS = (("all_reduce", [[4096]], [[4096]]), ("_allgather_base", [[1024]], [[8192]]))
-OPS += (("_reduce_scatter_base", [[8192]], [[1024]]), ("send 0->1", [[512]], [[512]]))
-VARIANTS = 16  # distinct contents; ranks share them round-robin
-
-
-def make_dump(rank: int, world: int, entries: int) -> dict[str, Any]:
-    # A real stack: torch's wrappers, the user's code, then the launcher's frames (about 12).
-    outer = [
-        {"name": "train_step", "filename": "/home/user/job/train.py", "line": 40},
-        {"name": "train", "filename": "/home/user/job/train.py", "line": 71},
-        {"name": "<module>", "filename": "/home/user/job/train.py", "line": 88},
-        {"name": "_run_code", "filename": "<frozen runpy>", "line": 88},
-        {"name": "_run_module_code", "filename": "<frozen runpy>", "line": 98},
-        {"name": "run_path", "filename": "<frozen runpy>", "line": 291},
-        {
-            "name": "main",
-            "filename": "/opt/conda/lib/python3.11/site-packages/launch.py",
-            "line": 96,
-        },
-        {"name": "_run_module_as_main", "filename": "<frozen runpy>", "line": 198},
-    ]
-    frames = [
-        [
-            {"name": op.split()[0], "filename": TORCH + "distributed_c10d.py", "line": 3245},
-            {"name": "wrapper", "filename": TORCH + "c10d_logger.py", "line": 83},
-            {"name": "reduce_grads", "filename": "/home/user/job/model.py", "line": 120 + k},
-            {"name": "step", "filename": "/home/user/job/model.py", "line": 200},
-            *outer,
-        ]
-        for k, (op, _, _) in enumerate(OPS)
-    ]
-    t0 = 1_767_344_000_000_000_000 + rank * 1000
-    rows = []
-    for i in range(entries):
-        k = i % len(OPS)
-        op, size_in, size_out = OPS[k]
-        p2p = op.startswith("send")
-        done = i < entries - 1
-        rows.append(
-            {
-                "frames": list(frames[k]),
-                "record_id": i,
-                "pg_id": 0,
-                "process_group": ("0", "default_pg"),
-                "collective_seq_id": i + 1,
-                "p2p_seq_id": i // len(OPS) if p2p else 0,
-                "op_id": i + 1,
-                "profiling_name": f"nccl:{op}",
-                "time_created_ns": t0 + i * 1_000_000,
-                "duration_ms": 0.42 if done else None,
-                "input_sizes": size_in,
-                "input_dtypes": ["Float"],
-                "output_sizes": size_out,
-                "output_dtypes": ["Float"],
-                "state": "completed" if done else "started",
-                "time_discovered_started_ns": t0 + i * 1_000_000 + 5_000,
-                "time_discovered_completed_ns": t0 + i * 1_000_000 + 400_000 if done else None,
-                "retired": done,
-                "timeout_ms": 600000,
-                "is_p2p": p2p,
-                "thread_id": "140233721579328",
-                "thread_name": "pt_main_thread",
-            }
-        )
-    for row in rows:  # as torch's pickle does: None-valued keys are still present
-        if row["duration_ms"] is None:
-            del row["duration_ms"]
-    ranks = ", ".join(map(str, range(world)))
-    return {
-        "version": "2.10",
-        "pg_config": {"0": {"name": "0", "desc": "default_pg", "ranks": f"[{ranks}]"}},
-        "pg_status": {
-            "0": {
-                "last_enqueued_collective": entries,
-                "last_started_collective": entries,
-                "last_completed_collective": entries - 1,
-            }
-        },
-        "comm_lib_version": "2.21.5",
-        "entries": rows,
-    }
+MAKE_DUMPS = Path(__file__).resolve().parent.parent / "tests" / "data" / "nccl_fr" / "make_dumps.py"
 
 
 def write_dumps(folder: Path, ranks: int, entries: int) -> list[Path]:
-    blobs = [pickle.dumps(make_dump(v, ranks, entries), protocol=2) for v in range(VARIANTS)]
-    paths = []
-    for rank in range(ranks):
-        path = folder / f"nccl_trace_rank_{rank}"
-        path.write_bytes(blobs[rank % VARIANTS])
-        paths.append(path)
-    return paths
+    """``ranks`` dumps of a clean run, in torch's own layout (the tests' generator)."""
+    spec = importlib.util.spec_from_file_location("make_dumps", MAKE_DUMPS)
+    dumps = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    spec.loader.exec_module(dumps)  # type: ignore[union-attr]
+    return dumps.write_dumps(folder, world=ranks, entries=entries, divergence="none")
 
 
 def bare_loop(paths: list[Path]) -> int:

@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import pickle
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -33,6 +36,43 @@ def _make_dumps():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+# One process, one rank: a real recorder's dump of calls from two lines, one through a helper.
+REAL_DUMP = """
+import sys, torch, torch.distributed as dist
+dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+t = torch.ones(4)
+def helper(i):
+    dist.all_reduce(t) if i % 2 else dist.broadcast(t, 0)
+for i in range(6):
+    helper(i)
+    dist.all_gather([torch.zeros(4)], t)
+sys.stdout.buffer.write(torch._C._distributed_c10d._dump_fr_trace())
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.slow
+def test_the_generator_writes_a_dump_as_torch_s_recorder_does(tmp_path: Path) -> None:
+    """The bench's and the fixtures' dumps are laid out byte for byte as torch's own: the
+    generator's pickler, given what a real dump holds, writes that dump's bytes again (frame
+    dicts written once per dump and referred to by every entry, texts stored once, the rest
+    anew). And the generator's entries share their frames as torch's do."""
+    env = {**os.environ, "TORCH_FR_BUFFER_SIZE": "100", "OMP_NUM_THREADS": "1"}
+    real = subprocess.run(
+        [sys.executable, "-c", REAL_DUMP], capture_output=True, env=env, timeout=120, check=True
+    ).stdout
+    dump = pickle.loads(real)
+    entries = dump["entries"]
+    assert len(entries) == 12 and all(e["frames"] for e in entries)
+    assert entries[0]["frames"][-1] is entries[2]["frames"][-1]  # <module>'s frame, once
+    assert _make_dumps().torch_pickle(dump) == real
+
+    made = _make_dumps().build_dump(0, world=2, entries=9, divergence="none")["entries"]
+    assert made[0]["frames"] is not made[6]["frames"]
+    assert all(f is g for f, g in zip(made[0]["frames"], made[6]["frames"], strict=True))
+    assert made[0]["input_sizes"] is not made[3]["input_sizes"]  # written anew, as torch does
 
 
 def test_equal_frames_give_one_path_on_every_rank_outermost_first_without_machinery() -> None:

@@ -32,9 +32,11 @@ and waits in one more world collective, which the culprit's half never reaches.
 Healthy ranks share one byte-identical dump; ``link=True`` hard-links those files to save disk
 (each is still read and unpickled on its own). Every entry has its stack (``frames``, 15 to 19
 frames innermost first: torch.distributed, the library that issued the call, train.py, the
-training framework's loops), as torch's recorder writes them: a list and frame dicts of its own,
-of strings stored once per file; the three calls of a step have two stacks each. The other
-repeated parts of an entry (sizes, dtypes) are shared objects, stored once per file.
+training framework's loops); the three calls of a step have two stacks each. The dumps are
+written as torch's recorder writes them, byte for byte (:func:`torch_pickle`; a test checks it
+against a real dump): each distinct frame one dict per file, stored once and referred to from
+every entry's own frames list, each text stored once, and the rest of an entry (its sizes,
+dtypes, process group) written anew.
 
 Regenerate the committed fixtures (run from the repository root)::
 
@@ -49,9 +51,9 @@ from __future__ import annotations
 
 import argparse
 import os
-import pickle
 import re
 import shutil
+import struct
 from pathlib import Path
 from typing import Any
 
@@ -161,10 +163,12 @@ class Entries:
         return self._shared.setdefault(key, value)
 
     def frame(self, filename: str, name: str, line: int) -> dict[str, Any]:
-        """One frame: a dict of its own in every entry, of strings every entry shares (torch's
-        recorder writes a new dict per frame of each entry; its pickler stores each string once
-        and refers to it after)."""
-        return {"name": name, "filename": filename, "line": line}
+        """One frame: one dict per distinct frame of the dump, which every entry's stack refers
+        to (torch's recorder symbolizes all the stacks at once and makes a dict per distinct
+        frame; its pickler writes each such dict once, then refers to it)."""
+        return self._share(
+            ("frame", filename, name, line), {"name": name, "filename": filename, "line": line}
+        )
 
     def frames(
         self, op: str, line: int, *, variant: int = 0, retry: bool = False
@@ -202,7 +206,7 @@ class Entries:
         return [self.frame(f, n, ln) for f, n, ln in stack]
 
     def sizes(self, *shape: int) -> list[list[int]]:
-        return self._share(("sizes", shape), [list(shape)])
+        return [list(shape)]
 
     def add(
         self,
@@ -219,22 +223,21 @@ class Entries:
     ) -> None:
         record_id = len(self.out)
         t = self.t0 + record_id * STEP_NS
-        dtypes = self._share(("dtypes", dtype), [dtype])
         self.out.append(
             {
                 "record_id": record_id,
                 "pg_id": int(pg[0]),
-                "process_group": pg,
+                "process_group": (pg[0], pg[1]),
                 "collective_seq_id": seq,
                 "p2p_seq_id": p2p_seq,
                 "op_id": record_id + 1,
                 "profiling_name": name,
                 "time_created_ns": t,
                 "duration_ms": 0.25 if done else None,
-                "input_sizes": inp,
-                "input_dtypes": dtypes,
-                "output_sizes": out,
-                "output_dtypes": dtypes,
+                "input_sizes": [list(s) for s in inp],
+                "input_dtypes": [dtype],
+                "output_sizes": [list(s) for s in out],
+                "output_dtypes": [dtype],
                 "state": "completed" if done else "started",
                 "time_discovered_started_ns": t + 1000,
                 "time_discovered_completed_ns": t + 250_000 if done else None,
@@ -392,6 +395,89 @@ def build_tp_dump(rank: int, *, world: int, steps: int, culprit: int | None) -> 
     return _dump(rec, groups, seqs)
 
 
+def torch_pickle(obj: Any) -> bytes:
+    """``obj`` pickled as torch's recorder pickles a dump (``torch::jit::Pickler``, protocol 2),
+    byte for byte: every text stored once (its first occurrence memoized, the others referring
+    to it), a list, dict or tuple referred to from more than one place (a frame dict, which
+    every entry's stack shares) memoized after its items, every other container written anew;
+    lists and dicts always within MARK .. APPENDS/SETITEMS; the top-level dict memoized last.
+    The Python pickler memoizes every container, before its items: a different layout, which a
+    reader must handle too but is not what torch writes."""
+    refs: dict[int, int] = {}
+    stack = [obj]
+    while stack:  # how often each container is referred to (torch: its use count)
+        v = stack.pop()
+        if isinstance(v, (list, dict, tuple)):
+            refs[id(v)] = refs.get(id(v), 0) + 1
+            if refs[id(v)] == 1:
+                stack.extend(v.values() if isinstance(v, dict) else v)
+    out = bytearray(b"\x80\x02")
+    texts: dict[str, int] = {}
+    shared: dict[int, int] = {}
+    memo = 0
+
+    def put() -> int:
+        nonlocal memo
+        out.extend(b"q" + bytes([memo]) if memo < 256 else b"r" + memo.to_bytes(4, "little"))
+        memo += 1
+        return memo - 1
+
+    def get(at: int) -> None:
+        out.extend(b"h" + bytes([at]) if at < 256 else b"j" + at.to_bytes(4, "little"))
+
+    def write(v: Any) -> None:
+        if isinstance(v, (list, dict, tuple)) and id(v) in shared:
+            return get(shared[id(v)])
+        if v is None:
+            out.extend(b"N")
+        elif isinstance(v, bool):
+            out.extend(b"\x88" if v else b"\x89")
+        elif isinstance(v, int):
+            if 0 <= v < 256:
+                out.extend(b"K" + bytes([v]))
+            elif 0 <= v < 65536:
+                out.extend(b"M" + v.to_bytes(2, "little"))
+            elif -(2**31) <= v < 2**31:
+                out.extend(b"J" + v.to_bytes(4, "little", signed=True))
+            else:
+                out.extend(b"\x8a\x08" + v.to_bytes(8, "little", signed=True))
+        elif isinstance(v, float):
+            out.extend(b"G" + struct.pack(">d", v))
+        elif isinstance(v, str):
+            if v in texts:
+                return get(texts[v])
+            data = v.encode("utf-8", "surrogatepass")
+            out.extend(b"X" + len(data).to_bytes(4, "little") + data)
+            texts[v] = put()
+        elif isinstance(v, tuple) and len(v) <= 3:
+            for item in v:
+                write(item)
+            out.extend(b")\x85\x86\x87"[len(v) : len(v) + 1])
+        elif isinstance(v, tuple):
+            out.extend(b"(")
+            for item in v:
+                write(item)
+            out.extend(b"t")
+        elif isinstance(v, list):
+            out.extend(b"](")
+            for item in v:
+                write(item)
+            out.extend(b"e")
+        elif isinstance(v, dict):
+            out.extend(b"}(")
+            for key, item in v.items():
+                write(key)
+                write(item)
+            out.extend(b"u")
+        else:
+            raise TypeError(f"torch's recorder writes no {type(v).__name__}")
+        if isinstance(v, (list, dict, tuple)) and (refs[id(v)] > 1 or v is obj):
+            shared[id(v)] = put()
+
+    write(obj)
+    return bytes(out + b".")
+
+
 def write_dumps(
     out: Path,
     *,
@@ -428,7 +514,7 @@ def write_dumps(
             else:
                 shutil.copyfile(healthy[key], path)
             continue
-        data = pickle.dumps(build_dump(rank, **args), protocol=pickle.HIGHEST_PROTOCOL)
+        data = torch_pickle(build_dump(rank, **args))
         path.write_bytes(data)
         if rank not in special:
             healthy[key] = path

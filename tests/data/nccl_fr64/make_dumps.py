@@ -27,7 +27,6 @@ the output is deterministic)::
 from __future__ import annotations
 
 import importlib.util
-import pickle
 import shutil
 import sys
 from pathlib import Path
@@ -44,7 +43,7 @@ def _small_fixtures() -> Any:
 
 
 _FR = _small_fixtures()
-T0_NS, Entries = _FR.T0_NS, _FR.Entries
+T0_NS, Entries, torch_pickle = _FR.T0_NS, _FR.Entries, _FR.torch_pickle
 
 PREFIX = "nccl_trace_rank_"
 WORLD = 64
@@ -171,7 +170,7 @@ def write_dumps(out: Path) -> list[Path]:
     paths = []
     for rank in range(WORLD):
         path = out / f"{PREFIX}{rank}"
-        path.write_bytes(pickle.dumps(build_dump(rank, issued[rank]), protocol=4))
+        path.write_bytes(torch_pickle(build_dump(rank, issued[rank])))
         paths.append(path)
     return paths
 
