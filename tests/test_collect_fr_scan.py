@@ -83,9 +83,12 @@ def test_every_layout_and_protocol_gives_the_same_table(tmp_path, monkeypatch):
             if divergence == "shape":
                 kw.update(world=8, subgroups=True)
             dump = dumps.build_dump(rank, **kw)
+            layouts = {"torch": dumps.torch_pickle(dump)}
             for protocol in range(2, pickle.HIGHEST_PROTOCOL + 1):
-                path = tmp_path / f"{divergence}_{rank}_{protocol}"
-                path.write_bytes(data := pickle.dumps(dump, protocol=protocol))
+                layouts[str(protocol)] = pickle.dumps(dump, protocol=protocol)
+            for layout, data in layouts.items():
+                path = tmp_path / f"{divergence}_{rank}_{layout}"
+                path.write_bytes(data)
                 assert scanned(data), path.name
                 items.append((len(items), str(path)))
     assert_readers_agree(monkeypatch, items)
@@ -95,15 +98,24 @@ def test_odd_and_broken_dumps_give_the_same_table_and_problems(tmp_path, monkeyp
     """Whatever the scanner takes or leaves to the unpickler, the result is the Python
     reader's: odd values, wrong types, hostile pickles, truncations and bit flips."""
     rng = random.Random(34)
-    base = untrusted.BASES["fr_pickle"].read_bytes()
+    dumps = _make_dumps()
+    # torch's layout (what the scanner reads in one go) with what its shortcuts do not take:
+    # lists three deep, 300 items long, a tuple holding a list, a tuple of four
+    odd = dumps.build_dump(1, world=2, entries=4, divergence="none")
+    odd["entries"][0].update(input_sizes=[[[1]]], output_sizes=[list(range(300))])
+    odd["entries"][1].update(process_group=("0", [0, 1]), input_dtypes=("a", "b", "c", "d"))
+    torch_layout = dumps.torch_pickle(odd)
+    bases = [untrusted.BASES["fr_pickle"].read_bytes(), torch_layout]
     cases = untrusted.odd_fields() + [data for _, data in untrusted.wrong_types()]
     cases += list(untrusted.hostile_pickles(tmp_path / "pwned").values())
-    for _ in range(60):
-        cases.append(base[: rng.randrange(1, len(base))])
-        flipped = bytearray(base)
-        for _ in range(rng.randint(1, 6)):
-            flipped[rng.randrange(len(flipped))] ^= 1 << rng.randrange(8)
-        cases.append(bytes(flipped))
+    cases.append(torch_layout)
+    for base in bases:
+        for _ in range(60):
+            cases.append(base[: rng.randrange(1, len(base))])
+            flipped = bytearray(base)
+            for _ in range(rng.randint(1, 6)):
+                flipped[rng.randrange(len(flipped))] ^= 1 << rng.randrange(8)
+            cases.append(bytes(flipped))
     items = []
     for i, data in enumerate(cases):
         (path := tmp_path / f"case{i}").write_bytes(data)

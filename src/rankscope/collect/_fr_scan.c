@@ -240,14 +240,26 @@ static int utf8_ok(const unsigned char *p, Py_ssize_t n) {
 
 static int need(Scan *S, Py_ssize_t n) { return n >= 0 && S->size - S->pos >= n; }
 
-static uint64_t le(const unsigned char *p, int n) {
+static inline uint64_t le(const unsigned char *p, int n) {
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
-    if (n == 1) /* the widths of the opcodes' arguments, read at once */
+    switch (n) { /* the widths of the opcodes' arguments, each read at once */
+    case 1:
         return p[0];
-    if (n == 2 || n == 4 || n == 8) {
-        uint64_t w = 0;
-        memcpy(&w, p, (size_t)n);
+    case 2: {
+        uint16_t w;
+        memcpy(&w, p, 2);
         return w;
+    }
+    case 4: {
+        uint32_t w;
+        memcpy(&w, p, 4);
+        return w;
+    }
+    case 8: {
+        uint64_t w;
+        memcpy(&w, p, 8);
+        return w;
+    }
     }
 #endif
     uint64_t x = 0;
@@ -266,6 +278,57 @@ static int bin_int(unsigned char op, const unsigned char *arg, Py_ssize_t left, 
     v->type = T_INT;
     v->u.i = op == 'J' ? (int64_t)(int32_t)(uint32_t)raw : (int64_t)raw;
     return w;
+}
+
+/* The scalar whose opcode is at d (None, a bool, BININT1, BININT2, BININT, LONG1 or LONG4 of at
+ * most 8 bytes, BINFLOAT), with left bytes of input after the opcode: *v and the width of its
+ * argument; -1 for another opcode, or where the input ends first. */
+static int scalar(const unsigned char *d, Py_ssize_t left, Val *v) {
+    const unsigned char op = d[0], *a = d + 1;
+    switch (op) {
+    case 'N':
+        v->type = T_NONE;
+        return 0;
+    case 0x88:
+    case 0x89:
+        v->type = op == 0x88 ? T_TRUE : T_FALSE;
+        return 0;
+    case 'K':
+    case 'M':
+    case 'J': {
+        int w = bin_int(op, a, left, v);
+        return w ? w : -1;
+    }
+    case 0x8a:
+    case 0x8b: { /* LONG1, LONG4: what fits in 64 bits */
+        int w = op == 0x8a ? 1 : 4;
+        if (left < w)
+            return -1;
+        uint64_t n = le(a, w);
+        if (n > 8 || (uint64_t)(left - w) < n)
+            return -1;
+        v->type = T_INT;
+        v->u.i = 0;
+        if (n) {
+            uint64_t x = le(a + w, (int)n);
+            if (n < 8 && (a[w + n - 1] & 0x80))
+                x |= ~(uint64_t)0 << (8 * n);
+            v->u.i = (int64_t)x;
+        }
+        return w + (int)n;
+    }
+    case 'G': { /* BINFLOAT, big-endian */
+        if (left < 8)
+            return -1;
+        uint64_t x = 0;
+        for (int i = 0; i < 8; i++)
+            x = (x << 8) | a[i];
+        memcpy(&v->u.f, &x, 8);
+        v->type = T_FLOAT;
+        return 8;
+    }
+    }
+    return -1;
 }
 
 /* The opcode's argument: an unsigned little-endian number of w bytes. */
@@ -344,8 +407,8 @@ static int dict_items(Scan *S, int32_t c, Py_ssize_t from) {
     return 0;
 }
 
-/* The opcodes of a small dict of scalars, as a pickler writes every such dict (an entry's
- * frames are thousands of them): EMPTY_DICT, its MEMOIZE or BINPUT, MARK, at most SMALL_ITEMS
+/* The opcodes of a small dict of scalars, as Python's pickler writes every such dict (a dump
+ * rewritten in Python has thousands of frame dicts): EMPTY_DICT, its MEMOIZE or BINPUT, MARK, at most SMALL_ITEMS
  * keys and values each a scalar, a memo reference to one, or a short text, then SETITEMS. Read
  * here in one go, with the same effects as opcode by opcode. S->pos is just past EMPTY_DICT.
  * 1: read; 0: not that shape (nothing was changed: the opcodes are run one by one); -1: left
@@ -388,24 +451,13 @@ static int small_dict(Scan *S) {
                 return 0;
             p += 2;
             break;
-        case 'K':
-        case 'M':
-        case 'J': {
-            int w = bin_int(op, d + p + 1, end - p - 1, v);
-            if (!w)
+        default: {
+            int w = scalar(d + p, end - p - 1, v);
+            if (w < 0)
                 return 0;
             p += 1 + w;
             break;
         }
-        case 'N':
-            v->type = T_NONE;
-            p++;
-            break;
-        case 0x88:
-        case 0x89:
-            v->type = op == 0x88 ? T_TRUE : T_FALSE;
-            p++;
-            break;
         case 0x8c: /* SHORT_BINUNICODE, not memoized (a memoized one: opcode by opcode) */
         {
             if (p + 1 >= end)
@@ -422,8 +474,6 @@ static int small_dict(Scan *S) {
             p = after;
             break;
         }
-        default:
-            return 0;
         }
     }
     /* The shape matched: the dict, its memo entry, then its items, as the opcodes would; a frame
@@ -447,6 +497,111 @@ static int small_dict(Scan *S) {
     if (new_box(S, T_DICT, &dict) || push(&S->stack, dict))
         return -1;
     if (memo_put(S, (uint64_t)put) || set_items(S, dict.u.c, kv, n))
+        return -1;
+    S->pos = p + 1;
+    return 1;
+}
+
+/* --- containers as torch writes them, each read in one go --------------------------------- */
+/* torch's pickler writes a dump's entries alike: every container within MARK .. APPENDS or
+ * SETITEMS, its texts and frame dicts as memo references after their first time. Such a list or
+ * dict is read here in one go, with the same effects as opcode by opcode (the same boxes, in the
+ * same order); where its shape turns out otherwise, what was made is undone and the loop reads
+ * it. */
+#define LIST_ITEMS 256
+#define LIST_DEPTH 2
+#define DICT_ITEMS 64
+
+/* How many boxes and items were made: what undo goes back to. */
+typedef struct {
+    Py_ssize_t nboxes, used, block_left;
+    Val *block_next;
+} Made;
+
+static Made made(const Scan *S) {
+    return (Made){S->nboxes, S->used, S->block_left, S->block_next};
+}
+
+static void undo(Scan *S, Made m) {
+    S->nboxes = m.nboxes;
+    S->used = m.used;
+    S->block_left = m.block_left;
+    S->block_next = m.block_next;
+}
+
+/* A memo reference or a scalar at p (< S->size): where it ends, and *v; 0 for anything else. */
+static Py_ssize_t item_at(const Scan *S, Py_ssize_t p, Val *v) {
+    const unsigned char *d = S->data;
+    if (d[p] == 'h') {
+        if (p + 1 >= S->size || d[p + 1] >= S->memo.len ||
+            S->memo.v[d[p + 1]].type == T_MARK_UNSET)
+            return 0;
+        *v = S->memo.v[d[p + 1]];
+        return p + 2;
+    }
+    int w = scalar(d + p, S->size - p - 1, v);
+    return w < 0 ? 0 : p + 1 + w;
+}
+
+/* A list (an entry's frames, sizes, dtypes) whose MARK is at p, into *out: items of item_at's
+ * or such lists (LIST_DEPTH deep at most), LIST_ITEMS at most, then APPENDS. Where it ends; 0:
+ * not that shape; -1: out of memory. */
+static Py_ssize_t list_read(Scan *S, Py_ssize_t p, int depth, Val *out) {
+    const unsigned char *d = S->data;
+    Val items[LIST_ITEMS];
+    int n = 0;
+    if (p >= S->size || d[p] != '(' || new_box(S, T_LIST, out))
+        return p >= S->size || d[p] != '(' ? 0 : -1;
+    for (p++; p < S->size && d[p] != 'e'; n++) {
+        if (n == LIST_ITEMS || (d[p] == ']' && depth == LIST_DEPTH))
+            return 0;
+        p = d[p] == ']' ? list_read(S, p + 1, depth + 1, &items[n]) : item_at(S, p, &items[n]);
+        if (p <= 0)
+            return p;
+    }
+    if (p >= S->size)
+        return 0;
+    return box_add(S, out->u.c, items, n) ? -1 : p + 1;
+}
+
+/* A dict (an entry; a frame whose texts came before) after EMPTY_DICT and MARK: items of
+ * item_at's, lists of list_read's and tuples of them (TUPLE1..3), DICT_ITEMS keys at most, then
+ * SETITEMS. S->pos is just past EMPTY_DICT. 1: read; 0: not that shape; -1: left to the
+ * unpickler (as set_items says) or out of memory. */
+static int torch_dict(Scan *S) {
+    const unsigned char *d = S->data;
+    const Made was = made(S);
+    Val kv[2 * DICT_ITEMS], dict, t;
+    int n = 0;
+    Py_ssize_t p = S->pos + 1;
+    if (new_box(S, T_DICT, &dict))
+        return -1;
+    while (p > 0 && p < S->size && d[p] != 'u') {
+        unsigned char op = d[p];
+        int k = op - 0x84;
+        if (n == 2 * DICT_ITEMS)
+            p = 0;
+        else if (op == ']')
+            p = list_read(S, p + 1, 0, &kv[n++]);
+        else if (k < 1 || k > 3)
+            p = item_at(S, p, &kv[n++]);
+        else if (n < k)
+            p = 0;
+        else { /* TUPLE1..3 of the last k */
+            if (new_box(S, T_TUPLE, &t) || box_add(S, t.u.c, kv + n - k, k))
+                return -1;
+            n -= k;
+            kv[n++] = t;
+            p++;
+        }
+    }
+    if (p < 0)
+        return -1;
+    if (!p || p >= S->size || n % 2) {
+        undo(S, was);
+        return 0;
+    }
+    if (set_items(S, dict.u.c, kv, n) || push(&S->stack, dict))
         return -1;
     S->pos = p + 1;
     return 1;
@@ -498,65 +653,20 @@ static int run(Scan *S) {
                 return -1;
             break;
         case 'N':
-            v.type = T_NONE;
-            if (push(&S->stack, v))
-                return -1;
-            break;
         case 0x88:
         case 0x89:
-            v.type = op == 0x88 ? T_TRUE : T_FALSE;
-            if (push(&S->stack, v))
-                return -1;
-            break;
         case 'J':
         case 'K':
-        case 'M': { /* BININT, BININT1, BININT2 */
-            int w = bin_int(op, S->data + S->pos, S->size - S->pos, &v);
-            if (!w || push(&S->stack, v))
+        case 'M':
+        case 0x8a:
+        case 0x8b:
+        case 'G': {
+            int w = scalar(S->data + S->pos - 1, S->size - S->pos, &v);
+            if (w < 0 || push(&S->stack, v))
                 return -1;
             S->pos += w;
             break;
         }
-        case 0x8a:
-        case 0x8b: /* LONG1, LONG4: what fits in 64 bits */
-            if (op == 0x8a) {
-                if (!need(S, 1))
-                    return -1;
-                n = S->data[S->pos++];
-            } else {
-                if (!need(S, 4))
-                    return -1;
-                n = le(S->data + S->pos, 4);
-                S->pos += 4;
-            }
-            if (n > 8 || !need(S, (Py_ssize_t)n))
-                return -1;
-            v.type = T_INT;
-            v.u.i = 0;
-            if (n) {
-                uint64_t x = le(S->data + S->pos, (int)n);
-                if (n < 8 && (S->data[S->pos + n - 1] & 0x80))
-                    x |= ~(uint64_t)0 << (8 * n);
-                v.u.i = (int64_t)x;
-            }
-            S->pos += (Py_ssize_t)n;
-            if (push(&S->stack, v))
-                return -1;
-            break;
-        case 'G': /* BINFLOAT, big-endian */
-            if (!need(S, 8))
-                return -1;
-            {
-                uint64_t x = 0;
-                for (int i = 0; i < 8; i++)
-                    x = (x << 8) | S->data[S->pos + i];
-                memcpy(&v.u.f, &x, 8);
-            }
-            v.type = T_FLOAT;
-            S->pos += 8;
-            if (push(&S->stack, v))
-                return -1;
-            break;
         case 0x8c:
         case 'X':
         case 0x8d: /* SHORT_BINUNICODE, BINUNICODE, BINUNICODE8 */
@@ -578,8 +688,8 @@ static int run(Scan *S) {
             break;
         }
         case '}':
-            if (S->pos + 3 < S->size) { /* most dicts of a dump are small ones of scalars */
-                int done = small_dict(S);
+            if (S->pos + 3 < S->size) { /* a dump's dicts: its entries, their frames */
+                int done = S->data[S->pos] == '(' ? torch_dict(S) : small_dict(S);
                 if (done < 0)
                     return -1;
                 if (done)
@@ -587,6 +697,18 @@ static int run(Scan *S) {
             }
             /* fall through */
         case ']':
+            if (op == ']') {
+                const Made was = made(S);
+                Py_ssize_t end = list_read(S, S->pos, 0, &v);
+                if (end < 0 || (end && push(&S->stack, v)))
+                    return -1;
+                if (end) {
+                    S->pos = end;
+                    break;
+                }
+                undo(S, was);
+            }
+            /* fall through */
         case ')':
             if (new_box(S, op == ']' ? T_LIST : op == ')' ? T_TUPLE : T_DICT, &v) ||
                 push(&S->stack, v))
@@ -727,8 +849,9 @@ static PyObject *to_py(Scan *S, Val v, int depth) {
 /* --- distinct values of a coded field ------------------------------------------------------ */
 /* A value's identity: a string by its text (torch writes each entry's profiling name, state and
  * thread as a string of its own, so 2000 entries are 2000 writes of a handful of texts), a tuple
- * of strings and scalars by its items (an entry's process_group, a tuple of its own), another
- * container by its index, a scalar by its value. Equal identities are equal values; equal
+ * or list of strings and scalars (nested, FLAT_DEPTH deep) by its items (an entry's process_group,
+ * sizes and dtypes, containers of their own in every entry), another container by its index, a
+ * scalar by its value. Equal identities are equal values; equal
  * containers may differ in identity (two writes of one list), which the caller's coding by
  * value then merges. */
 typedef struct {
@@ -744,16 +867,10 @@ typedef struct {
     int32_t last;
 } Distinct;
 
-/* A tuple of strings and scalars only: compared by its items. */
-static int flat(const Scan *S, Val v) {
-    if (v.type != T_TUPLE)
-        return 0;
-    const Box *b = &S->boxes[v.u.c];
-    for (Py_ssize_t i = 0; i < b->len; i++)
-        if (is_container(b->items[i].type))
-            return 0;
-    return 1;
-}
+/* Tuples and lists are compared by their items down to this depth (an entry's process_group,
+ * sizes and dtypes: containers that torch writes anew for every entry); deeper, and dicts, by
+ * their write. A list that holds itself is too deep. */
+#define FLAT_DEPTH 4
 
 /* A text's hash, 8 bytes at a time (a frame's file is a path of 60 to 100). */
 static uint64_t span_hash(const Scan *S, Val v, uint64_t h) {
@@ -770,15 +887,8 @@ static uint64_t span_hash(const Scan *S, Val v, uint64_t h) {
     return (h ^ n) * 0x9E3779B97F4A7C15ULL;
 }
 
-static uint64_t ident(const Scan *S, Val v) {
+static uint64_t ident_at(const Scan *S, Val v, int depth) {
     uint64_t payload;
-    if (flat(S, v)) {
-        const Box *b = &S->boxes[v.u.c];
-        payload = (uint64_t)b->len;
-        for (Py_ssize_t i = 0; i < b->len; i++)
-            payload = payload * 0x100000001b3ULL ^ ident(S, b->items[i]);
-        return payload * 0x9E3779B97F4A7C15ULL ^ ((uint64_t)v.type << 58) ^ v.type;
-    }
     switch (v.type) {
     case T_INT:
         payload = (uint64_t)v.u.i;
@@ -791,6 +901,14 @@ static uint64_t ident(const Scan *S, Val v) {
         break;
     case T_LIST:
     case T_TUPLE:
+        if (depth < FLAT_DEPTH) { /* of its items */
+            const Box *b = &S->boxes[v.u.c];
+            payload = (uint64_t)b->len;
+            for (Py_ssize_t i = 0; i < b->len; i++)
+                payload = payload * 0x100000001b3ULL ^ ident_at(S, b->items[i], depth + 1);
+            break;
+        }
+        /* fall through */
     case T_DICT:
     case T_FRAME:
         payload = (uint64_t)(uint32_t)v.u.c;
@@ -821,8 +939,9 @@ static int same_write(Val a, Val b) {
     return 1;
 }
 
-/* The same value: the same write, or the same content (text; a tuple of flat items). */
-static int same(const Scan *S, Val a, Val b) {
+/* The same value: the same write, or the same content (a text; a tuple or list of the same
+ * items, down to FLAT_DEPTH, as ident_at looks at them). */
+static int same_at(const Scan *S, Val a, Val b, int depth) {
     if (same_write(a, b))
         return 1;
     if (a.type != b.type)
@@ -830,13 +949,13 @@ static int same(const Scan *S, Val a, Val b) {
     if (a.type == T_STR)
         return a.u.s.len == b.u.s.len &&
                memcmp(S->data + a.u.s.off, S->data + b.u.s.off, a.u.s.len) == 0;
-    if (a.type != T_TUPLE || !flat(S, a) || !flat(S, b))
+    if ((a.type != T_LIST && a.type != T_TUPLE) || depth >= FLAT_DEPTH)
         return 0;
     const Box *x = &S->boxes[a.u.c], *y = &S->boxes[b.u.c];
     if (x->len != y->len)
         return 0;
     for (Py_ssize_t i = 0; i < x->len; i++)
-        if (!same(S, x->items[i], y->items[i]))
+        if (!same_at(S, x->items[i], y->items[i], depth + 1))
             return 0;
     return 1;
 }
@@ -845,7 +964,7 @@ static int32_t distinct_index(Distinct *d, const Scan *S, Val v) {
     /* Most entries repeat the value before them, as written once: no text is looked at. */
     if (d->last >= 0 && same_write(d->last_val, v))
         return d->last;
-    uint64_t key = ident(S, v);
+    uint64_t key = ident_at(S, v, 0);
     if (d->count * 2 >= d->cap) { /* rehash */
         Py_ssize_t cap = d->cap ? d->cap * 2 : 16;
         Slot *slots = malloc((size_t)cap * sizeof(Slot));
@@ -866,7 +985,7 @@ static int32_t distinct_index(Distinct *d, const Scan *S, Val v) {
     }
     Py_ssize_t j = (Py_ssize_t)(key & (uint64_t)(d->cap - 1));
     while (d->slots[j].index >= 0) {
-        if (d->slots[j].key == key && same(S, d->vals[d->slots[j].index], v))
+        if (d->slots[j].key == key && same_at(S, d->vals[d->slots[j].index], v, 0))
             goto found;
         j = (j + 1) & (d->cap - 1);
     }
