@@ -109,6 +109,16 @@ def test_odd_and_broken_dumps_give_the_same_table_and_problems(tmp_path, monkeyp
     cases = untrusted.odd_fields() + [data for _, data in untrusted.wrong_types()]
     cases += list(untrusted.hostile_pickles(tmp_path / "pwned").values())
     cases.append(torch_layout)
+    # two lists written alike, the memo entry they refer to set again between them: unequal
+    cases.append(
+        b"\x80\x02}("
+        + _text("entries")
+        + b"]("
+        + (b"}(" + _text("state") + b"q\x01" + _text("Float") + b"q\x02")
+        + (_text("input_dtypes") + b"q\x03](h\x02eu")
+        + (b"}(h\x01" + _text("Half") + b"q\x02h\x03](h\x02eu")
+        + b"eu."
+    )
     for base in bases:
         for _ in range(60):
             cases.append(base[: rng.randrange(1, len(base))])
@@ -131,6 +141,11 @@ def _nested(depth: int) -> list:
     for _ in range(depth):
         out = [out]
     return out
+
+
+def _text(text: str) -> bytes:
+    """A text as torch's pickler writes it (BINUNICODE)."""
+    return b"X" + struct.pack("<I", len(text.encode())) + text.encode()
 
 
 def _dump(entries_pickle: bytes) -> bytes:

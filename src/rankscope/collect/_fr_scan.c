@@ -75,6 +75,10 @@ typedef struct {
      * number, as every frame of an entry's stack is): its frame id + 3, as frame_id gives it,
      * and no items (a heavy dump holds 20 times more of them than entries); 0 for any other. */
     int32_t frame;
+    /* A list read in one go (list_read): where its items were written, from its MARK to its
+     * APPENDS (span_len 0: not known). Two such lists written alike are equal while no memo
+     * entry was ever set twice (Scan.memo_reset): see by_span. */
+    uint32_t span_off, span_len;
     Py_ssize_t len, cap;
     Val *items;
 } Box;
@@ -92,6 +96,7 @@ typedef struct {
     Vec stack, memo;
     Py_ssize_t *marks;
     Py_ssize_t nmarks, capmarks, memo_set;
+    int memo_reset; /* a memo entry was set again: equal writes may be unequal values */
     Box *boxes;
     Py_ssize_t nboxes, capboxes;
     /* Containers' items come from blocks of BLOCK_VALS values (a dump's 2000 entries are as
@@ -143,6 +148,7 @@ static int new_box(Scan *S, uint8_t type, Val *out) {
     Box *b = &S->boxes[S->nboxes];
     b->type = type;
     b->frame = 0;
+    b->span_len = 0;
     b->len = b->cap = 0;
     b->items = NULL;
     out->type = type;
@@ -358,6 +364,8 @@ static int memo_put(Scan *S, uint64_t idx) {
         S->memo.v[S->memo.len++].type = T_MARK_UNSET;
     if (S->memo.v[idx].type == T_MARK_UNSET)
         S->memo_set++;
+    else
+        S->memo_reset = 1;
     S->memo.v[idx] = S->stack.v[S->stack.len - 1];
     return 0;
 }
@@ -548,6 +556,7 @@ static Py_ssize_t item_at(const Scan *S, Py_ssize_t p, Val *v) {
  * not that shape; -1: out of memory. */
 static Py_ssize_t list_read(Scan *S, Py_ssize_t p, int depth, Val *out) {
     const unsigned char *d = S->data;
+    const Py_ssize_t mark = p;
     Val items[LIST_ITEMS];
     int n = 0;
     if (p >= S->size || d[p] != '(' || new_box(S, T_LIST, out))
@@ -559,8 +568,10 @@ static Py_ssize_t list_read(Scan *S, Py_ssize_t p, int depth, Val *out) {
         if (p <= 0)
             return p;
     }
-    if (p >= S->size)
+    if (p >= S->size || p - mark > UINT32_MAX)
         return 0;
+    S->boxes[out->u.c].span_off = (uint32_t)mark;
+    S->boxes[out->u.c].span_len = (uint32_t)(p - mark);
     return box_add(S, out->u.c, items, n) ? -1 : p + 1;
 }
 
@@ -887,7 +898,21 @@ static uint64_t span_hash(const Scan *S, Val v, uint64_t h) {
     return (h ^ n) * 0x9E3779B97F4A7C15ULL;
 }
 
+/* A list compared by how its items were written (see Box.span_off): its span as a text; NULL
+ * where it is compared by its items. */
+static const Box *by_span(const Scan *S, Val v) {
+    const Box *b = v.type == T_LIST ? &S->boxes[v.u.c] : NULL;
+    return b && b->span_len && !S->memo_reset ? b : NULL;
+}
+
+static Val span_of(const Box *b) {
+    return (Val){.type = T_STR, .u.s = {b->span_off, b->span_len}};
+}
+
 static uint64_t ident_at(const Scan *S, Val v, int depth) {
+    const Box *spanned = by_span(S, v);
+    if (spanned)
+        return span_hash(S, span_of(spanned), 0x84222325cbf29ce4ULL) ^ ((uint64_t)v.type << 58);
     uint64_t payload;
     switch (v.type) {
     case T_INT:
@@ -951,7 +976,12 @@ static int same_at(const Scan *S, Val a, Val b, int depth) {
                memcmp(S->data + a.u.s.off, S->data + b.u.s.off, a.u.s.len) == 0;
     if ((a.type != T_LIST && a.type != T_TUPLE) || depth >= FLAT_DEPTH)
         return 0;
-    const Box *x = &S->boxes[a.u.c], *y = &S->boxes[b.u.c];
+    const Box *x = by_span(S, a), *y = by_span(S, b);
+    if (x && y) /* written alike: equal (a list written otherwise may still be equal: merged later) */
+        return x->span_len == y->span_len &&
+               memcmp(S->data + x->span_off, S->data + y->span_off, x->span_len) == 0;
+    x = &S->boxes[a.u.c];
+    y = &S->boxes[b.u.c];
     if (x->len != y->len)
         return 0;
     for (Py_ssize_t i = 0; i < x->len; i++)
@@ -1040,6 +1070,14 @@ struct Paths {
     Py_ssize_t npaths, cappaths, capstart;
     Slot *pslots;
     Py_ssize_t pcap;
+    /* Frames lists written alike (by_span) have one path: looked up by how they were written,
+     * without their frames being looked at (an entry's frames are a new list each time). */
+    Slot *spslots;
+    Py_ssize_t spcap, nspans, capspans;
+    struct {
+        uint32_t off, len;
+        int32_t out;
+    } *spans;
     int32_t *tmp;
     Py_ssize_t captmp;
     Py_ssize_t bad;
@@ -1262,11 +1300,9 @@ static int32_t frame_id(Paths *P, const Scan *S, Val v) {
     return id;
 }
 
-/* The path index of a frames list (box c); -1 no path, -2 malformed, -3 out of memory. */
-static int32_t path_index(Paths *P, const Scan *S, int32_t c) {
-    int32_t known = P->seen[c];
-    if (known)
-        return known - 3;
+/* The path index of a frames list (box c) from its frames; -1 no path, -2 malformed, -3 out of
+ * memory. */
+static int32_t path_of(Paths *P, const Scan *S, int32_t c) {
     const Box *b = &S->boxes[c];
     if (grow((void **)&P->tmp, &P->captmp, P->depth + 1, sizeof(int32_t)))
         return -3;
@@ -1319,6 +1355,36 @@ static int32_t path_index(Paths *P, const Scan *S, int32_t c) {
     out = P->pslots[j].index = (int32_t)P->npaths++;
 done:
     P->seen[c] = out + 3;
+    return out;
+}
+
+/* The path index of a frames list (box c), as path_of gives it; once per box, and once per way
+ * of writing a list (by_span). */
+static int32_t path_index(Paths *P, const Scan *S, int32_t c) {
+    int32_t known = P->seen[c];
+    if (known)
+        return known - 3;
+    const Box *b = by_span(S, (Val){.type = T_LIST, .u.c = c});
+    if (!b)
+        return path_of(P, S, c);
+    uint64_t key = span_hash(S, span_of(b), 0xcbf29ce484222325ULL);
+    if (slots_grow(&P->spslots, &P->spcap, P->nspans))
+        return -3;
+    Py_ssize_t j = (Py_ssize_t)(key & (uint64_t)(P->spcap - 1));
+    for (; P->spslots[j].index >= 0; j = (j + 1) & (P->spcap - 1)) {
+        __typeof__(P->spans[0]) *o = &P->spans[P->spslots[j].index];
+        if (P->spslots[j].key == key && o->len == b->span_len &&
+            memcmp(S->data + o->off, S->data + b->span_off, b->span_len) == 0) {
+            P->seen[c] = o->out + 3;
+            return o->out;
+        }
+    }
+    int32_t out = path_of(P, S, c);
+    if (out == -3 || grow((void **)&P->spans, &P->capspans, P->nspans + 1, sizeof *P->spans))
+        return -3;
+    P->spans[P->nspans] = (__typeof__(P->spans[0])){b->span_off, b->span_len, out};
+    P->spslots[j].key = key;
+    P->spslots[j].index = (int32_t)P->nspans++;
     return out;
 }
 
@@ -1379,6 +1445,8 @@ static void paths_free(Paths *P) {
     free(P->start);
     free(P->len);
     free(P->pslots);
+    free(P->spslots);
+    free(P->spans);
     free(P->tmp);
     free(P->written);
     free(P->fileslots);
@@ -1493,6 +1561,7 @@ static void start_scan(Scan *S) {
         *S = spare;
         spare_full = 0;
         S->stack.len = S->memo.len = S->nmarks = S->memo_set = S->nboxes = 0;
+        S->memo_reset = 0;
         S->used = S->nbig = S->block_left = S->pos = 0;
     }
 }
