@@ -100,8 +100,10 @@ def test_odd_and_broken_dumps_give_the_same_table_and_problems(tmp_path, monkeyp
     rng = random.Random(34)
     dumps = _make_dumps()
     # torch's layout (what the scanner reads in one go) with what its shortcuts do not take:
-    # lists three deep, 300 items long, a tuple holding a list, a tuple of four
+    # lists three deep, 300 items long, a tuple holding a list, a tuple of four; 300 texts
+    # before the entries, so that they refer to the memo with LONG_BINGET
     odd = dumps.build_dump(1, world=2, entries=4, divergence="none")
+    odd["pg_config"]["0"]["texts"] = [f"text {i}" for i in range(300)]
     odd["entries"][0].update(input_sizes=[[[1]]], output_sizes=[list(range(300))])
     odd["entries"][1].update(process_group=("0", [0, 1]), input_dtypes=("a", "b", "c", "d"))
     torch_layout = dumps.torch_pickle(odd)

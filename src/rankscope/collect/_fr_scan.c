@@ -537,15 +537,19 @@ static void undo(Scan *S, Made m) {
     S->block_next = m.block_next;
 }
 
-/* A memo reference or a scalar at p (< S->size): where it ends, and *v; 0 for anything else. */
-static Py_ssize_t item_at(const Scan *S, Py_ssize_t p, Val *v) {
+/* A memo reference (BINGET, LONG_BINGET: a dump of more than 256 texts and frames) or a scalar
+ * at p (< S->size): where it ends, and *v; 0 for anything else. */
+static inline Py_ssize_t item_at(const Scan *S, Py_ssize_t p, Val *v) {
     const unsigned char *d = S->data;
-    if (d[p] == 'h') {
-        if (p + 1 >= S->size || d[p + 1] >= S->memo.len ||
-            S->memo.v[d[p + 1]].type == T_MARK_UNSET)
+    if (d[p] == 'h' || d[p] == 'j') {
+        int w = d[p] == 'h' ? 1 : 4;
+        if (p + w >= S->size)
             return 0;
-        *v = S->memo.v[d[p + 1]];
-        return p + 2;
+        uint64_t at = w == 1 ? d[p + 1] : le(d + p + 1, 4);
+        if (at >= (uint64_t)S->memo.len || S->memo.v[at].type == T_MARK_UNSET)
+            return 0;
+        *v = S->memo.v[at];
+        return p + 1 + w;
     }
     int w = scalar(d + p, S->size - p - 1, v);
     return w < 0 ? 0 : p + 1 + w;
