@@ -223,6 +223,8 @@ class Entries:
     ) -> None:
         record_id = len(self.out)
         t = self.t0 + record_id * STEP_NS
+        # The group, sizes and dtypes: new containers in every entry, as torch makes them (so
+        # torch_pickle writes them anew); the frame dicts are the dump's shared ones.
         self.out.append(
             {
                 "record_id": record_id,
