@@ -53,11 +53,24 @@ CHROMIUM_ARGS = [
 ]
 
 
-def settle(proc: psutil.Process, family: list[psutil.Process]) -> list[str]:
+def settle(proc: psutil.Process, family: list[psutil.Process]) -> tuple[list[str], str]:
     """Wait for ``proc`` and its descendants to exit (a minute: on a loaded machine the server
-    waits for each kernel to shut down); kill any that do not, and name them."""
+    waits for each kernel to shut down); kill any that do not, and name them, with what each
+    was doing (py-spy's dump of its threads)."""
     _, alive = psutil.wait_procs([proc, *family], timeout=60)
-    return kill_named(alive)
+    threads = "".join(map(threads_of, alive))  # before the kill
+    return kill_named(alive), threads
+
+
+def threads_of(proc: psutil.Process) -> str:
+    """py-spy's dump of ``proc``'s Python threads, or why there is none."""
+    spy = shutil.which("py-spy", path=str(Path(sys.executable).parent))
+    if spy is None:
+        return f"(pid {proc.pid}: no py-spy to dump its threads)\n"
+    done = subprocess.run(
+        [spy, "dump", "--pid", str(proc.pid)], capture_output=True, text=True, timeout=30
+    )
+    return done.stdout + done.stderr
 
 
 def kill_named(procs: list[psutil.Process]) -> list[str]:
@@ -92,18 +105,21 @@ def jupyter_env(tmp_path: Path) -> dict[str, str]:
 def stop_server(server: subprocess.Popen[bytes], tmp_path: Path) -> None:
     """Stop a server started in its own session with :func:`jupyter_env` (tmp_path) and
     everything it started; fail naming whatever had to be killed."""
-    left = []
+    left, threads = [], ""
     if server.poll() is None:
         family = psutil.Process(server.pid).children(recursive=True)
         # SIGTERM: the server shuts its kernels down, and a kernel stops the jobs it owns.
         os.killpg(server.pid, signal.SIGTERM)
-        left = settle(psutil.Process(server.pid), family)
+        left, threads = settle(psutil.Process(server.pid), family)
         server.wait(timeout=5)  # reaped: gone, not a zombie in the checks below
     # and whatever left the group: a kernel (its own session), a job's ranks
     runtime = str(tmp_path / "runtime")
     stray = leftover_processes(tmp_path) + processes_with("JUPYTER_RUNTIME_DIR", runtime.__eq__)
     left += kill_named(stray)
-    assert not left, f"still running: {left}"
+    logs = "".join(
+        f"--- {p.name}, its end:\n{p.read_text()[-3000:]}\n" for p in tmp_path.glob("*.log")
+    )
+    assert not left, f"still running: {left}\n{threads}{logs}"
 
 
 @pytest.fixture
