@@ -40,7 +40,7 @@ def test_clean_run_records_every_rank_beside_another_job(start_job):
     info = job.info()
     assert info["state"] == "exited"
     assert {r: v["exit_code"] for r, v in info["ranks"].items()} == {"0": 0, "1": 0}
-    assert info["commands"][0][1:3] == ["-m", "torch.distributed.run"]
+    assert info["commands"][0][1:3] == ["-m", "rankscope.torchrun"]
     for rank in (0, 1):
         evs = events(job.run, rank)
         kinds = [e["ev"] for e in evs]

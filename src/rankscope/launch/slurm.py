@@ -129,7 +129,7 @@ def batch_script(
     torchrun = [
         sys.executable,
         "-m",
-        "torch.distributed.run",
+        "rankscope.torchrun",
         f"--nnodes={nnodes}",
         f"--nproc-per-node={nproc_per_node}",
         "--max-restarts=0",
@@ -145,7 +145,7 @@ def batch_script(
     ]
     # Each node's torchrun gets the endpoint and a log directory of its own, which only the
     # shell on that node knows ($SLURM_NODEID): the first three words are python -m
-    # torch.distributed.run, the node's own options follow them.
+    # rankscope.torchrun, the node's own options follow them.
     per_node = (
         'exec "${@:1:3}" --rdzv-endpoint="$RANKSCOPE_RDZV_ENDPOINT" '
         f'--log-dir={q(run)}/logs/node"$SLURM_NODEID" "${{@:4}}"'

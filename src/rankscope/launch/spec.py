@@ -3,7 +3,8 @@
 Four launchers start the ranks; each one runs ``python -m rankscope.probe.bootstrap`` in every
 process, so the probe records the same events whatever started it:
 
-- ``torchrun`` (the default): one ``python -m torch.distributed.run`` agent per (simulated) node.
+- ``torchrun`` (the default): one torchrun agent (``python -m rankscope.torchrun``, torchrun with
+  torch imported settled) per (simulated) node.
 - ``python``: the bare interpreter, one process, no torch.distributed environment at all, as
   ``python train.py`` typed in a shell (recipe D1).
 - ``accelerate``: ``accelerate launch`` with a config file written into the run directory
@@ -467,14 +468,14 @@ def _deepspeed_command(spec: JobSpec, *, run_dir: Path, port: int) -> list[str]:
 
 
 def torchrun_commands(spec: JobSpec, *, run_dir: Path, port: int, run_id: str) -> list[list[str]]:
-    """One ``python -m torch.distributed.run`` command per (simulated) node."""
+    """One torchrun command (``python -m rankscope.torchrun``) per (simulated) node."""
     target = ["-m", "rankscope.probe.bootstrap", *_user_target(spec)]
     commands = []
     for node in range(spec.nnodes):
         cmd = [
             sys.executable,
             "-m",
-            "torch.distributed.run",
+            "rankscope.torchrun",
             f"--nnodes={spec.nnodes}",
             f"--nproc-per-node={spec.nproc_per_node}",
             "--max-restarts=0",

@@ -17,8 +17,10 @@ import traceback
 from types import FrameType, TracebackType
 from typing import Any
 
-from rankscope.probe import _core
-from rankscope.probe._core import frame_stack, install, tb_stack
+from rankscope._settle import import_settled
+
+_core = import_settled("rankscope.probe._core")  # and with it torch
+frame_stack, install, tb_stack = _core.frame_stack, _core.install, _core.tb_stack
 
 # Frames of the bootstrap, runpy and the probe's collective wrappers are not the user's: a
 # traceback printed by the bootstrap leaves them out, as if the script had run under plain python.
