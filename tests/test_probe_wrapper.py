@@ -14,6 +14,7 @@ import re
 import shutil
 import struct
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -622,3 +623,46 @@ def test_state_write_writes_the_lines_when_in_flight_fails(tmp_path, which):
     finally:
         os.close(fd)
     assert json.loads((tmp_path / "events").read_text())["n"] == 1
+
+
+def failing_all_reduce(tensor, op=None, group=None, async_op=False):
+    raise RuntimeError("Connection closed by peer [127.0.0.1]:1234")
+
+
+def interrupted_all_reduce(tensor, op=None, group=None, async_op=False):
+    raise KeyboardInterrupt
+
+
+def test_a_call_that_raises_leaves_the_values_its_callers_read(probe):
+    """Where a collective raises an error, the values its callers' conditions read are written
+    while their frames are on the stack (a helper that swallows the error returns, and the rank
+    goes on); at most FAILED_VALUES lines; an interrupt is not an error of the call's."""
+    reduce = probe._wrap("all_reduce", failing_all_reduce, None)
+    interrupted = probe._wrap("all_reduce", interrupted_all_reduce, None)
+
+    def report(tensor, main):
+        if main:  # a condition: the value of main is read
+            try:
+                reduce(tensor)
+            except RuntimeError:
+                return "swallowed"
+        return "skipped"
+
+    x = torch.ones(1)
+    assert report(x, main=True) == "swallowed"
+    with pytest.raises(KeyboardInterrupt):
+        interrupted(x)
+    lines = [json.loads(t) for t in probe.run.values(0).read_text().splitlines()]
+    assert [(line["id"], line["reason"]) for line in lines] == [(None, "call_failed")]
+    (thread,) = [t for t in lines[0]["threads"] if t["thread"] == f"0x{threading.get_ident():016x}"]
+    file, func, line, values = thread["frames"][-1]
+    assert (file, func, values) == (__file__, "report", {"main": True})
+    assert line == report.__code__.co_firstlineno + 3  # the call, inside the try
+    for _ in range(_core.FAILED_VALUES + 3):
+        report(x, main=True)
+    assert len(probe.run.values(0).read_text().splitlines()) == _core.FAILED_VALUES
+    # the call's own record says it raised, as before
+    probe.flush()
+    events = [json.loads(t) for t in probe.run.events(0).read_text().splitlines()]
+    failed = [e for e in events if e["ev"] == "exit" and not e["ok"]]
+    assert failed and failed[0]["error"].startswith("RuntimeError: Connection closed")

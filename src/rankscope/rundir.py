@@ -19,8 +19,9 @@ only place it is spelled out::
                                exit through a shared memory map, and the last step it marked
                                (see RING_HEADER, RING_STEP, RING_SLOT)
         stacks.txt             faulthandler dumps of every thread, each after a "# rankscope" marker
-        values.jsonl           with each capture, the simple values its threads' conditions read
-                               (rankscope.probe._values: numbers, strings, booleans, None only)
+        values.jsonl           with each capture, and where a call raised, the simple values its
+                               threads' conditions read (rankscope.probe._values: numbers,
+                               strings, booleans, None only)
         fr.pkl                 the latest dump of torch's flight recorder (pickle, as torch writes it)
         fr_nccl.pkl            the latest dump of the NCCL flight recorder, when the backend is nccl
         nccl.log               NCCL_DEBUG output, when the nccl_debug preset is on

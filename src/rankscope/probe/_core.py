@@ -137,6 +137,7 @@ _META = _meta_reader()
 
 HEARTBEAT_S = 0.5  # heartbeat and flush; the only wake-up while the rank completes calls
 POLL_S = 0.1  # looks for a capture request or a blocked call, while the rank completes none
+FAILED_VALUES = 8  # lines of values a process writes where its calls raised (_call_failed)
 DEFAULT_FR_BUFFER = "2000"
 
 #: Public torch.distributed calls that the probe records. ``peer`` names the argument that holds
@@ -297,6 +298,7 @@ class Probe:
         self._pid = os.getpid()  # a forked child (a DataLoader worker) is not the rank
         self._thread = threading.Thread(target=self._loop, name="rankscope-probe", daemon=True)
         self._symbolized = False  # a dump with stack traces was written (capture)
+        self._failed_values = 0  # lines of values written where a call raised (_call_failed)
 
     # --- writing ----------------------------------------------------------------------------
     def emit(self, ev: str, **fields: Any) -> None:
@@ -549,6 +551,30 @@ class Probe:
             self.emit("exception", **told)
             self._told = exc
         self.flush()
+
+    def _write_values(
+        self, capture_id: int | None, reason: str, where: dict[int, Any] | None = None
+    ) -> None:
+        """Append one line of values (:func:`_values.capture_line`) in one ``write``, so that
+        lines written from two threads never interleave."""
+        line = _values.capture_line(capture_id, reason, _values.own_threads(), where).encode()
+        fd = os.open(self.run.values(self.rank), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, line)
+        finally:
+            os.close(fd)
+
+    def _call_failed(self) -> None:
+        """A collective raised an error in the calling thread: the values its frames read,
+        while they are on its stack. The user's code may catch the error and go on (a helper
+        that logs and returns), and a capture later, when the hang is proven, would find the
+        rank elsewhere, or gone. At most ``FAILED_VALUES`` lines a process (a loop that retries
+        a failing call); never an error of its own."""
+        if self._failed_values >= FAILED_VALUES or os.getpid() != self._pid:
+            return
+        self._failed_values += 1
+        with contextlib.suppress(Exception):
+            self._write_values(None, "call_failed")
 
     # --- teardown ---------------------------------------------------------------------------
     def _catch_teardown(self) -> None:
@@ -834,9 +860,7 @@ class Probe:
                 pass
             with contextlib.suppress(Exception):  # never let the values cost the stacks
                 where = {ending[1]: ending_frame} if ending and ending_frame is not None else None
-                line = _values.capture_line(capture_id, reason, _values.own_threads(), where)
-                with open(self.run.values(self.rank), "a") as f:
-                    f.write(line)
+                self._write_values(capture_id, reason, where)
                 files.append(self.run.values(self.rank).name)
             # Stack traces are symbolized only where that costs nothing (below); on nccl the
             # first dump that holds entries with them takes seconds even then (4.7 s on an

@@ -323,6 +323,7 @@ typedef struct {
     PyObject *before, *after;  /* hooks: before(args, kwargs) and after(), or NULL */
     PyObject *returned;        /* probe._returned: (cid, result, async_op) of calls that
                                 * returned a Work, for the probe thread */
+    PyObject *failed;          /* Probe._call_failed: a call raised, its frames still there */
     PyObject *dict;            /* __wrapped__, __name__, __rankscope__, ... */
     vectorcallfunc vectorcall; /* wrapper_vectorcall for the one-tensor calls, else NULL */
     Getter shape, dtype;       /* torch.Tensor's getters of .shape and .dtype */
@@ -990,6 +991,13 @@ finish(Wrapper *w, Record *r, PyObject *result)
     PyObject *exc_type = NULL, *exc_value = NULL, *exc_tb = NULL;
     if (result == NULL) /* the user's exception, set aside (a call that returned has none) */
         PyErr_Fetch(&exc_type, &exc_value, &exc_tb);
+    /* A call that raised an error: the values its caller's frames read, while they are on the
+     * stack (the user's code may catch the error and go on). */
+    if (result == NULL && r->what != NULL && exc_type != NULL &&
+        PyErr_GivenExceptionMatches(exc_type, PyExc_Exception)) {
+        Py_XDECREF(PyObject_CallNoArgs(w->failed));
+        PyErr_Clear();
+    }
     if (r->what != NULL && result != NULL &&
         (result != Py_None || FACT(r->what, F_ASYNC) == Py_True)) {
         /* An async call (async_op=True, isend, batch_isend_irecv) returned its Work: the probe
@@ -1586,7 +1594,7 @@ static PyMethodDef state_methods[] = {
 #define WRAPPER_REFS(X)                                                                        \
     X(fn) X(spec) X(name) X(peer) X(state) X(enter) X(pg_cache) X(describe_group) X(seqs)      \
     X(sites) X(call_site) X(facts_id) X(ids) X(path_id) X(tensor_type) X(before) X(after)     \
-    X(returned)                                                                                \
+    X(returned) X(failed)                                                                      \
     X(dict)                                                                                    \
     for (int i = 0; i < SITE_SLOTS; i++) {                                                     \
         X(sites_seen[i].code) X(sites_seen[i].info) X(sites_seen[i].counter)                   \
@@ -1677,6 +1685,7 @@ wrapper_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
         {&w->path_id, "_path_id"},
         {&w->ids, "_ids"},
         {&w->returned, "_returned"},
+        {&w->failed, "_call_failed"},
     };
     for (size_t i = 0; i < sizeof shared / sizeof *shared; i++) {
         if ((*shared[i].slot = PyObject_GetAttrString(probe, shared[i].name)) == NULL) {

@@ -146,6 +146,8 @@ def _python_wrapper(probe: Any, fn: Any, spec: _Spec, before: Any, after: Any) -
                 return result
             except BaseException as exc:
                 error = f"{type(exc).__name__}: {exc}"
+                if call is not None and isinstance(exc, Exception):
+                    probe._call_failed()
                 raise
             finally:
                 if call is not None:  # the exit record, inline: the hot path

@@ -1,12 +1,13 @@
 """The values that decide a rank's path, captured with its stacks.
 
-At each capture the probe writes one line to ``ranks/<rank>/values.jsonl``: for every thread
-but its own, the frames of the user's code and of the libraries it calls (not torch's, the
-standard library's or rankscope's own), each with the values of the simple names that the
-frame's function reads in its conditions (the tests of ``if``, ``while``, ``assert``,
-conditional expressions and comprehensions, ``match`` subjects, the iterables of ``for``), so
-that the analyzer can say which value sent a rank another way (``is_main = True on ranks 0,
-2``).
+At each capture, and where a collective raised an error (while the frames that called it are
+still on the stack: ``Probe._call_failed``), the probe writes one line to
+``ranks/<rank>/values.jsonl``: for every thread but its own, the frames of the user's code and
+of the libraries it calls (not torch's, the standard library's or rankscope's own), each with
+the values of the simple names that the frame's function reads in its conditions (the tests of
+``if``, ``while``, ``assert``, conditional expressions and comprehensions, ``match`` subjects,
+the iterables of ``for``), so that the analyzer can say which value sent a rank another way
+(``is_main = True on ranks 0, 2``).
 
 Only values of the types in :data:`SIMPLE` are read and written (a ``str`` cut to
 :data:`MAX_TEXT` characters); a name bound to anything else (a tensor, a list, an object) is
