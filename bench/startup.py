@@ -24,6 +24,7 @@ import os
 import statistics
 import subprocess
 import sys
+from importlib.metadata import version
 
 WORKLOADS = {"torch": "", "torch+dynamo": "import torch._dynamo"}
 IMPORTS = {
@@ -46,7 +47,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pairs", type=int, default=8)
     args = parser.parse_args()
-    print(f"CPU seconds per process, median of {args.pairs} pairs (torch {torch_version()})")
+    print(f"CPU seconds per process, median of {args.pairs} pairs (torch {version('torch')})")
     for workload, then in WORKLOADS.items():
         times: dict[str, list[float]] = {way: [] for way in IMPORTS}
         for pair in range(args.pairs):
@@ -58,16 +59,6 @@ def main() -> None:
             f"{workload:<14} plain {plain:5.2f} s   settled {settled:5.2f} s   "
             f"ratio {settled / plain:.2f}"
         )
-
-
-def torch_version() -> str:
-    out = subprocess.run(
-        [sys.executable, "-c", "import torch; print(torch.__version__)"],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    return out.stdout.strip()
 
 
 if __name__ == "__main__":

@@ -31,6 +31,7 @@ from typing import Any
 import psutil
 import pytest
 
+from rankscope.launch.capture import pyspy_path
 from rankscope.launch.spec import free_port
 
 from .conftest import leftover_processes, processes_with
@@ -64,12 +65,15 @@ def settle(proc: psutil.Process, family: list[psutil.Process]) -> tuple[list[str
 
 def threads_of(proc: psutil.Process) -> str:
     """py-spy's dump of ``proc``'s Python threads, or why there is none."""
-    spy = shutil.which("py-spy", path=str(Path(sys.executable).parent))
+    spy = pyspy_path()
     if spy is None:
         return f"(pid {proc.pid}: no py-spy to dump its threads)\n"
-    done = subprocess.run(
-        [spy, "dump", "--pid", str(proc.pid)], capture_output=True, text=True, timeout=30
-    )
+    try:
+        done = subprocess.run(
+            [spy, "dump", "--pid", str(proc.pid)], capture_output=True, text=True, timeout=30
+        )
+    except subprocess.TimeoutExpired:
+        return f"(pid {proc.pid}: py-spy did not answer within 30 s)\n"
     return done.stdout + done.stderr
 
 
@@ -117,7 +121,8 @@ def stop_server(server: subprocess.Popen[bytes], tmp_path: Path) -> None:
     stray = leftover_processes(tmp_path) + processes_with("JUPYTER_RUNTIME_DIR", runtime.__eq__)
     left += kill_named(stray)
     logs = "".join(
-        f"--- {p.name}, its end:\n{p.read_text()[-3000:]}\n" for p in tmp_path.glob("*.log")
+        f"--- {p.name}, its end:\n{p.read_text(errors='replace')[-3000:]}\n"
+        for p in tmp_path.glob("*.log")
     )
     assert not left, f"still running: {left}\n{threads}{logs}"
 
