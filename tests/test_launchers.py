@@ -8,6 +8,7 @@ that ``stop()`` finds it.
 from __future__ import annotations
 
 import json
+import socket
 import time
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from rankscope.launch.procs import RankProc, pid_alive
 from rankscope.launch.spec import (
     ACCELERATE_CONFIG,
     DEEPSPEED_HOSTFILE,
+    PORT_FLOOR,
     free_port,
     launch_commands,
     launch_files,
@@ -144,6 +146,20 @@ def test_bare_python_start_has_no_env_contract(start_job, monkeypatch):
     d = diagnose(job.run.path)
     assert (d.verdict, d.cause, d.recipe) == ("launch_error", "env_contract_missing", "D1")
     assert "environment variable RANK expected, but not set" in d.reason
+
+
+def test_free_ports_stay_out_of_the_range_connections_draw_from():
+    """A job's port is found outside the kernel's ephemeral range, from which every outgoing
+    connection (another job's ranks, its store's clients) takes one in the seconds before
+    torchrun binds it; each is free, and handed out once."""
+    with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+        low = int(f.read().split()[0])
+    ports = [free_port() for _ in range(20)]
+    assert len(set(ports)) == len(ports)
+    if low > PORT_FLOOR + 1000:
+        assert all(PORT_FLOOR <= p < low for p in ports), (low, ports)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", ports[-1]))  # free: it binds
 
 
 @pytest.mark.slow

@@ -118,3 +118,40 @@ def test_a_torn_or_cut_ring_reads_what_is_whole(tmp_path):
     (tmp_path / "junk.ring").write_bytes(b"not a ring at all")
     assert read_ring(tmp_path / "junk.ring", problems) is None
     assert "not a rankscope ring" in " ".join(problems.frame()["reason"])
+
+
+LATE_SIGNAL = textwrap.dedent(
+    """
+    import faulthandler, os, signal, sys, time
+    from rankscope.probe import install
+
+    install(sys.argv[1], rank=0)
+    os.kill(os.getpid(), signal.SIGUSR1)  # while the probe runs: every thread's stack
+    time.sleep(0.2)
+    # what the interpreter's finalization does: faulthandler gives back what it replaced
+    faulthandler.unregister(signal.SIGUSR1)
+    os.kill(os.getpid(), signal.SIGUSR1)  # a capture's signal that comes that late
+    time.sleep(0.2)
+    print("still here", flush=True)
+    """
+)
+
+
+@pytest.mark.slow
+def test_a_capture_signal_in_a_rank_last_moments_does_not_kill_it(tmp_path):
+    """The watchdog's fallback capture sends SIGUSR1 to a rank whose probe does not answer; a
+    rank that has just ended (its probe stopped) is finalizing, and faulthandler's finalization
+    gives SIGUSR1 back its earlier disposition: that must be 'ignore', or the capture kills a rank
+    that was about to exit 0 and torchrun ends the others."""
+    script = tmp_path / "late.py"
+    script.write_text(LATE_SIGNAL)
+    run_dir = tmp_path / "run"
+    done = subprocess.run(
+        [sys.executable, str(script), str(run_dir)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0 and "still here" in done.stdout, done.stderr
+    assert "Current thread" in RunDir(run_dir).stacks(0).read_text()

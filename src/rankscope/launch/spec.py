@@ -21,6 +21,7 @@ import dataclasses
 import importlib.util
 import json
 import os
+import random
 import socket
 import sys
 import threading
@@ -317,19 +318,42 @@ def _gpu_count() -> int:
 
 _port_lock = threading.Lock()
 _ports_given: set[int] = set()
+#: Where free ports are looked for: below the kernel's ephemeral range, which every outgoing
+#: connection draws its own port from (the ranks' gloo pairs, the store's clients, another
+#: job's): a port found free there can be taken by one of those in the seconds before
+#: torchrun binds it. Ports found busy are passed over.
+PORT_FLOOR = 20000
+
+
+def _ephemeral_low() -> int:
+    """The first port of the kernel's ephemeral range (Linux's default where it is not known)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that is free now and not handed out before by this process."""
+    """A TCP port that is free now, not handed out before by this process, and outside the
+    kernel's ephemeral range where it can (:data:`PORT_FLOOR`)."""
+    low = _ephemeral_low()
+    choose = random.SystemRandom()
     with _port_lock:
-        for _ in range(50):
+        for attempt in range(200):
+            wanted = choose.randrange(PORT_FLOOR, low) if low > PORT_FLOOR + 1000 else 0
+            if attempt >= 150:  # a range that is full: any port the kernel gives
+                wanted = 0
             with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-                s.bind((host, 0))
+                try:
+                    s.bind((host, wanted))
+                except OSError:
+                    continue
                 port = s.getsockname()[1]
             if port not in _ports_given:
                 _ports_given.add(port)
                 return port
-    raise RuntimeError("no free TCP port found on the loopback interface")
+    raise RuntimeError(f"no free TCP port found on {host}")
 
 
 def _strings(name: str, values: Any) -> tuple[str, ...]:

@@ -469,6 +469,11 @@ class Probe:
         if signal.getsignal(signal.SIGUSR1) in (signal.SIG_DFL, None):
             # Fallback for a rank whose probe thread cannot run (the GIL held by a stuck C call):
             # the watchdog writes a marker line and sends SIGUSR1; faulthandler needs no GIL.
+            # Ignored first, so that what faulthandler restores as the interpreter finalizes is
+            # "ignore", not "die": a capture's signal that reaches a rank in its last moments
+            # (its probe has ended and no longer answers) must not kill it. A program it execs
+            # gets the default (the handler is reset by exec while faulthandler holds it).
+            signal.signal(signal.SIGUSR1, signal.SIG_IGN)
             faulthandler.register(signal.SIGUSR1, file=self._stacks, all_threads=True)
         self._catch_teardown()
         self._patch()
