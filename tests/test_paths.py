@@ -11,7 +11,7 @@ from typing import Any
 from rankscope.analyze import diagnose
 
 from .test_analyze_rules import context
-from .test_analyze_tables import T0, call, run_of
+from .test_analyze_tables import T0, call, fr_entry, run_of
 
 
 def at(rank: int, seq: int, line: int, **kw: Any) -> dict[str, Any]:
@@ -275,3 +275,19 @@ def test_two_divergences_neither_path_explains_are_told_by_the_rank_that_broke_i
     for g_at, default_at in ((T0 + 20, T0 + 30), (T0 + 30, T0 + 20)):
         fd = context(subgroup_skip_run(g_at=g_at, default_at=default_at)).first_divergence
         assert (fd.pg, fd.seq, fd.culprits) == ("g", 5, [1]), (g_at, default_at, fd)
+
+
+def test_a_rank_whose_recorder_was_not_dumped_made_no_call_nobody_knows() -> None:
+    """DDP's all-reduces are torch's own calls: the probe does not see them, the flight recorder
+    numbers them. Rank 0 was killed before its recorder was dumped, so its record of the group
+    is not complete however complete its probe's is: it is not the class that made no call (at
+    #1, the others' first), and the card says its record is missing, not that it never called."""
+    fr = [fr_entry(r, s) for r in (1, 2) for s in range(1, 4)]
+    fr += [fr_entry(2, 4, done=False)]
+    run = run_of([], exits={0: None, 1: 1, 2: None}, fr=fr)
+    fd = context(run).first_divergence
+    assert (fd.seq, fd.culprits, fd.decided_by) == (4, [1], "no_call"), fd
+    d = diagnose(run)
+    assert d.culprit_ranks == [1], d.render()
+    words = d.collective.state_by_rank[0] if d.collective else ""
+    assert "never called it" not in words and "no record" in words, d.render()

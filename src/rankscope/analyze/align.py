@@ -10,12 +10,42 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 import pandas as pd
 
 from rankscope.analyze.calls import parse_ranks
 from rankscope.collect import first_rows
+
+
+@dataclass(frozen=True)
+class Complete:
+    """Whose record of a group starts at its first call: a rank with no call there made none,
+    rather than lost the record of them. ``probed``: ranks whose probe ran from the start; it
+    sees the calls the user's code makes, not those torch makes from C++ (DDP's all-reduces),
+    so it speaks only of groups the probe numbers. ``recorded``: ranks whose flight recorder
+    dump holds its first entry (or holds none); ``by_recorder``: the groups the recorder
+    numbers (:func:`rankscope.analyze.calls.merge_calls`), where a rank without a dump is not
+    known to have made no call, whatever its probe saw."""
+
+    probed: frozenset[int] = frozenset()
+    recorded: frozenset[int] = frozenset()
+    by_recorder: frozenset[str] = frozenset()
+
+    @cached_property
+    def _either(self) -> frozenset[int]:
+        return self.probed | self.recorded
+
+    def on(self, pg: str) -> frozenset[int]:
+        """The ranks complete on group ``pg``."""
+        return self.recorded if pg in self.by_recorder else self._either
+
+
+def complete_on(complete: Collection[int] | Complete, pg: str) -> Collection[int]:
+    """The ranks of ``complete`` (a :class:`Complete`, or the same ranks for every group)
+    complete on group ``pg``."""
+    return complete.on(pg) if isinstance(complete, Complete) else complete
 
 
 def _min_max(groups: np.ndarray, values: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
@@ -95,7 +125,7 @@ def find_divergences(
     *,
     members: Mapping[str, Sequence[int]],
     ranks: Collection[int],
-    complete: Collection[int] = (),
+    complete: Collection[int] | Complete = (),
 ) -> list[Divergence]:
     """The first divergence of every process group that has one, in group order.
 
@@ -103,7 +133,8 @@ def find_divergences(
     where some rank of the group has no call while another has. Only ranks in ``ranks`` (those
     with evidence from this source) are expected. A ring buffer forgets old calls, so a group is
     compared only from the latest first position over its ranks, and a rank with no call on a
-    group counts as missing only if its history is ``complete`` (recorded from the start).
+    group counts as missing only if its history is ``complete`` (recorded from the start:
+    :class:`Complete`).
 
     The work is a handful of vectorised passes (``numpy.minimum.at`` and friends over dense
     group numbers), whatever the number of ranks.
@@ -152,8 +183,9 @@ def find_divergences(
         start, end = int(first[seen].max()), int(last[seen].max())
         ends = dict(zip(seen_ranks.tolist(), last[seen].tolist(), strict=True))
         expected = set(members.get(str(name), ())) & set(ranks)
+        done = complete_on(complete, str(name))
         for r in expected:
-            if r not in ends and r in complete:
+            if r not in ends and r in done:
                 ends[r] = 0
         behind = [max(v + 1, start) for r, v in ends.items() if v < end and r in expected]
         splits = split_seq[(split_pg == code) & (split_seq >= start)]

@@ -172,20 +172,44 @@ class Context(Phrasing):
         return [int(r) for r in open_ if not timed[r]]
 
     @cached_property
-    def complete_ranks(self) -> set[int]:
-        """Ranks whose record starts at their first call: the probe's, and a recorder's ring
-        buffer that still holds its first entry (``record_id`` 0)."""
+    def dumped_ranks(self) -> set[int]:
+        """Ranks whose flight recorder was dumped (with entries or without)."""
+        status = self.ev.table("pg_status")["rank"].dropna().astype(int).tolist()
+        rank = self.fr["rank"].array.to_numpy(dtype=np.int64, na_value=-1)
+        with_entries = np.bincount(rank[rank >= 0], minlength=1)  # a count per rank, not a sort
+        return set(status) | set(np.flatnonzero(with_entries).tolist())
+
+    @cached_property
+    def complete_ranks(self) -> align.Complete:
+        """Ranks whose record starts at their first call: the probe's (on the groups it
+        numbers), and a recorder's ring buffer that still holds its first entry (``record_id``
+        0), or a dump that holds none."""
         probed = {r for r, f in self.facts.items() if f.started}
         fr = self.fr
         rank = fr["rank"].array.to_numpy(dtype=np.int64, na_value=-1)
         record = fr["record_id"].array.to_numpy(dtype=np.int64, na_value=-1)
         first = set(np.unique(rank[record == 0]).tolist())
-        dumped = set(self.ev.table("pg_status")["rank"].dropna().astype(int).tolist())
+        dumped = self.dumped_ranks
         top = int(rank.max(initial=-1)) + 1
         with_entries = np.zeros(top + 1, dtype=bool)  # the last: entries of no known rank
         with_entries[rank] = True
         without = {r for r in dumped if not (0 <= r < top and with_entries[r])}
-        return probed | first | without
+        # the groups whose numbered calls all come from the recorder (counted by group code:
+        # a job of thousands of ranks has tens of millions of calls)
+        calls = self.calls
+        pg = calls["pg"].astype("category")
+        codes = np.asarray(pg.array.codes, dtype=np.int64)
+        numbered = calls["seq"].notna().to_numpy(dtype=bool) & (codes >= 0)
+        from_probe = calls["source"].ne("flight_recorder").to_numpy(dtype=bool)
+        size = len(pg.cat.categories)
+        seen = np.bincount(codes[numbered], minlength=size) > 0
+        by_probe = np.bincount(codes[numbered & from_probe], minlength=size) > 0
+        names = pg.cat.categories
+        return align.Complete(
+            probed=frozenset(probed),
+            recorded=frozenset(first | without),
+            by_recorder=frozenset(str(names[c]) for c in np.flatnonzero(seen & ~by_probe)),
+        )
 
     @cached_property
     def last(self) -> pd.DataFrame:
@@ -532,10 +556,13 @@ class Context(Phrasing):
                 self.notes_of_sites.append(note)
         return sites
 
-    def known_absent(self, rank: int) -> bool:
-        """Whether a rank's record of calls is whole, so a call missing from it was not made:
-        the probe's, when written durably at every call or flushed at its end; a dump's, up to
-        the moment it was taken."""
+    def known_absent(self, rank: int, pg: str | None = None) -> bool:
+        """Whether a rank's record of calls (on group ``pg``) is whole, so a call missing from
+        it was not made: the probe's, when written durably at every call or flushed at its end;
+        a dump's, up to the moment it was taken. On a group the recorder numbers (torch's own
+        calls, which the probe does not see) only a dump tells."""
+        if pg is not None and pg in self.complete_ranks.by_recorder:
+            return rank in self.dumped_ranks
         f = self.facts.get(rank)
         if f is not None and f.started:
             return f.record_complete

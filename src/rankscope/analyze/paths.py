@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from rankscope.analyze.align import Complete, complete_on
 from rankscope.analyze.calls import opt
 from rankscope.analyze.diagnosis import who_of
 from rankscope.analyze.waits import departed
@@ -244,11 +245,12 @@ def first_divergences(
     *,
     members: Mapping[str, Sequence[int]],
     ranks: Collection[int],
-    complete: Collection[int] = (),
+    complete: Collection[int] | Complete = (),
 ) -> list[FirstDivergence]:
     """The first divergence of the paths on every group that has one (collectives only), each
     group's at its earliest position. ``ranks``: those with evidence; a rank with no call on a
-    group is counted only if its record is ``complete`` (from its first call).
+    group is counted only if its record of the group is ``complete`` (from its first call:
+    :class:`~rankscope.analyze.align.Complete`).
 
     Vectorised over the calls (a 16k-rank job has 32 million): the table is read as arrays, each
     rank's sequence is a run of rows, and ranks with the same whole sequence (one hash per rank,
@@ -410,7 +412,7 @@ def _group_divergence(
     paths: CallPaths,
     members: Mapping[str, Sequence[int]],
     ranks: Collection[int],
-    complete: Collection[int],
+    complete: Collection[int] | Complete,
     stuck: Mapping[int, set[int]],
     code: int,
 ) -> FirstDivergence | None:
@@ -427,7 +429,8 @@ def _group_divergence(
     own = g.rank[starts].tolist() if len(g.rank) else []
     lengths = np.diff(np.r_[starts, len(g.rank)]).astype(np.int64)
     expected = set(members.get(pg, ())) & set(ranks)
-    empty = sorted(r for r in expected - set(own) if r in complete and start <= 1)
+    done = complete_on(complete, pg)
+    empty = sorted(r for r in expected - set(own) if r in done and start <= 1)
     if len(own) + len(empty) < 2:
         return None
     cls = _classes(g, starts, lengths)

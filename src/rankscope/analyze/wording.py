@@ -78,6 +78,7 @@ class Phrasing:
     that class derives: the attributes below, and ``sites``, ``whereabouts``, ``known_absent``)."""
 
     ev: Evidence
+    complete_ranks: align.Complete
     facts: dict[int, RankFacts]
     calls: pd.DataFrame
     source: str
@@ -124,8 +125,13 @@ class Phrasing:
             if f.cell is not None and f.cell_state == "finished" and absent[r].state != "exited":
                 # a cell session's rank between cells: idle in its engine, not in the user's code
                 state[r] = f"{NEVER} called it: done with cell [{f.cell}], waiting for the next"
-            elif self.known_absent(r):
+            elif self.known_absent(r, d.pg):
                 state[r] = f"{NEVER} called it: {absent[r].note}"
+            elif d.pg in self.complete_ranks.by_recorder:
+                state[r] = (
+                    f"no record of it (only the flight recorder numbers this group's calls, "
+                    f"and this rank's was not dumped): {absent[r].note}"
+                )
             else:
                 state[r] = (
                     f"no record of it (its record may stop early: no ring file, no end "
