@@ -172,12 +172,17 @@ class Context(Phrasing):
         return [int(r) for r in open_ if not timed[r]]
 
     @cached_property
+    def ranks_with_entries(self) -> set[int]:
+        """Ranks with flight-recorder entries."""
+        rank = self.fr["rank"].array.to_numpy(dtype=np.int64, na_value=-1)
+        counts = np.bincount(rank[rank >= 0], minlength=1)  # a count per rank, not a sort
+        return set(np.flatnonzero(counts).tolist())
+
+    @cached_property
     def dumped_ranks(self) -> set[int]:
         """Ranks whose flight recorder was dumped (with entries or without)."""
         status = self.ev.table("pg_status")["rank"].dropna().astype(int).tolist()
-        rank = self.fr["rank"].array.to_numpy(dtype=np.int64, na_value=-1)
-        with_entries = np.bincount(rank[rank >= 0], minlength=1)  # a count per rank, not a sort
-        return set(status) | set(np.flatnonzero(with_entries).tolist())
+        return set(status) | self.ranks_with_entries
 
     @cached_property
     def complete_ranks(self) -> align.Complete:
@@ -189,11 +194,7 @@ class Context(Phrasing):
         rank = fr["rank"].array.to_numpy(dtype=np.int64, na_value=-1)
         record = fr["record_id"].array.to_numpy(dtype=np.int64, na_value=-1)
         first = set(np.unique(rank[record == 0]).tolist())
-        dumped = self.dumped_ranks
-        top = int(rank.max(initial=-1)) + 1
-        with_entries = np.zeros(top + 1, dtype=bool)  # the last: entries of no known rank
-        with_entries[rank] = True
-        without = {r for r in dumped if not (0 <= r < top and with_entries[r])}
+        without = self.dumped_ranks - self.ranks_with_entries
         # the groups whose numbered calls all come from the recorder (counted by group code:
         # a job of thousands of ranks has tens of millions of calls)
         calls = self.calls
