@@ -543,17 +543,25 @@ def test_make_lab_serves_the_quickstart_at_the_url_it_prints(
             expect(notebook.locator(".jp-MarkdownCell").first).to_contain_text(heading)
             page.screenshot(path=str(ARTIFACTS / f"make-lab-{port}.png"))
             # The kernel the page started is the quickstart's, in the notebooks' folder
-            # (JupyterLab names a new session by a temporary path first, then the notebook's).
+            # (JupyterLab names a new session by a temporary path first, then the notebook's),
+            # and it has started and the page is connected to it: a server stopped while a
+            # kernel starts and the page's channels open can hang in its own exit (an AnyIO
+            # worker thread that is never told to stop), which is the server's, not the lab's.
             api = f"http://127.0.0.1:{used}/api/sessions?token={token}"
-            deadline = time.monotonic() + 30
-            while (paths := _session_paths(api)) != [QUICKSTART.name]:
-                assert time.monotonic() < deadline, f"sessions: {paths}"
+            deadline = time.monotonic() + 60
+            while (sessions := _sessions(api)) != [(QUICKSTART.name, "idle", True)]:
+                assert time.monotonic() < deadline, f"sessions: {sessions}"
                 page.wait_for_timeout(250)
 
 
-def _session_paths(api: str) -> list[str]:
+def _sessions(api: str) -> list[tuple[str, str, bool]]:
+    """The server's sessions: each one's path, its kernel's state and whether a page is
+    connected to that kernel."""
     with urllib.request.urlopen(api, timeout=10) as response:
-        return [s["path"] for s in json.load(response)]
+        return [
+            (s["path"], s["kernel"]["execution_state"], s["kernel"]["connections"] > 0)
+            for s in json.load(response)
+        ]
 
 
 #: Text boxes of a drawn figure that overlap another (tick labels, annotations, legend items,
