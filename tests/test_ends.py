@@ -5,7 +5,10 @@ stderr, and the last line the rank printed. rankscope's watchdog is kept out of 
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -231,3 +234,47 @@ def test_the_supervisor_gives_such_a_rank_the_signal_its_dump_names(tmp_path):
     assert job["ranks"]["3"]["exit_code"] == -6
     record = rank_records(run)[3]
     assert snapshot(record, job_ended=job)["end"] == "aborted itself: SIGABRT (-6)"
+
+
+#: A script whose one object lives in its globals and says when it is freed (its class is in a
+#: module of its own, so the script's globals are in no reference cycle: freed as soon as
+#: nothing holds them), with an exit hook and a thread that outlives the script's last line.
+ORDER_HELPER = """
+import os
+
+class Held:
+    def __del__(self):
+        os.write(1, b"freed\\n")
+"""
+ORDER_SCRIPT = """
+import atexit, os, threading, time
+from order_helper import Held
+held = Held()
+atexit.register(os.write, 1, b"exit hook\\n")
+threading.Thread(target=lambda: (time.sleep(0.3), os.write(1, b"thread\\n"))).start()
+os.write(1, b"returned\\n")
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["script", "module"])
+def test_a_script_s_globals_outlive_it_as_under_python(tmp_path, how):
+    """The bootstrap frees the script's objects where python would, after the script's threads
+    and exit hooks, not as the script returns (runpy's way): a DDP model freed there, holding
+    the last reference to a destroyed gloo group, deadlocks in torch and the rank never ends."""
+    (tmp_path / "order_helper.py").write_text(ORDER_HELPER)
+    (tmp_path / "order_script.py").write_text(ORDER_SCRIPT)
+    target = ["order_script.py"] if how == "script" else ["-m", "order_script"]
+    env = {**os.environ, "RANKSCOPE_RUN_DIR": str(tmp_path / "run"), "PYTHONPATH": str(tmp_path)}
+
+    def output(*command: str) -> str:
+        done = subprocess.run(
+            [sys.executable, *command, *target],
+            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    plain = output()
+    assert plain == "returned\nthread\nexit hook\nfreed\n", plain
+    assert output("-m", "rankscope.probe.bootstrap") == plain

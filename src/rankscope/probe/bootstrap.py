@@ -7,6 +7,7 @@ are left out) and the same exit code as ``python SCRIPT ARGS``.
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import runpy
@@ -25,6 +26,31 @@ frame_stack, install, tb_stack = _core.frame_stack, _core.install, _core.tb_stac
 # Frames of the bootstrap, runpy and the probe's collective wrappers are not the user's: a
 # traceback printed by the bootstrap leaves them out, as if the script had run under plain python.
 _SKIP = {os.path.abspath(__file__), runpy.__file__, "<frozen runpy>", _core.__file__}
+
+
+#: The script's globals, kept after the script ends until the interpreter exits, as
+#: ``python SCRIPT`` keeps its ``__main__``'s. runpy lets them go as it returns, which tears the
+#: script's objects down then and there, before its exit hooks and non-daemon threads: a DDP
+#: model whose reducer holds the last reference to a process group the script destroyed then
+#: destroys that group with the GIL held while a gloo worker thread may still need the GIL to
+#: drop its last call's tensors (torch's deadlock, pytorch/pytorch#56297), and the rank never
+#: exits.
+_SCRIPT_GLOBALS: list[dict[str, Any]] = []
+
+
+def _keep_globals(tb: TracebackType | None) -> None:
+    """Keep the globals of the script's frame in ``tb`` (its first not in ``_SKIP``)."""
+    while tb is not None and tb.tb_frame.f_code.co_filename in _SKIP:
+        tb = tb.tb_next
+    if tb is not None:
+        _SCRIPT_GLOBALS.append(tb.tb_frame.f_globals)
+
+
+def _release_globals() -> None:
+    """Let the script's globals go, after its own exit hooks (registered later, so run earlier)
+    and its non-daemon threads, where the interpreter would clear its ``__main__``."""
+    while _SCRIPT_GLOBALS:
+        _SCRIPT_GLOBALS.pop().clear()
 
 
 def _exit_code(code: object) -> int:
@@ -117,6 +143,7 @@ def main(argv: list[str] | None = None) -> None:
     args = argv[2:] if module else argv[1:]
     sys._rankscope_bootstrap = True  # type: ignore[attr-defined]
     probe = install()
+    atexit.register(_release_globals)
     if module:
         sys.argv = [target, *args]
     else:
@@ -127,10 +154,12 @@ def main(argv: list[str] | None = None) -> None:
     sys.exit = asked
     try:
         if module:
-            runpy.run_module(module, run_name="__main__", alter_sys=True)
+            kept = runpy.run_module(module, run_name="__main__", alter_sys=True)
         else:
-            runpy.run_path(script, run_name="__main__")
+            kept = runpy.run_path(script, run_name="__main__")
+        _SCRIPT_GLOBALS.append(kept)
     except SystemExit as exc:
+        _keep_globals(exc.__traceback__)
         code = _exit_code(exc.code)
         stack, frame = tb_stack(exc.__traceback__), _innermost(exc.__traceback__)
         failed = code != 0  # sys.exit(1) or sys.exit("message"): the rank failed on purpose
@@ -140,6 +169,7 @@ def main(argv: list[str] | None = None) -> None:
         probe.end(code, how="sys_exit", stack=stack, frame=frame)
         raise
     except BaseException as exc:
+        _keep_globals(exc.__traceback__)
         stack, frame = tb_stack(exc.__traceback__), _innermost(exc.__traceback__)
         probe.leaving("exception", stack, frame, exc)
         _strip(exc, set())
