@@ -361,6 +361,7 @@ def test_the_rules_run_in_their_documented_order_and_can_be_replaced():
         "signal_death",
         "stream_stuck",
         "waits",
+        "stuck_at_exit",
         "errors_only",
         "bare_exit",
         "straggler",

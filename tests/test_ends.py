@@ -14,10 +14,12 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from rankscope.analyze import diagnose
 from rankscope.analyze.evidence import Evidence
 from rankscope.analyze.parting import rank_path
 from rankscope.collect import load_run
 from rankscope.collect.stacks import read_stacks
+from rankscope.launch.spec import JobSpec
 from rankscope.launch.supervisor import Supervisor
 from rankscope.launch.tracker import snapshot
 from rankscope.rundir import RunDir, rank_records
@@ -278,3 +280,35 @@ def test_a_script_s_globals_outlive_it_as_under_python(tmp_path, how):
     plain = output()
     assert plain == "returned\nthread\nexit hook\nfreed\n", plain
     assert output("-m", "rankscope.probe.bootstrap") == plain
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_a_process_that_outlives_its_script_is_an_exit_stall_and_the_stop_ends_it(start_job):
+    """Every rank ends its script; rank 0's interpreter then waits at exit for a thread that
+    never ends. The watchdog calls an ``exit`` stall at the timeout (the evidence of that
+    process alone, the summary in words); kept, the job goes on to its time limit, whose stop
+    ends rank 0: its exit code is the stop's SIGTERM, not its script's 0."""
+    script = Path(__file__).parent / "corpus" / "exit_writer_thread.py"
+    job = start_job.spec(
+        JobSpec(
+            script=str(script),
+            nproc_per_node=2,
+            stall_timeout_s=2.0,
+            on_stall="keep",
+            timeout_s=20.0,
+        )
+    )
+    assert job.wait(timeout=90) is not None, "the job did not end"
+    info = job.run.read_run()
+    (stall,) = info["stalls"]
+    assert stall["kind"] == "exit", stall
+    assert stall["summary"].startswith("rank 0 ended its script (returned) "), stall["summary"]
+    assert stall["summary"].endswith("and has not exited; rank 1 exited"), stall["summary"]
+    manifest = json.loads((job.run.capture_dir(stall["capture_id"]) / "manifest.json").read_text())
+    assert list(manifest["ranks"]) == ["0"] and manifest["missing"] == [], manifest
+    assert info["stop_reason"] == "timeout"
+    assert {r: v["exit_code"] for r, v in info["ranks"].items()} == {"0": -15, "1": 0}
+    d = diagnose(job.run.path)
+    assert (d.cause, d.culprit_ranks) == ("stuck_at_exit", [0]), d.render()
+    assert "the thread that runs write_metrics, waiting on a queue" in d.reason, d.reason

@@ -86,3 +86,14 @@ def test_the_stall_timeout_counts_once_every_rank_has_started():
 def test_a_rank_not_started_after_the_startup_timeout_is_a_startup_stall():
     assert decide(look(ranks_up=3, now=STARTUP + 0.1, progressed_at=STARTUP)) == "startup"
     assert decide(look(ranks_up=0, now=STARTUP + 0.1, waiting=False)) == "startup"
+
+
+def test_a_process_that_outlives_its_script_idle_past_the_timeout_is_an_exit_stall():
+    # every rank ended its script; one process has not exited, and was not seen working
+    ended = dict(waiting=False, progressed_at=0.0)
+    assert decide(look(lingering_since=100.0 - STALL - 0.1, **ended)) == "exit"
+    assert decide(look(lingering_since=100.0 - STALL + 0.1, **ended)) is None  # not yet
+    assert decide(look(lingering_since=None, **ended)) is None  # every process exited
+    # a rank still waiting in a collective is the other rules' to call, not an exit
+    waiting = look(lingering_since=0.0, progressed_at=100.0 - STALL - 0.1)
+    assert decide(waiting) == "no_progress"

@@ -377,10 +377,12 @@ def _print_stall(job: Job, stall: dict[str, Any], out: TextIO) -> None:
         if stall.get("proven")
         else f"no progress for {stall['idle_s']:.1f} s"
     )
-    if stall.get("summary"):  # a rank that works outside the collectives keeps them waiting
+    if stall["kind"] == "exit":  # every rank ended its script: which process did not exit
+        why, where = f"{stall.get('summary') or 'a process outlived its script'}", ""
+    elif stall.get("summary"):  # a rank that works outside the collectives keeps them waiting
         why += f", {stall['summary']}" + (" (it may yet come)" if stall["kind"] == "busy" else "")
     print(
-        f"rankscope: STALL: {why} ({where}); evidence "
+        f"rankscope: STALL: {why}{f' ({where})' if where else ''}; evidence "
         f"capture-{stall['capture_id']} complete in {took:.2f} s"
         + (f", missing ranks {stall['missing']}" if stall.get("missing") else ""),
         file=out,

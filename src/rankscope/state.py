@@ -377,6 +377,11 @@ def proof_text(proven: str) -> str:
     )
 
 
+#: How long after its end event a rank's process may still run without having outlived its
+#: end: the interpreter's own exit (its modules, a process group's teardown).
+EXITING_S = 1.0
+
+
 def stopping(info: dict[str, Any]) -> bool:
     """Whether the job of ``info`` (its run.json) is being or was stopped (a stall's policy,
     the user, a time limit): a SIGTERM or SIGKILL its ranks got was the stop's."""

@@ -167,8 +167,7 @@ class Activity:
     def doing_of(self, ranks: int) -> str:
         """:attr:`doing` said of ``ranks`` ranks that do the same (``done with their cell``)."""
         what = waiting_on(self.kind, ranks) if self.kind else "outside any collective"
-        text = what + (f" at {self.site}" if self.site else "")
-        return text + (f" (`{self.code}`)" if self.code else "")
+        return _in_words(what, self.site, self.code)
 
 
 def waiting_on(kind: str, ranks: int = 1) -> str:
@@ -348,3 +347,99 @@ def _text(value: Any) -> str | None:
     if value is None or value is pd.NA or (isinstance(value, float) and value != value):
         return None
     return str(value)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExitWait:
+    """What the process of a rank that had ended its script was doing in its exit, from the
+    stacks taken after that end (:func:`exit_wait`)."""
+
+    kind: str
+    """``threads`` (the interpreter waits for threads that are not daemons), ``hook`` (an exit
+    hook runs), ``objects`` (the script's objects are being freed: a destructor runs) or
+    ``native`` (no Python frame runs: a destructor or a library's exit in native code)."""
+    what: str
+    """In words: ``its exit waits for a thread that is not a daemon: the thread in
+    write_metrics, waiting on a queue at train.py:22 (`metrics.get()`)``."""
+    site: str | None
+    """``file.py:line``: the user's line where the exit waits, where one does."""
+    waits_on: str | None = None
+    """A key of :data:`WAITS`: what that line waits on, where its stack says."""
+
+
+def exit_wait(stacks: pd.DataFrame, rank: int, *, main_thread: str | None) -> ExitWait | None:
+    """What ``rank``'s main thread does in its latest capture of stacks, read as a process
+    past its script: waiting for its threads, in an exit hook, freeing its objects, or in
+    native code. None when it has no stacks, or they show it in its script."""
+    threads = _threads(stacks, rank)
+    main = _main_thread(threads, main_thread)
+    if main is None:
+        return None
+    frames = threads[main]
+    records = frames.to_dict("records")  # innermost first
+    funcs = [(str(r.get("file") or ""), str(r.get("func") or "")) for r in records]
+    if any(func == "<module>" for _, func in funcs):
+        return None  # still in the script
+    kind, user = _classify(frames)
+    if any(file.endswith("threading.py") and func == "_shutdown" for file, func in funcs):
+        return _waits_for_threads(threads, main)
+    if any(
+        f.endswith("rankscope/probe/bootstrap.py") and fn == "_release_globals" for f, fn in funcs
+    ):
+        if user is None:
+            return ExitWait(
+                kind="native",
+                what="it is freeing the script's objects, in native code (a destructor that "
+                "does not return; no Python frame of it runs)",
+                site=None,
+            )
+        return ExitWait(
+            kind="objects",
+            what=f"it is freeing the script's objects, in {_text(user.get('func'))}, "
+            f"{_doing(kind, user)}",
+            site=_site(user),
+            waits_on=kind,
+        )
+    if user is None:
+        return None
+    hook = _text(records[-1].get("func"))
+    return ExitWait(
+        kind="hook",
+        what=f"its exit hook {hook} is {_doing(kind, user)}",
+        site=_site(user),
+        waits_on=kind,
+    )
+
+
+def _waits_for_threads(threads: dict[Any, pd.DataFrame], main: Any) -> ExitWait:
+    """The interpreter waits at exit for every thread that is not a daemon: those of the
+    rank's threads that run the user's code (or, where none does, any but rankscope's)."""
+    ours = {tid: f for tid, f in threads.items() if tid != main and not _is_probe_thread(f)}
+    told, first, waits_on = [], None, None
+    for frames in ours.values():
+        kind, user = _classify(frames)
+        if user is None:
+            continue
+        own = frames[frames["is_user"].fillna(False).astype(bool)]
+        target = _text(own["func"].iloc[-1])  # the outermost: the function the thread runs
+        told.append(f"the thread that runs {target}, {_doing(kind, user)}")
+        if first is None:
+            first, waits_on = _site(user), kind
+    if not told:
+        told = [
+            f"a thread in {_text(f['func'].iloc[0])} ({_site(f.to_dict('records')[0])})"
+            for f in ours.values()
+        ]
+    what = "its exit waits for threads that are not daemons"
+    what += f": {'; '.join(told)}" if told else " (no other thread's stack was captured)"
+    return ExitWait(kind="threads", what=what, site=first, waits_on=waits_on)
+
+
+def _doing(kind: str | None, user: dict[str, Any]) -> str:
+    """``waiting on a queue at train.py:22 (`metrics.get()`)``: a thread's user frame in
+    words."""
+    return _in_words(waiting_on(kind) if kind else "running", _site(user), _code(user))
+
+
+def _in_words(what: str, site: str | None, code: str | None) -> str:
+    return what + (f" at {site}" if site else "") + (f" (`{code}`)" if code else "")

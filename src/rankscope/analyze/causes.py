@@ -57,6 +57,7 @@ class Cause(StrEnum):
     stuck_outside = "stuck_outside"
     ddp_model_mismatch = "ddp_model_mismatch"
     busy_outside = "busy_outside"
+    stuck_at_exit = "stuck_at_exit"
     lagging_rank = "lagging_rank"
     stream_stuck = "stream_stuck"
     rank_crashed = "rank_crashed"
@@ -212,6 +213,14 @@ ENTRIES: Mapping[Cause, Entry] = {
         "never meets (a tolerance, a convergence test, a counter that differs on this rank). "
         "Bound the loop (a maximum number of iterations), decide its exit on every rank alike "
         "(all-reduce the condition), or raise the stall timeout if the rank is only slow.",
+    ),
+    Cause.stuck_at_exit: Entry(
+        verdict="hang",
+        recipe=None,
+        title="a rank's process did not exit after its script ended",
+        reason="{culprits} ended {culprits_its} script{ended_how}, but {culprits_its} process "
+        "had not exited {lingered} later: {exit_wait}",
+        fix="{exit_fix}",
     ),
     Cause.lagging_rank: Entry(
         verdict="hang",

@@ -23,7 +23,7 @@ from rankscope.launch import slurm
 from rankscope.launch.capture import capture_evidence
 from rankscope.launch.procs import pid_alive, terminate
 from rankscope.launch.spec import JobSpec, free_port, launch_commands, launch_files
-from rankscope.launch.tracker import RankTracker, busy_text, doing_now
+from rankscope.launch.tracker import RankTracker, busy_text, doing_now, exit_text
 from rankscope.launch.watchdog import Watchdog
 from rankscope.rundir import (
     FINAL_STATES,
@@ -432,7 +432,8 @@ class Job:
         assert run is not None and tracker is not None
         detected = time.time()
         with self._lock:
-            procs = tracker.procs()
+            # an exit stall's ranks have ended their scripts: their processes are what is left
+            procs = tracker.lingering(self.spec.world_size) if kind == "exit" else tracker.procs()
             snapshot = tracker.snapshots()
         manifest = capture_evidence(run, procs, reason=f"stall:{kind}") if procs else None
         log.info("%s: stall evidence %s", run.path.name, manifest["id"] if manifest else "none")
@@ -443,7 +444,13 @@ class Job:
             # the proof's sentence, and its parts: the diagnosis writes it in its own numbers
             "proven": proven.text() if proven else None,
             "proof": proven.to_json() if proven else None,
-            "summary": busy_text(snapshot) if self._busy_stall(kind) else None,
+            "summary": (
+                busy_text(snapshot)
+                if self._busy_stall(kind)
+                else exit_text(snapshot, sorted(procs))
+                if kind == "exit"
+                else None
+            ),
             "capture_id": manifest["id"] if manifest else None,
             "evidence_complete_at": manifest["completed_at"] if manifest else time.time(),
             "missing": manifest["missing"] if manifest else [],

@@ -21,9 +21,16 @@ import time
 from typing import Any
 
 from rankscope.launch import slurm
-from rankscope.launch.procs import terminate, when_owner_gone
-from rankscope.rundir import DIST_ENV, FINAL_STATES, RunDir, rank_summaries, torchrun_failures
-from rankscope.state import fatal_signal, signal_code
+from rankscope.launch.procs import pid_alive, terminate, when_owner_gone
+from rankscope.rundir import (
+    DIST_ENV,
+    FINAL_STATES,
+    RunDir,
+    rank_records,
+    rank_summaries,
+    torchrun_failures,
+)
+from rankscope.state import EXITING_S, fatal_signal, signal_code
 
 log = logging.getLogger("rankscope.launch.supervisor")  # it runs as __main__
 #: How much of the end of a rank's stacks file is read for a fatal signal's dump (one dump
@@ -40,6 +47,7 @@ class Supervisor:
         self.agents: list[subprocess.Popen[bytes]] = []
         self.stop_reason: str | None = None
         self.killed: set[int] = set()
+        self.outlived: set[int] = set()
         self._stop = threading.Event()
         self.launcher = str(self.data.get("launcher") or "torchrun")
 
@@ -117,6 +125,15 @@ class Supervisor:
             if self._stop.wait(0.1):
                 break
         self._record_stop()
+        # A rank whose script ended a while ago but whose process still runs has outlived its
+        # end (its exit waits for something): the stop, not its script, ends it. (One that
+        # ended a moment ago may be exiting as it should.)
+        before = time.time() - EXITING_S
+        self.outlived = {
+            rank
+            for rank, record in rank_records(self.run).items()
+            if record.ended and (record.last_event_at or before) < before and pid_alive(record.pid)
+        }
         roots = [p.pid for p in self.agents]
         self.killed = set(terminate(self.run, roots=roots, grace_s=self.grace_s))
         if self.killed:
@@ -186,6 +203,8 @@ class Supervisor:
                 # torchrun saw the process end; the probe's end event comes a little earlier
                 # (a crash during interpreter shutdown happens after it).
                 rank_code = failures.get(r, info.get("exit_code"))
+                if r in self.outlived and r not in failures:
+                    rank_code = self._stop_code(info["pid"])  # not its script's code
                 if rank_code is None and info.get("pid") is not None:
                     rank_code = self._unreported_code(r, info["pid"], stopped=bool(stopped), ok=ok)
                 info["exit_code"] = rank_code
@@ -220,8 +239,13 @@ class Supervisor:
         if fatal is not None:
             return fatal
         if stopped:
-            return -signal.SIGKILL if pid in self.killed else -signal.SIGTERM
+            return self._stop_code(pid)
         return 0 if ok else None
+
+    def _stop_code(self, pid: int) -> int:
+        """The exit code the stop gave a rank's process: our SIGTERM, or the SIGKILL after the
+        grace period."""
+        return -signal.SIGKILL if pid in self.killed else -signal.SIGTERM
 
     def _stacks_tail(self, rank: int) -> str:
         """The end of the rank's stacks file, where a fatal signal's dump is the last thing

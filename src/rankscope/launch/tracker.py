@@ -201,6 +201,24 @@ def busy_text(snaps: list[dict[str, Any]]) -> str | None:
     )
 
 
+def exit_text(snaps: list[dict[str, Any]], lingering: list[int]) -> str | None:
+    """The ranks whose process outlived its script, in words, from the ranks' snapshots:
+    ``rank 0 ended its script (returned) 4.1 s ago and has not exited; ranks 1, 2 exited``.
+    None when there is none."""
+    if not lingering:
+        return None
+    now = time.time()
+    ended = [s["last_event_at"] for s in snaps if s["rank"] in lingering and s["last_event_at"]]
+    age = f" {now - min(ended):.1f} s ago" if ended else ""
+    how = sorted({str(s.get("end_how")) for s in snaps if s["rank"] in lingering} - {"None"})
+    said = f" ({', '.join(how)})" if how else ""
+    their = "its" if len(lingering) == 1 else "their"
+    has = "has" if len(lingering) == 1 else "have"
+    text = f"{_ranks(lingering)} ended {their} script{said}{age} and {has} not exited"
+    gone = [s["rank"] for s in snaps if s["rank"] not in lingering]
+    return text + (f"; {_ranks(gone)} exited" if gone else "")
+
+
 def _busy_where(snap: dict[str, Any]) -> str:
     at, file = snap.get("at"), snap.get("at_file")
     if not at:
@@ -424,7 +442,7 @@ class RankTracker:
             # The main thread only: the probe's own threads are not the rank's work. A process
             # it started (a compiler, a loader's worker) that runs is its work too: on a loaded
             # machine that process gets too little CPU for its share to say so.
-            if _main_thread_runs(record.pid) or _a_child_runs(record.pid):
+            if _works(record.pid):
                 busy = True
                 continue
             cpu = _work_cpu(record.pid)
@@ -435,6 +453,33 @@ class RankTracker:
             if last is not None and now > last[0]:
                 busy |= (cpu - last[1]) / (now - last[0]) >= BUSY_CPU_SHARE
         return busy
+
+    def lingering(self, world_size: int) -> dict[int, RankProc]:
+        """Where every rank of the world has ended its script (its end event is written) or
+        its process is gone, the ranks whose process still runs on this host: each has
+        outlived its end, in its interpreter's exit (a thread it waits for, an exit hook, a
+        destructor). Empty while some rank has not ended, or where no process outlived its
+        end that this host can see."""
+        records = self.records
+        if len(records) < world_size or not any(r.ended for r in records.values()):
+            return {}
+        for record in records.values():
+            if not record.ended and (
+                record.pid is None
+                or RankProc(record.pid, record.node, record.slurm_job).alive() is not False
+            ):
+                return {}  # still in its script (or where this host cannot see it)
+        procs = {
+            rank: RankProc(record.pid, record.node, record.slurm_job)
+            for rank, record in records.items()
+            if record.ended and record.pid is not None
+        }
+        return {rank: proc for rank, proc in procs.items() if proc.alive()}
+
+    def working(self, procs: dict[int, RankProc]) -> bool:
+        """Whether one of these local ranks' main thread, or a process it started, is running
+        or runnable now (see :meth:`busy_outside_collectives`)."""
+        return any(_works(p.pid) for p in procs.values())
 
     def states(self) -> dict[int, RankState]:
         """Every rank as the stall prover reads it (:func:`rankscope.waitfor.prove`): its
@@ -529,6 +574,11 @@ def _work_cpu(pid: int) -> float | None:
             child_times = child.cpu_times()
             total += child_times.user + child_times.system
     return total
+
+
+def _works(pid: int) -> bool:
+    """The local process's main thread, or a process it started, runs or is runnable now."""
+    return _main_thread_runs(pid) or _a_child_runs(pid)
 
 
 def _main_thread_runs(pid: int) -> bool:

@@ -9,7 +9,10 @@ rank outside every collective whose main thread is working keeps the others wait
 being stuck itself: that is a ``busy`` stall at the timeout (called, its evidence captured,
 shown), which progress clears (the rank was a straggler); ``BUSY_LIMIT`` stall timeouts of it
 are a ``no_progress`` stall (a rank spinning in a loop it never leaves), the one a job set to
-stop on a stall is stopped for.
+stop on a stall is stopped for. A job whose every rank has ended its script, but where a rank's
+process has not exited, idle (neither its main thread nor a process it started runs), for the
+stall timeout, never ends on its own: that is an ``exit`` stall (its interpreter waits at exit
+for a thread, an exit hook or a destructor that never returns).
 
 Beside the timeout, the prover (:func:`rankscope.waitfor.prove`): at every look that read new
 calls while a rank waits (while the ranks make progress, as often as ``PROVE_BUSY_SHARE`` of the
@@ -80,15 +83,22 @@ class Look:
     """The last progress: a collective returned from, a step, a rank coming up."""
     busy_at: float
     """The last time a live rank outside every collective was seen working."""
+    lingering_since: float | None = None
+    """Since when every rank has ended its script while the process of one lives on, none of
+    those seen working since (None: not so)."""
 
 
 def stall_decision(look: Look, *, stall_timeout_s: float, startup_timeout_s: float) -> str | None:
     """``startup``, ``no_progress``, ``busy`` (the ranks that wait have waited past the timeout
-    for a rank that works outside the collectives: it may yet come) or None (not a stall) for
-    what one look saw."""
+    for a rank that works outside the collectives: it may yet come), ``exit`` (every rank has
+    ended its script, and a rank's process has idled past the timeout since: it never exits)
+    or None (not a stall) for what one look saw."""
     if look.ranks_up < look.world_size:
         return "startup" if look.now - look.launched_at > startup_timeout_s else None
     if not look.waiting:
+        lingering = look.lingering_since
+        if lingering is not None and look.now - lingering > stall_timeout_s:
+            return "exit"
         return None  # every rank computes, or sleeps outside any collective: not our call
     # The clocks run only while a rank waits: ranks that all work (or all wait on something
     # else, a compiler they started) before one enters a collective have kept no one waiting.
@@ -135,6 +145,7 @@ class Watchdog:
     def _watch(self) -> None:
         run, tracker = self.run, self.tracker
         launched = busy_at = waiting_since = time.monotonic()
+        lingering_since: float | None = None
         next_cpu_look = 0.0
         stalled_at: float | None = None
         stalled_kind: str | None = None
@@ -159,6 +170,7 @@ class Watchdog:
                 read_cpu = time.thread_time() - read_from
                 new = set(tracker.records) - known
                 waiting = tracker.waiting_in_collective()
+                lingering = {} if waiting else tracker.lingering(self.world_size)
                 proven = None
                 if (
                     waiting
@@ -198,6 +210,13 @@ class Watchdog:
                 next_cpu_look = now + CPU_LOOK_S
                 if tracker.busy_outside_collectives():
                     busy_at = now
+            if not lingering:
+                lingering_since = None
+            elif lingering_since is None or now >= next_cpu_look:
+                # a rank working in its exit (saving, uploading) is not stuck there
+                next_cpu_look = now + CPU_LOOK_S
+                if lingering_since is None or tracker.working(lingering):
+                    lingering_since = now
             look = Look(
                 now=now,
                 launched_at=launched,
@@ -207,6 +226,7 @@ class Watchdog:
                 waiting_since=waiting_since,
                 progressed_at=tracker.progressed_at,
                 busy_at=busy_at,
+                lingering_since=lingering_since,
             )
             kind = "proven" if proven else None
             if kind is None and open_ and state in ("running", "stalled"):

@@ -37,7 +37,9 @@ The order (:func:`rules_for`; the first that answers decides). Each rule says it
    waited on that waits for nobody (what was it doing instead: exited, crashed, out of data,
    blocked on a lock or a sleep, busy elsewhere, silent), or, where every rank waits, the rank of
    a cycle that left the program order the others share (a skipped call, a point-to-point
-   cycle), or every rank stuck in one collective.
+   cycle), or every rank stuck in one collective. Then, at 75, ``stuck_at_exit``
+   (:mod:`.exits`): every rank ended its script, but a rank's process outlived its end (stacks
+   of it taken later, or the stop ended it): what its exit waits for.
 8. ``errors_only`` (:mod:`.errors`): no record of calls says anything, the error texts may (DETAIL
    fingerprints, monitored_barrier, timeouts in foreign logs).
 9. ``bare_exit`` (:mod:`.failures`): a rank exited non-zero and nothing else says why.
@@ -70,6 +72,7 @@ early_exit, busy_outside                            :func:`.waits._decide_root_c
 stuck_outside                                       :func:`.waits.blocked_outside`
 lagging_rank, silent_rank                           :func:`.waits.lagging`, :func:`.waits.silent`
 p2p_cycle, stuck_collective                         ``.waits._p2p_cycle``, ``.waits._all_stuck``
+stuck_at_exit                                       :func:`.exits.stuck_at_exit`
 collective_timeout                                  :func:`.errors.errors_only`
 straggler                                           :func:`.straggler.straggler`
 ==================================================  ===========================================
@@ -128,6 +131,7 @@ from collections.abc import Sequence
 
 from rankscope.analyze.context import Context
 from rankscope.analyze.rules.errors import errors_only
+from rankscope.analyze.rules.exits import stuck_at_exit
 from rankscope.analyze.rules.failures import (
     bare_exit,
     model_mismatch,
@@ -183,6 +187,7 @@ __all__ = [
     "signal_death",
     "straggler",
     "stream_stuck",
+    "stuck_at_exit",
     "swallowed",
     "waits",
 ]
