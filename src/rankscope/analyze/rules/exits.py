@@ -14,6 +14,7 @@ import pandas as pd
 from rankscope.analyze.activity import ExitWait, exit_wait
 from rankscope.analyze.causes import Cause
 from rankscope.analyze.context import Context
+from rankscope.analyze.diagnosis import EvidenceRef
 from rankscope.analyze.evidence import RankFacts
 from rankscope.analyze.rules.finding import Finding, rule
 from rankscope.state import EXITING_S
@@ -67,7 +68,19 @@ def stuck_at_exit(ctx: Context) -> Finding | None:
             "exit_fix": EXIT_FIXES[found[0].kind] if found else UNKNOWN_FIX,
             "culprit_site": next((w.site for w in found if w.site), None),
         },
+        refs=[ref for r in culprits for ref in _refs(ctx.facts[r], lingered[r])],
     )
+
+
+def _refs(f: RankFacts, lingered_s: float) -> list[EvidenceRef]:
+    """The rank's end event, and the stacks taken after it."""
+    refs = []
+    if f.end_row is not None:
+        refs.append(EvidenceRef(table="events", row=f.end_row, rank=f.rank, note="its end"))
+    if f.stack_row is not None:
+        note = f"its stacks, {lingered_s:.1f} s after its end"
+        refs.append(EvidenceRef(table="stack_summary", row=f.stack_row, rank=f.rank, note=note))
+    return refs
 
 
 def _outlived_s(ctx: Context, f: RankFacts) -> float | None:
