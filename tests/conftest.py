@@ -25,6 +25,11 @@ if TYPE_CHECKING:
     from rankscope.probe import _core
 
 SCRIPTS = Path(__file__).parent / "scripts"
+# The suite's jobs hash strings alike on every rank (no script here depends on a rank's own hash
+# seed), so their ranks fork from a template that imported torch once (rankscope._template): a
+# job starts in a fraction of the CPU. tests/test_template.py sets ranks so started beside ranks
+# started the usual way, and a job of its own may ask for the usual way (RANKSCOPE_FORK_RANKS=0).
+os.environ.setdefault("PYTHONHASHSEED", "0")
 #: This run of the suite, the same in every xdist worker (tests/test_site.py waits for the
 #: notebooks that this run executes, wherever they run).
 TEST_RUN = os.environ.get("PYTEST_XDIST_TESTRUNUID") or uuid.uuid4().hex

@@ -1,0 +1,43 @@
+"""What a rank knows of how it was started, as one JSON line: its parent, session and process
+group, argv, environment, threads, numpy's first random draw and string hashing; then it ends as
+argv[1] says (``return``, ``raise``, ``exit3``, ``os_exit4``, ``segv``) on rank 1, the others
+waiting for it in a barrier."""
+
+import ctypes
+import json
+import os
+import sys
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+print("no newline yet, ", end="")  # -u: on disk before the line ends
+seen = {
+    "rank": rank,
+    "pid": os.getpid(),
+    "ppid": os.getppid(),
+    "own_session": os.getsid(0) == os.getpid() == os.getpgid(0),
+    "argv": sys.argv,
+    "env_rank": os.environ.get("RANK"),
+    "threads": torch.get_num_threads(),
+    "numpy": int(np.random.randint(1 << 30)),
+    "hash": hash("rankscope"),
+}
+with open("/proc/self/cmdline") as f:
+    seen["cmdline"] = f.read().split("\0")[:3]
+print(json.dumps(seen), flush=True)
+end = sys.argv[1]
+if rank == 1 and end != "return":
+    if end == "raise":
+        raise ValueError("rank 1 fails")
+    if end == "exit3":
+        sys.exit(3)
+    if end == "os_exit4":
+        os._exit(4)
+    if end == "segv":
+        ctypes.string_at(0)
+dist.barrier()
+dist.destroy_process_group()
