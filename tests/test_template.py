@@ -22,8 +22,9 @@ def seen(job: Job) -> dict[int, dict]:
     out = {}
     for path in Path(job.run.path, "logs").rglob("stdout.log"):
         text = path.read_text()
-        assert text.startswith("no newline yet, "), text  # unbuffered, as python -u
-        line = json.loads(text.removeprefix("no newline yet, ").splitlines()[0])
+        head = "no newline yet, C, "  # Python's and C's output unbuffered, as python -u
+        assert text.startswith(head), text
+        line = json.loads(text.removeprefix(head).splitlines()[0])
         out[line["rank"]] = line
     return out
 

@@ -4,10 +4,13 @@ settled (:mod:`rankscope._settle`): the agent's start and exit cost about 0.6 s 
 a machine whose cores the ranks share with it; and, where the ranks' environment allows it, its
 ranks forked from a template that imported torch once (:mod:`rankscope._template`)."""
 
+import sys
+
 from rankscope import _template
 from rankscope._settle import import_settled
 
 if __name__ == "__main__":
+    _template.prepare(sys.argv[1:])  # before torch's import sizes its thread pools
     run = import_settled("torch.distributed.run")
     rank = _template.start()
     if rank is None:

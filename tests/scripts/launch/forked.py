@@ -1,4 +1,5 @@
-"""What a rank knows of how it was started, as one JSON line: its parent, session and process
+"""What a rank knows of how it was started, as one JSON line after two unfinished ones (Python's
+and the C library's): its parent, session and process
 group, argv, environment, threads, numpy's first random draw and string hashing; then it ends as
 argv[1] says (``return``, ``raise``, ``exit3``, ``os_exit4``, ``segv``) on rank 1, the others
 waiting for it in a barrier."""
@@ -15,6 +16,7 @@ import torch.distributed as dist
 dist.init_process_group("gloo")
 rank = dist.get_rank()
 print("no newline yet, ", end="")  # -u: on disk before the line ends
+ctypes.CDLL(None).printf(b"C, ")  # -u: the C library's stream unbuffered too, in order
 seen = {
     "rank": rank,
     "pid": os.getpid(),
