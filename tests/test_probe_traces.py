@@ -16,7 +16,13 @@ from rankscope.collect import load_run
 @pytest.mark.parametrize("mode", ["plain", "ddp"])
 def test_a_capture_never_imports_the_compiler(mode, start_job, tmp_path):
     out = tmp_path / "cost.json"
-    job = start_job("launch/capture_cost.py", args=[str(out), mode], nproc_per_node=1)
+    # a new interpreter: a rank forked from the template has the compiler imported already
+    job = start_job(
+        "launch/capture_cost.py",
+        args=[str(out), mode],
+        nproc_per_node=1,
+        env={"RANKSCOPE_FORK_RANKS": "0"},
+    )
     assert job.wait(timeout=120) == 0, job.info()
     cost = json.loads(out.read_text())
     # the job's own imports decide: DDP's constructor imports the compiler, all_reduce does not

@@ -152,8 +152,13 @@ FACTS_KEPT = 50_000
 #: leaves them out (the probe's ``path`` lines, the analyzer's paths of captured stacks); the
 #: libraries the user's code calls (Lightning, transformers, torch.distributed.fsdp) stay.
 #: rankscope's own frames among :data:`MACHINERY` (the probe's wrappers, its captures, the
-#: bootstrap that runs the user's script).
-OWN_FRAMES = ("/rankscope/probe/", "/rankscope/launch/")
+#: bootstrap that runs the user's script, and what forks a rank from the template).
+OWN_FRAMES = (
+    "/rankscope/probe/",
+    "/rankscope/launch/",
+    "/rankscope/_template.py",
+    "/rankscope/torchrun.py",
+)
 MACHINERY = (
     "<frozen ",
     "/runpy.py",
