@@ -400,9 +400,16 @@ def exit_wait(stacks: pd.DataFrame, rank: int, *, main_thread: str | None) -> Ex
             site=_site(user),
             waits_on=kind,
         )
-    if user is None:
-        return None
     hook = _text(records[-1].get("func"))
+    if user is None:  # a library's exit hook: its innermost frame says where it is
+        inner = records[0]
+        return ExitWait(
+            kind="hook",
+            what=f"its exit runs {hook}, a library's exit hook, in {_text(inner.get('func'))} "
+            f"at {_site(inner)}",
+            site=None,
+            waits_on=kind,
+        )
     return ExitWait(
         kind="hook",
         what=f"its exit hook {hook} is {_doing(kind, user)}",

@@ -9,6 +9,8 @@ event (its exit code is the stop's signal, not its script's)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import pandas as pd
 
 from rankscope.analyze.activity import ExitWait, exit_wait
@@ -49,12 +51,15 @@ def stuck_at_exit(ctx: Context) -> Finding | None:
     ended = {r: f for r, f in ctx.facts.items() if f.end_row is not None}
     if not ctx.facts or len(ended) < len(ctx.facts):
         return None  # some rank never ended its script: not an exit
-    lingered = {r: s for r, f in ended.items() if (s := _outlived_s(ctx, f)) is not None}
-    if not lingered:
+    seen = {r: o for r, f in ended.items() if (o := _outlived(ctx, f)) is not None}
+    if not seen:
         return None
-    culprits = sorted(lingered)
+    culprits = sorted(seen)
     stacks = ctx.ev.table("stacks")
-    waits = {r: exit_wait(stacks, r, main_thread=ctx.facts[r].main_thread) for r in culprits}
+    waits = {
+        r: exit_wait(stacks, r, main_thread=ctx.facts[r].main_thread) if o.stacks else None
+        for r, o in seen.items()
+    }
     found = [w for w in waits.values() if w is not None]
     hows = {ctx.facts[r].end_how for r in culprits} - {None}
     return Finding(
@@ -63,49 +68,69 @@ def stuck_at_exit(ctx: Context) -> Finding | None:
         waiting=[],
         facts={
             "ended_how": f" ({', '.join(sorted(str(h) for h in hows))})" if hows else "",
-            "lingered": f"{max(lingered.values()):.1f} s",
-            "exit_wait": _waits_text(waits),
+            "lingered": f"{max(o.after_s for o in seen.values()):.1f} s",
+            "exit_wait": _waits_text(waits, seen),
             "exit_fix": EXIT_FIXES[found[0].kind] if found else UNKNOWN_FIX,
             "culprit_site": next((w.site for w in found if w.site), None),
         },
-        refs=[ref for r in culprits for ref in _refs(ctx.facts[r], lingered[r])],
+        refs=[ref for r in culprits for ref in _refs(ctx.facts[r], seen[r])],
     )
 
 
-def _refs(f: RankFacts, lingered_s: float) -> list[EvidenceRef]:
+@dataclass(frozen=True)
+class _Outlived:
+    """A rank's process seen alive ``after_s`` after its end event; ``stacks``: its latest
+    stacks were taken then (else the stop ended it)."""
+
+    after_s: float
+    stacks: bool
+
+
+def _outlived(ctx: Context, f: RankFacts) -> _Outlived | None:
+    """Whether the rank's process was seen alive after its end event, and how long after:
+    stacks of it taken later, or the stop that ended it; None when nothing shows it."""
+    end_t = ctx.ev.table("events")["t_s"].get(f.end_row)
+    if end_t is None or pd.isna(end_t):
+        return None
+    summary = ctx.ev.table("stack_summary")
+    captured = None
+    if f.stack_row is not None and f.stack_row < len(summary):
+        t = summary["t_s"].iloc[f.stack_row]
+        captured = None if pd.isna(t) else float(t) - float(end_t)
+    stop_t = ctx.ev.info.get("stop_requested_at")
+    stopped = None
+    if ctx.ev.stopped and f.signal in ("SIGTERM", "SIGKILL") and isinstance(stop_t, float):
+        stopped = stop_t - float(end_t)
+    after = max((s for s in (captured, stopped) if s is not None), default=0.0)
+    if after <= EXITING_S:
+        return None
+    return _Outlived(after_s=after, stacks=captured is not None and captured > EXITING_S)
+
+
+def _refs(f: RankFacts, seen: _Outlived) -> list[EvidenceRef]:
     """The rank's end event, and the stacks taken after it."""
     refs = []
     if f.end_row is not None:
         refs.append(EvidenceRef(table="events", row=f.end_row, rank=f.rank, note="its end"))
-    if f.stack_row is not None:
-        note = f"its stacks, {lingered_s:.1f} s after its end"
+    if f.stack_row is not None and seen.stacks:
+        note = f"its stacks, {seen.after_s:.1f} s after its end"
         refs.append(EvidenceRef(table="stack_summary", row=f.stack_row, rank=f.rank, note=note))
     return refs
 
 
-def _outlived_s(ctx: Context, f: RankFacts) -> float | None:
-    """How long the rank's process was seen alive after its end event: stacks of it taken
-    later, or the stop that ended it; None when nothing shows it outlived that end."""
-    end_t = ctx.ev.table("events")["t_s"].get(f.end_row)
-    if end_t is None or pd.isna(end_t):
-        return None
-    seen = []
-    summary = ctx.ev.table("stack_summary")
-    if f.stack_row is not None and f.stack_row < len(summary):
-        seen.append(summary["t_s"].iloc[f.stack_row])
-    stop_t = ctx.ev.info.get("stop_requested_at")
-    if ctx.ev.stopped and f.signal in ("SIGTERM", "SIGKILL") and isinstance(stop_t, float):
-        seen.append(stop_t)
-    late = [float(t) - float(end_t) for t in seen if not pd.isna(t)]
-    return max(late) if late and max(late) > EXITING_S else None
-
-
-def _waits_text(waits: dict[int, ExitWait | None]) -> str:
+def _waits_text(waits: dict[int, ExitWait | None], seen: dict[int, _Outlived]) -> str:
     """What each rank's exit waits for, in words (once where they all wait alike)."""
-    said = {r: w.what if w is not None else _NOT_SEEN for r, w in waits.items()}
+    said = {
+        r: w.what if w is not None else _SHOWN if seen[r].stacks else _NOT_SEEN
+        for r, w in waits.items()
+    }
     if len(set(said.values())) == 1:
         return next(iter(said.values()))
-    return "; ".join(f"rank {r}: {text}" for r, text in said.items())
+    return "; ".join(f"rank {r}: {text}" for r, text in sorted(said.items()))
 
 
 _NOT_SEEN = "what it waits for is not known (no stacks of it were taken after its end)"
+_SHOWN = (
+    "what it waits for is not known (its stacks taken after its end show no Python frame of "
+    "its main thread: the interpreter's own exit, or a destructor in native code)"
+)
