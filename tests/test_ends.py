@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pandas as pd
@@ -299,6 +300,16 @@ def test_a_process_that_outlives_its_script_is_an_exit_stall_and_the_stop_ends_i
             timeout_s=20.0,
         )
     )
+    deadline = time.monotonic() + 60
+    while not job.stalls:
+        assert time.monotonic() < deadline and job.poll() is None, job.ranks()
+        time.sleep(0.2)
+    # live, the rank says it: its script ended, its process has not exited
+    ranks = {r["rank"]: (r["status"], r["end"]) for r in job.ranks()}
+    assert ranks == {
+        0: ("exiting", "script ended (exited 0), process not exited"),
+        1: ("exited", "exited 0"),
+    }, ranks
     assert job.wait(timeout=90) is not None, "the job did not end"
     info = job.run.read_run()
     (stall,) = info["stalls"]

@@ -41,7 +41,9 @@ TEARDOWN_SIGNALS = frozenset({"SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT"})
 
 #: Every status a rank can have, in the order a grouped view lists them (what went wrong first).
 #: ``running`` and ``waiting`` (inside a collective) are alive; ``dead`` is a process gone with
-#: no end known yet; the rest are ends (:attr:`RankEnd.status`).
+#: no end known yet; ``exiting`` a rank that ended its script whose process has not exited (a
+#: live job's: its interpreter's exit waits for something); the rest are ends
+#: (:attr:`RankEnd.status`).
 STATUSES = (
     "aborted",
     "crashed",
@@ -50,6 +52,7 @@ STATUSES = (
     "dead",
     "ended",
     "waiting",
+    "exiting",
     "stopped",
     "exited",
     "running",

@@ -27,9 +27,12 @@ def compress_checkpoint(seconds: float = 6.0) -> None:
 if rank == 0:
     atexit.register(compress_checkpoint)
 
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
 for _ in range(5):
-    loss = model(torch.randn(4, 64)).pow(2).mean()
-    loss.backward()
+    optimizer.zero_grad()
+    model(torch.randn(4, 64)).pow(2).mean().backward()
     for p in model.parameters():
         dist.all_reduce(p.grad)
+        p.grad /= dist.get_world_size()
+    optimizer.step()
 dist.destroy_process_group()

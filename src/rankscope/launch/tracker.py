@@ -95,7 +95,8 @@ def snapshot(
     every rank the exit code its parent saw; no age keeps growing. ``stopping``: the job is
     being stopped (its Stop's signals are the stop's, not the launcher's). ``status`` is
     :attr:`rankscope.state.RankEnd.status` once the rank ended, ``end`` its
-    :attr:`~rankscope.state.RankEnd.words` (empty while it runs).
+    :attr:`~rankscope.state.RankEnd.words` (empty while it runs); in a live job, a rank whose
+    end event is written but whose process still runs (on this host) is ``exiting``.
     """
     now = time.time() if now is None else now
     d = {
@@ -128,6 +129,10 @@ def snapshot(
         d["status"], d["exit_code"], d["end"] = end.status, end.code, end.words
     else:
         d["end"] = ""
+    live = job_ended is None and record.ended and record.pid is not None
+    if live and RankProc(record.pid, record.node, record.slurm_job).alive():
+        d["status"] = "exiting"  # its end event is written; its process still runs
+        d["end"] = f"script ended ({d['end'] or 'no code'}), process not exited"
     return d
 
 

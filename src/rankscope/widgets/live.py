@@ -24,6 +24,7 @@ from rankscope.widgets._common import table_head
 #: another's teardown or a stop grey.
 STATUS_COLOURS = {
     "waiting": "#fdd9a0",
+    "exiting": "#fdeeb0",
     **dict.fromkeys(BAD_STATUSES, "#f4b6b6"),
     **dict.fromkeys(("exited", "ended", "stopped"), "#e6e6e6"),
 }
