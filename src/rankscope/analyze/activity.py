@@ -359,12 +359,8 @@ class ExitWait:
     hook runs), ``objects`` (the script's objects are being freed: a destructor runs) or
     ``native`` (no Python frame runs: a destructor or a library's exit in native code)."""
     what: str
-    """In words: ``its exit waits for a thread that is not a daemon: the thread in
+    """In words: ``its exit waits for threads that are not daemons: the thread that runs
     write_metrics, waiting on a queue at train.py:22 (`metrics.get()`)``."""
-    site: str | None
-    """``file.py:line``: the user's line where the exit waits, where one does."""
-    waits_on: str | None = None
-    """A key of :data:`WAITS`: what that line waits on, where its stack says."""
 
 
 def exit_wait(stacks: pd.DataFrame, rank: int, *, main_thread: str | None) -> ExitWait | None:
@@ -391,14 +387,11 @@ def exit_wait(stacks: pd.DataFrame, rank: int, *, main_thread: str | None) -> Ex
                 kind="native",
                 what="it is freeing the script's objects, in native code (a destructor that "
                 "does not return; no Python frame of it runs)",
-                site=None,
             )
         return ExitWait(
             kind="objects",
             what=f"it is freeing the script's objects, in {_text(user.get('func'))}, "
             f"{_doing(kind, user)}",
-            site=_site(user),
-            waits_on=kind,
         )
     hook = _text(records[-1].get("func"))
     if user is None:  # a library's exit hook: its innermost frame says where it is
@@ -407,14 +400,10 @@ def exit_wait(stacks: pd.DataFrame, rank: int, *, main_thread: str | None) -> Ex
             kind="hook",
             what=f"its exit runs {hook}, a library's exit hook, in {_text(inner.get('func'))} "
             f"at {_site(inner)}",
-            site=None,
-            waits_on=kind,
         )
     return ExitWait(
         kind="hook",
         what=f"its exit hook {hook} is {_doing(kind, user)}",
-        site=_site(user),
-        waits_on=kind,
     )
 
 
@@ -422,7 +411,7 @@ def _waits_for_threads(threads: dict[Any, pd.DataFrame], main: Any) -> ExitWait:
     """The interpreter waits at exit for every thread that is not a daemon: those of the
     rank's threads that run the user's code (or, where none does, any but rankscope's)."""
     ours = {tid: f for tid, f in threads.items() if tid != main and not _is_probe_thread(f)}
-    told, first, waits_on = [], None, None
+    told = []
     for frames in ours.values():
         kind, user = _classify(frames)
         if user is None:
@@ -430,8 +419,6 @@ def _waits_for_threads(threads: dict[Any, pd.DataFrame], main: Any) -> ExitWait:
         own = frames[frames["is_user"].fillna(False).astype(bool)]
         target = _text(own["func"].iloc[-1])  # the outermost: the function the thread runs
         told.append(f"the thread that runs {target}, {_doing(kind, user)}")
-        if first is None:
-            first, waits_on = _site(user), kind
     if not told:
         told = [
             f"a thread in {_text(f['func'].iloc[0])} ({_site(f.to_dict('records')[0])})"
@@ -439,7 +426,7 @@ def _waits_for_threads(threads: dict[Any, pd.DataFrame], main: Any) -> ExitWait:
         ]
     what = "its exit waits for threads that are not daemons"
     what += f": {'; '.join(told)}" if told else " (no other thread's stack was captured)"
-    return ExitWait(kind="threads", what=what, site=first, waits_on=waits_on)
+    return ExitWait(kind="threads", what=what)
 
 
 def _doing(kind: str | None, user: dict[str, Any]) -> str:

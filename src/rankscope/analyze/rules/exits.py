@@ -71,7 +71,6 @@ def stuck_at_exit(ctx: Context) -> Finding | None:
             "lingered": f"{max(o.after_s for o in seen.values()):.1f} s",
             "exit_wait": _waits_text(waits, seen),
             "exit_fix": EXIT_FIXES[found[0].kind] if found else UNKNOWN_FIX,
-            "culprit_site": next((w.site for w in found if w.site), None),
         },
         refs=[ref for r in culprits for ref in _refs(ctx.facts[r], seen[r])],
     )
