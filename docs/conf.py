@@ -3,6 +3,9 @@
 import sys
 from pathlib import Path
 
+from astroid import MANAGER
+from astroid.manager import AstroidManager
+
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # make_site.py and site_pages.py
 
@@ -30,6 +33,20 @@ autoapi_keep_files = False
 autoapi_ignore = ["*/scenarios/scripts/*", "*/__pycache__/*"]
 autoapi_options = ["members", "undoc-members", "show-module-summary"]
 autoapi_member_order = "bysource"
+
+
+class _Libraries(set):
+    """Every module but rankscope's and the standard library's. autoapi reads the sources with
+    astroid, which follows each import into the libraries it names (pandas, numba, torch) and
+    infers through them: most of the build's time, for pages that only name those classes."""
+
+    def __contains__(self, name: object) -> bool:
+        top = str(name).partition(".")[0]
+        return top != "rankscope" and top not in sys.stdlib_module_names
+
+
+# every manager astroid makes shares its brain's list (and the one made at its import holds it)
+AstroidManager.brain["module_denylist"] = MANAGER.module_denylist = _Libraries()
 # A class's "Attributes:" section as fields of the class, not a second entry of each attribute.
 napoleon_use_ivar = True
 
@@ -46,6 +63,9 @@ html_theme_options = {
     "show_toc_level": 2,
     "use_download_button": False,
     "use_fullscreen_button": False,
+    # the sidebar opens the current page's branch only: each page's copy of the whole tree
+    # (the API reference's hundred pages) was a third of the build's time
+    "collapse_navbar": True,
 }
 # One search box: the header's button (the sidebar's field would be a second one).
 html_sidebars = {"**": ["navbar-logo.html", "icon-links.html", "sbt-sidebar-nav.html"]}
