@@ -1112,11 +1112,18 @@ def rank_records(run: RunDir) -> dict[int, RankRecord]:
     return table
 
 
+def ring_may_add(record: RankRecord) -> bool:
+    """Whether a rank's ring may hold calls its events file does not: it left no end event
+    (killed, aborted), or a signal ended it (the probe writes its end at the signal, and the
+    main thread may finish a call before the process dies)."""
+    return not record.ended or (record.exit_code is not None and record.exit_code < 0)
+
+
 def whole_record(run: RunDir, rank: int) -> RankRecord | None:
-    """A rank's record from its whole ``events.jsonl`` and, where it left no end event (killed,
-    aborted), the calls its last process's ring file holds that the events file does not (the
-    probe writes the file in batches; the ring at every call): what a dead rank completed is
-    counted as the ranks table counts it. None for a rank with no events."""
+    """A rank's record from its whole ``events.jsonl`` and, where :func:`ring_may_add`, the
+    calls its last process's ring file holds that the events file does not (the probe writes
+    the file in batches; the ring at every call): what a dead rank completed is counted as the
+    ranks table counts it. None for a rank with no events."""
     record = RankRecord(rank=rank)
     entered: set[int] = set()
     exited: set[int] = set()
@@ -1135,7 +1142,7 @@ def whole_record(run: RunDir, rank: int) -> RankRecord | None:
                 exited.add(cid)
     if not seen:
         return None
-    if not record.ended and record.pid is not None:
+    if ring_may_add(record) and record.pid is not None:
         lines = ring_lines(
             run.ring(rank, record.pid), entered=entered, exited=exited, step_t=record.step_t
         )

@@ -22,7 +22,14 @@ from rankscope import state
 from rankscope._source import loop_at
 from rankscope._values import as_int
 from rankscope.launch.procs import RankProc
-from rankscope.rundir import P2P_OPS, EventTail, RankRecord, RunDir, whole_record
+from rankscope.rundir import (
+    P2P_OPS,
+    EventTail,
+    RankRecord,
+    RunDir,
+    ring_may_add,
+    whole_record,
+)
 from rankscope.state import RankEnd
 from rankscope.waitfor import RankState
 
@@ -383,11 +390,14 @@ class RankTracker:
         job_ended: dict[str, Any] | None = None,
         stopping: bool = False,
     ) -> list[dict[str, Any]]:
-        """Every rank's :func:`snapshot`; once the job ended, a rank that left no end event
-        as its whole record says it (its ring's calls too: :func:`rankscope.rundir.whole_record`)."""
+        """Every rank's :func:`snapshot`; once the job ended, a rank that left no end event, or
+        that a signal ended, as its whole record says it (its ring's calls too:
+        :func:`rankscope.rundir.whole_record`)."""
         records = self.records
         if job_ended is not None:
-            records = {r: rec if rec.ended else self._whole(r) for r, rec in records.items()}
+            records = {
+                r: self._whole(r) if ring_may_add(rec) else rec for r, rec in records.items()
+            }
         snaps = [
             snapshot(records[r], now, job_ended=job_ended, stopping=stopping)
             for r in sorted(records)
