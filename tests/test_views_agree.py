@@ -11,6 +11,7 @@ import contextlib
 import io
 import time
 
+import pandas as pd
 import pytest
 
 from rankscope import cli, plot
@@ -59,11 +60,8 @@ def _views(job: Job) -> dict[int, dict[str, str]]:
     for rank, snap in snaps.items():
         row = table[rank]
         # live (Job.ranks, the live panel's rows) and the loaded run's ranks table
-        assert (snap["status"], snap["end"], snap["exit_code"]) == (
-            row.status,
-            row.end,
-            row.exit_code,
-        ), rank
+        said = tuple(None if pd.isna(v) else v for v in (row.status, row.end, row.exit_code))
+        assert (snap["status"], snap["end"], snap["exit_code"]) == said, (rank, snap, said)
         # the card's words for a rank that did not end cleanly
         if snap["exit_code"] not in (0, None):
             assert facts[rank].died == snap["end"], rank
