@@ -1102,8 +1102,8 @@ def _pair(value: Any) -> bool:
 
 
 def rank_records(run: RunDir) -> dict[int, RankRecord]:
-    """Every rank's record, from its whole ``events.jsonl`` (and its ring, for a rank that
-    left no end event: :func:`whole_record`)."""
+    """Every rank's record, from its whole ``events.jsonl`` (and its ring, where
+    :func:`ring_may_add`: :func:`whole_record`)."""
     table: dict[int, RankRecord] = {}
     for rank in run.rank_ids():
         record = whole_record(run, rank)
