@@ -87,18 +87,22 @@ def wanted(env: dict[str, str] | os._Environ[str]) -> str | None:
 
 def prepare(argv: list[str]) -> None:
     """Before the agent imports torch: where its ranks will fork from the template, set what
-    torchrun sets for them after that import and what the import reads (``OMP_NUM_THREADS=1``
-    for several ranks a node, where not set), so that the thread pools the import sizes are a
-    new rank's."""
-    if wanted(os.environ) is not None or "OMP_NUM_THREADS" in os.environ:
-        return
+    torchrun sets for them after that import and what the import reads (:func:`import_env`),
+    so that the thread pools the import sizes are a new rank's."""
+    os.environ.update(import_env(os.environ, argv))
+
+
+def import_env(env: dict[str, str] | os._Environ[str], argv: list[str]) -> dict[str, str]:
+    """What :func:`prepare` adds to ``env`` for an agent started with ``argv``:
+    ``OMP_NUM_THREADS=1`` for several ranks a node, where not set and the template is used."""
+    if wanted(env) is not None or "OMP_NUM_THREADS" in env:
+        return {}
     for i, arg in enumerate(argv):
         name, _, value = arg.partition("=")
         if name in ("--nproc-per-node", "--nproc_per_node"):
             value = value or (argv[i + 1] if i + 1 < len(argv) else "")
-            if value.isdigit() and int(value) > 1:
-                os.environ["OMP_NUM_THREADS"] = "1"
-            return
+            return {"OMP_NUM_THREADS": "1"} if value.isdigit() and int(value) > 1 else {}
+    return {}
 
 
 def start() -> dict[str, Any] | None:

@@ -157,6 +157,7 @@ OWN_FRAMES = (
     "/rankscope/probe/",
     "/rankscope/launch/",
     "/rankscope/_template.py",
+    "/rankscope/_warm.py",
     "/rankscope/torchrun.py",
 )
 MACHINERY = (

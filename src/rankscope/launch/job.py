@@ -18,6 +18,7 @@ import weakref
 from pathlib import Path
 from typing import Any
 
+from rankscope import _warm
 from rankscope import state as jobstate
 from rankscope.launch import slurm
 from rankscope.launch.capture import capture_evidence
@@ -65,7 +66,7 @@ class Job:
         self._run_dir_arg = run_dir
         self._runs_root = runs_root
         self.run: RunDir | None = None
-        self._sup: subprocess.Popen[bytes] | None = None
+        self._sup: subprocess.Popen[bytes] | _warm.Started | None = None
         self._tracker: RankTracker | None = None
         self._watchdog: Watchdog | None = None
         self._stopper: threading.Thread | None = None  # the stop a stall started (policy "stop")
@@ -145,9 +146,17 @@ class Job:
             }
         )
         sup_env = {k: v for k, v in os.environ.items() if k != "RANKSCOPE_RUN_DIR"}
+        argv = [sys.executable, "-m", "rankscope.launch.supervisor", str(run.path)]
         with open(run.path / "supervisor.log", "ab") as sup_log:
-            self._sup = subprocess.Popen(
-                [sys.executable, "-m", "rankscope.launch.supervisor", str(run.path)],
+            self._sup = _warm.supervisor(
+                argv,
+                env=sup_env,
+                agent_env={**sup_env, **env},
+                commands=commands if spec.launcher == "torchrun" else [],
+                pipe_stdin=not self.detached,
+                stderr=sup_log,
+            ) or subprocess.Popen(
+                argv,
                 stdin=subprocess.DEVNULL if self.detached else subprocess.PIPE,
                 stdout=subprocess.DEVNULL,
                 stderr=sup_log,
@@ -262,12 +271,20 @@ class Job:
             self._end_if_every_rank_ended(int(data["world_size"]))
             return
         if self._sup is not None:
-            if self._sup.poll() is None:
+            if self._supervisor_runs():
                 return
         elif pid_alive(data.get("supervisor_pid")):
             return
         if data["state"] not in FINAL_STATES:
             self._finish_without_supervisor("the supervisor process ended unexpectedly")
+
+    def _supervisor_runs(self) -> bool:
+        sup = self._sup
+        return (
+            sup.running()
+            if isinstance(sup, _warm.Started)
+            else sup is not None and sup.poll() is None
+        )
 
     def _finish_without_supervisor(self, why: str) -> None:
         run = self.run
@@ -343,7 +360,7 @@ class Job:
         while time.monotonic() < deadline:
             if self._data()["state"] in FINAL_STATES:
                 break
-            if self._sup is not None and self._sup.poll() is not None:
+            if self._sup is not None and not self._supervisor_runs():
                 break
             time.sleep(0.05)
         if self._data()["state"] not in FINAL_STATES:

@@ -20,6 +20,7 @@ import threading
 import time
 from typing import Any
 
+from rankscope import _warm
 from rankscope.launch import slurm
 from rankscope.launch.procs import pid_alive, terminate, when_owner_gone
 from rankscope.rundir import (
@@ -43,7 +44,8 @@ class Supervisor:
         self.run = run
         self.data = run.read_run()
         self.detached = bool(self.data.get("detached"))
-        self.owner = int(self.data.get("owner_pid") or 0)
+        # the owner's process, or the warm interpreter it started this one from (rankscope._warm)
+        self.parent = os.getppid()
         self.agents: list[subprocess.Popen[bytes]] = []
         self.stop_reason: str | None = None
         self.killed: set[int] = set()
@@ -70,7 +72,8 @@ class Supervisor:
             for node, cmd in enumerate(self.data["commands"]):
                 out = open(self.run.launcher_log(node), "ab")  # noqa: SIM115
                 self.agents.append(
-                    subprocess.Popen(
+                    _warm.agent(cmd, env=env, cwd=cwd, stdout=out)
+                    or subprocess.Popen(
                         cmd,
                         env=env,
                         cwd=cwd,
@@ -118,7 +121,7 @@ class Supervisor:
         while True:
             if all(p.poll() is not None for p in self.agents):
                 return
-            if not self.detached and os.getppid() != self.owner:
+            if not self.detached and os.getppid() != self.parent:
                 self.request_stop("owner_died")
             if deadline is not None and time.monotonic() > deadline:
                 self.request_stop("timeout")
@@ -338,7 +341,7 @@ class SlurmSupervisor(Supervisor):
                 break
             if state is not None and state.state == "RUNNING" and deadline is None and timeout:
                 deadline = now + float(timeout)
-            if not self.detached and os.getppid() != self.owner:
+            if not self.detached and os.getppid() != self.parent:
                 self.request_stop("owner_died")
             if deadline is not None and now > deadline:
                 self.request_stop("timeout")
@@ -454,9 +457,11 @@ def main(argv: list[str] | None = None) -> int:
     sup = (SlurmSupervisor if data.get("launcher") == "slurm" else Supervisor)(run)
     signal.signal(signal.SIGTERM, lambda *_: sup.request_stop("stopped"))
     signal.signal(signal.SIGINT, lambda *_: sup.request_stop("stopped"))
-    sup.watch_owner()
+    # the agents first: one forked from this process (rankscope._warm) is forked before any
+    # thread of this one starts
     if not sup.launch():
         return 1
+    sup.watch_owner()
     print("started", flush=True)
     sup.wait()
     sup.finish()
