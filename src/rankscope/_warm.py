@@ -6,7 +6,7 @@ laptop's two cores, most of a small job's start, paid again by every job a noteb
 process that starts jobs (a kernel, the CLI, a test worker: the *owner*) keeps a *warm*
 interpreter that has imported all of it once, settled (:mod:`rankscope._settle`), and forks each
 job's supervisor from it (:func:`supervisor`); the supervisor forks its torchrun agent
-(:func:`agent`), and the agent its template, which then has nothing left to import.
+(:func:`agent_popen`), and the agent its template, which then has nothing left to import.
 
 It is used only where that cannot change what the job does:
 
@@ -20,9 +20,10 @@ It is used only where that cannot change what the job does:
 What differs from new interpreters, besides the template's list:
 
 - ``/proc/<pid>/environ`` of the supervisor, the agent and the ranks shows the warm
-  interpreter's environment (the agent's, without the job's own variables), with the job's
-  ``RANKSCOPE_RUN_DIR`` written into the place the warm interpreter keeps for it at the end of
-  its environment (:func:`_mark`): that variable is what finds a job's processes
+  interpreter's environment (the agent's, without the job's own variables); in the agent and
+  the ranks with the job's ``RANKSCOPE_RUN_DIR`` written into the place the warm interpreter
+  keeps for it at the end of its environment, in the supervisor without it, as they are
+  started the usual way (:func:`_mark`): that variable is what finds a job's processes
   (:mod:`rankscope.launch.procs`). Their ``os.environ`` is exactly the usual one.
 - The supervisor is the warm interpreter's child, not the owner's: the owner follows it by its
   pid (:class:`Started`); it learns of its owner's death from its stdin, the owner's pipe, as
@@ -280,44 +281,39 @@ class Become(BaseException):
         self.argv = argv
 
 
-def agent(command: list[str], *, env: dict[str, str], cwd: str | None, stdout: Any) -> Any:
-    """In a supervisor forked from a warm interpreter: a ``Popen`` of the torchrun agent
-    ``command`` (stdin /dev/null, stdout and stderr ``stdout``, a session of its own) forked
-    from this process, where the warm interpreter imported for its environment; else None."""
+def agent_popen(command: list[str], env: dict[str, str]) -> type[subprocess.Popen]:
+    """``Popen``, or in a supervisor forked from a warm interpreter that imported for the
+    torchrun agent ``command`` started with ``env``, a ``Popen`` whose child is forked from this
+    process (:class:`_Agent`)."""
     if _served is None or threading.active_count() != 1:
-        return None
+        return subprocess.Popen
     agent_env = _agent_env(env, command)
-    if agent_env is None or _key(agent_env) != _served:
-        return None
+    return _Agent if agent_env is not None and _key(agent_env) == _served else subprocess.Popen
 
-    class Agent(subprocess.Popen):
-        def _execute_child(self, args: Any, *rest: Any) -> None:
-            p2cread, c2pwrite, errwrite = rest[9], rest[12], rest[14]
-            _template._flush_all()
-            pid = os.fork()
-            if pid == 0:
-                try:
-                    _mark(env.get(_RUN_DIR))
-                    _become(env, cwd or os.getcwd(), [p2cread, c2pwrite, errwrite])
-                    logging.root.handlers[:] = _logging[0]  # the supervisor's log is not its
-                    logging.root.setLevel(_logging[1])
-                    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-                    signal.signal(signal.SIGINT, signal.default_int_handler)
-                except BaseException:
-                    os._exit(255)  # as a command that could not be executed
-                raise Become(list(args))
-            self.pid = pid
-            self._child_created = True
 
-    return Agent(
-        command,
-        env=env,
-        cwd=cwd,
-        stdin=subprocess.DEVNULL,
-        stdout=stdout,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
+class _Agent(subprocess.Popen):
+    """A ``Popen`` whose child is this process forked, made what ``Popen`` makes of a new one
+    (:func:`_become`), that then runs the command as its main program (:class:`Become`); the
+    rest (``poll``, ``wait``, ``returncode``) is Popen's own."""
+
+    def _execute_child(self, args: Any, *rest: Any) -> None:
+        cwd, env = rest[4], rest[5]
+        p2cread, c2pwrite, errwrite = rest[9], rest[12], rest[14]
+        _template._flush_all()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                _mark(env.get(_RUN_DIR))
+                _become(env, os.fspath(cwd) if cwd else os.getcwd(), [p2cread, c2pwrite, errwrite])
+                logging.root.handlers[:] = _logging[0]  # the supervisor's log is not its
+                logging.root.setLevel(_logging[1])
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                signal.signal(signal.SIGINT, signal.default_int_handler)
+            except BaseException:
+                os._exit(255)  # as a command that could not be executed
+            raise Become(list(args))
+        self.pid = pid
+        self._child_created = True
 
 
 def _become(env: dict[str, str], cwd: str, fds: list[int]) -> None:

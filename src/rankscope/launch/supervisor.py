@@ -72,8 +72,7 @@ class Supervisor:
             for node, cmd in enumerate(self.data["commands"]):
                 out = open(self.run.launcher_log(node), "ab")  # noqa: SIM115
                 self.agents.append(
-                    _warm.agent(cmd, env=env, cwd=cwd, stdout=out)
-                    or subprocess.Popen(
+                    _warm.agent_popen(cmd, env)(
                         cmd,
                         env=env,
                         cwd=cwd,
