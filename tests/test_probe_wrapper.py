@@ -15,6 +15,7 @@ import shutil
 import struct
 import sys
 import threading
+import weakref
 from pathlib import Path
 
 import pytest
@@ -234,6 +235,32 @@ def test_an_async_call_stays_in_flight_until_the_backend_completes_its_work(prob
     assert record.issued[1][3] == f"test_probe_wrapper.py:{line_of('# site: issued')}"
     assert record.apply(done[1]) is True and not record.issued
     assert record.last_done == "all_reduce (group None #1)"
+
+
+def test_a_work_waited_on_and_completed_is_let_go_at_its_wait(probe):
+    """Work.wait as the probe installs it: the last async call's Work, completed when its wait
+    returns (gloo), is let go at once and done at the next look; one that the backend has not
+    completed when its wait returns (nccl's, which only makes the stream wait) stays followed;
+    a Work of a call the probe did not see is left alone."""
+    reduce = probe._wrap("all_reduce", all_reduce_async, None)
+    waits = []
+    wait = _core.waited_hook(probe._returned, lambda work, *a, **k: waits.append((a, k)))
+    assert wait.__rankscope__ and wait.__wrapped__ is not None
+    work = reduce(torch.ones(4), async_op=True)
+    work.done = True
+    assert wait(work, 5, timeout=1) is None and waits == [((5,), {"timeout": 1})]
+    gone = weakref.ref(work)
+    del work
+    assert gone() is None, "the probe still holds the Work after its wait"
+    late = reduce(torch.ones(4), async_op=True)
+    wait(late)  # not completed when its wait returns: followed as before
+    wait(Work())  # not a call of the probe's
+    probe._look_works()
+    assert list(probe._works) == [2]
+    late.done = True
+    probe._look_works()
+    done = [(e["ids"], e["failed"]) for e in records(probe) if e["ev"] == "done"]
+    assert done == [([1], []), ([2], [])]
 
 
 def test_a_call_site_records_each_calls_own_shape_and_dtype(probe):
