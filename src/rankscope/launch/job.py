@@ -152,7 +152,7 @@ class Job:
                 argv,
                 env=sup_env,
                 agent_env={**sup_env, **env},
-                commands=commands if spec.launcher == "torchrun" else [],
+                commands=commands,  # only torchrun's are ever started warm
                 pipe_stdin=not self.detached,
                 stderr=sup_log,
             ) or subprocess.Popen(
@@ -280,11 +280,9 @@ class Job:
 
     def _supervisor_runs(self) -> bool:
         sup = self._sup
-        return (
-            sup.running()
-            if isinstance(sup, _warm.Started)
-            else sup is not None and sup.poll() is None
-        )
+        if isinstance(sup, _warm.Started):  # the warm interpreter's child (rankscope._warm)
+            return sup.running()
+        return sup is not None and sup.poll() is None
 
     def _finish_without_supervisor(self, why: str) -> None:
         run = self.run

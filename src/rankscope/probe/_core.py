@@ -252,7 +252,9 @@ class Probe:
         # the thread looks at them at every wake-up (see _returned, _look_works).
         self._works: dict[int, Any] = {}  # call id -> its Work, or a tuple of its Works
         self._returned: list[tuple[int, Any, bool]] = []  # see _take_returned
-        self._no_work: list[int] = []  # async calls that returned no Work: done at once
+        # async calls done at the next look: they returned no Work, or their caller waited on
+        # it and the backend completed it (waited_hook)
+        self._no_work: list[int] = []
         self._fr_seen: tuple[Any, Any] = (None, None)  # (what was uncompleted, its entries)
         # JSON fragments of exit lines, by (op, pg).
         self._static: dict[Any, str] = {}
