@@ -192,10 +192,7 @@ def _serve(sock: socket.socket, agent: int) -> dict[str, Any]:
     while True:
         try:
             (size,) = struct.unpack("!Q", _recv_exact(sock, 8))
-            data, fds, _, _ = socket.recv_fds(sock, size, 2)
-            if not data:
-                raise EOFError
-            data += _recv_exact(sock, size - len(data))
+            data, fds = recv_request(sock, size, 2)
         except (OSError, EOFError):
             os._exit(0)
         request = pickle.loads(data)  # from the agent that forked us, over our own socketpair
@@ -221,6 +218,24 @@ def _serve(sock: socket.socket, agent: int) -> dict[str, Any]:
             if pid > 0:
                 os.kill(pid, signal.SIGKILL)
             os._exit(0)
+
+
+def send_request(sock: socket.socket, data: bytes, fds: list[int]) -> int:
+    """Send a fork request (its length, then ``data`` with ``fds`` passed along) and return
+    the pid the other end answers (the template's, or a warm interpreter's:
+    :mod:`rankscope._warm`)."""
+    sock.sendall(struct.pack("!Q", len(data)))
+    sent = socket.send_fds(sock, [data], fds)
+    sock.sendall(data[sent:])
+    return struct.unpack("!q", _recv_exact(sock, 8))[0]
+
+
+def recv_request(sock: socket.socket, size: int, most_fds: int) -> tuple[bytes, list[int]]:
+    """The rest of a request whose length ``size`` was read: its data and passed descriptors."""
+    data, fds, _, _ = socket.recv_fds(sock, size, most_fds)
+    if not data:
+        raise EOFError
+    return data + _recv_exact(sock, size - len(data)), fds
 
 
 def _recv_exact(sock: socket.socket, n: int) -> bytes:
@@ -304,10 +319,7 @@ class _Forked(subprocess.Popen):
             if sock is None:
                 raise OSError("the template is gone")
             try:
-                sock.sendall(struct.pack("!Q", len(data)))
-                sent = socket.send_fds(sock, [data], fds)
-                sock.sendall(data[sent:])
-                (pid,) = struct.unpack("!q", _recv_exact(sock, 8))
+                pid = send_request(sock, data, fds)
             except BaseException:
                 # a reply not read (a timeout, torchrun's signal exception) would be the next
                 # request's: the template is given up, and ranks start the usual way

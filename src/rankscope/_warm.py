@@ -135,10 +135,7 @@ class _Server:
         data = pickle.dumps(request)
         try:
             self.sock.settimeout(REPLY_S)
-            self.sock.sendall(struct.pack("!Q", len(data)))
-            sent = socket.send_fds(self.sock, [data], fds)
-            self.sock.sendall(data[sent:])
-            (pid,) = struct.unpack("!q", _template._recv_exact(self.sock, 8))
+            pid = _template.send_request(self.sock, data, fds)
             if pid <= 0:
                 raise OSError("the warm interpreter could not fork")
             self.sock.sendall(b"A")
@@ -384,8 +381,7 @@ def _serve(sock: socket.socket) -> list[str]:
             _last(children)
         try:  # the rest of a request comes at once: anything else ends the conversation
             sock.settimeout(REPLY_S)
-            data, fds, _, _ = socket.recv_fds(sock, size, 3)
-            data += _template._recv_exact(sock, size - len(data))
+            data, fds = _template.recv_request(sock, size, 3)
         except (OSError, EOFError):
             _last(children)
         request = pickle.loads(data)  # from the owner that started us, over our socketpair
