@@ -310,6 +310,57 @@ def test_fewer_calls_then_a_barrier_with_no_stacks_or_source_is_not_guessed():
     assert other.cause == "rank_conditional_collective"
 
 
+@pytest.mark.parametrize("how", ["returned", "sys_exit"])
+def test_a_rank_whose_own_end_came_before_the_launchers_sigterm_left_early(how):
+    """Rank 2 ended its script (or called sys.exit(0)) after 2 all_reduces; its peers' 3rd
+    failed as its connections closed, rank 1 raised, and torchrun's SIGTERM reached rank 2
+    while its interpreter was still exiting: its parent saw -15, its end event says it had
+    left on its own. It exited early (D9), not a rank outside the collectives."""
+    rows = [*steps(range(3), 2)]
+    rows += [call(r, 3, done=False, t=T0 + 3) for r in (0, 1)]
+    end = {"rank": 2, "ev": "end", "t_s": T0 + 3, "code": 0, "message": "exit"}
+    run = run_of(rows, exits={0: -15, 1: 1, 2: -15}, events=[end])
+    ended = {"end_how": [None, "exception", how], "end_reason": [None, "exception", "exit"]}
+    run.ranks = schema.conform("ranks", run.ranks.assign(**ended))
+    d = diagnose(run)
+    assert (d.verdict, d.cause, d.culprit_ranks) == ("hang", "early_exit", [2]), d.render()
+    assert "then ended by the launcher as it exited: SIGTERM (-15)" in d.render()
+    f = context(run).facts[2]
+    assert (
+        f.exiting
+        and f.end_code == 0
+        and f.end.status == ("exited" if how == "returned" else "ended")
+    )
+    # the stop's SIGTERM too: in a stopped job every signal is the stop's
+    stopped = run_of(
+        rows, exits={0: -15, 1: -15, 2: -15}, events=[end], info={"stop_reason": "user"}
+    )
+    stopped.ranks = schema.conform("ranks", stopped.ranks.assign(end_how=[None, None, how]))
+    assert context(stopped).facts[2].exiting
+    # a rank the SIGTERM ended before its own end is not one that left
+    killed = run_of(rows, exits={0: -15, 1: 1, 2: -15})
+    assert not context(killed).facts[2].exiting
+
+
+def test_a_rank_that_destroyed_the_group_left_it_whatever_it_does_now():
+    """Rank 2 made 2 all_reduces at the loop's line where ranks 0-1 make a 3rd, then
+    destroyed the process group; it is alive, busy elsewhere. It ran out of iterations and
+    left the group (D9): it will never make the call, whatever its stacks show it doing."""
+    rows = [call(r, s, site="train.py:9") for r in range(3) for s in (1, 2)]
+    rows += [call(r, 3, site="train.py:9", done=False) for r in (0, 1)]
+    rows += [call(2, 3, op="destroy_process_group", site="train.py:11")]
+    run = run_of(rows, exits=dict.fromkeys(range(3)))
+    ctx = context(run)
+    assert ctx.left_group(2, "0")["site"] == "train.py:11"
+    assert ctx.left_group(0, "0") is None and ctx.left_group(2, "7") is not None  # all groups
+    d = diagnose(run)
+    assert (d.cause, d.culprit_ranks) == ("early_exit", [2]), d.render()
+    assert "destroyed its process group at train.py:11" in d.reason, d.reason
+    # joined again after it: not gone
+    again = [*rows, call(2, 4, op="init_process_group", pg=None, site="train.py:12")]
+    assert context(run_of(again, exits=dict.fromkeys(range(3)))).left_group(2, "0") is None
+
+
 def test_ranks_that_disagree_on_the_root():
     rows = [*steps(range(3), 1)]
     rows += [call(r, 2, op="broadcast", peer="0", done=False) for r in (0, 1)]

@@ -41,6 +41,22 @@ from rankscope.state import (
             "failed",
             "failed (an exception), then ended by the launcher: SIGTERM (-15)",
         ),
+        # its script had returned (or it called sys.exit) when the teardown came: it left first
+        (
+            {"parent_code": -15, "probe_code": 0, "how": "returned"},
+            "exited",
+            "ran its script to the end, then ended by the launcher as it exited: SIGTERM (-15)",
+        ),
+        (
+            {"parent_code": -15, "probe_code": 2, "how": "sys_exit"},
+            "ended",
+            "called sys.exit, then ended by the launcher as it exited: SIGTERM (-15)",
+        ),
+        (
+            {"parent_code": -15, "how": "returned", "stopped": True},
+            "stopped",
+            "ran its script to the end, then stopped as it exited: SIGTERM (-15)",
+        ),
     ],
 )
 def test_a_rank_s_end_from_its_two_witnesses(witnesses, status, words):

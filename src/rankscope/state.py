@@ -38,6 +38,9 @@ SELF_SIGNALS = frozenset({"SIGABRT", "SIGSEGV", "SIGBUS", "SIGFPE", "SIGILL", "S
 #: Signals a launcher or a scheduler sends to end processes (torchrun sends SIGTERM to every
 #: other rank once one fails; the supervisor sends it on Stop).
 TEARDOWN_SIGNALS = frozenset({"SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT"})
+#: The probe's words for an end the rank's own code chose: its script returned, it called
+#: ``sys.exit`` or ``os._exit``. A teardown signal that comes after one found it exiting.
+OWN_ENDS = frozenset({"returned", "sys_exit", "os._exit"})
 
 #: Every status a rank can have, in the order a grouped view lists them (what went wrong first).
 #: ``running`` and ``waiting`` (inside a collective) are alive; ``dead`` is a process gone with
@@ -227,7 +230,8 @@ class RankEnd:
 
     @property
     def status(self) -> str:
-        """One word: ``exited`` (code 0), ``failed`` (a non-zero code, or an exception before
+        """One word: ``exited`` (code 0, or a script that had returned when the launcher's
+        teardown came), ``failed`` (a non-zero code, or an exception before
         a teardown), ``aborted`` (SIGABRT), ``crashed`` (another signal of its own),
         ``killed`` (SIGKILL from outside), ``stopped`` (by the stop) or ``ended`` (by the
         launcher's teardown, after another rank failed)."""
@@ -242,6 +246,8 @@ class RankEnd:
             return "crashed"
         if self.how == "exception":  # it failed first; the teardown found it exiting
             return "failed"
+        if self.how == "returned" and self.by == "the launcher":
+            return "exited"  # its script had ended; the teardown found it exiting
         if self.by == "the stop":
             return "stopped"
         if self.by == "the launcher":
@@ -253,8 +259,9 @@ class RankEnd:
         """The end in a few words, with its number.
 
         ``exited 0``, ``failed: exit code 1 (an exception)``, ``aborted itself: SIGABRT (-6)``,
-        ``ended by the launcher: SIGTERM (-15)``, ``stopped: SIGTERM (-15)``, ``killed: SIGKILL
-        (-9), by no one rankscope knows``."""
+        ``ended by the launcher: SIGTERM (-15)``, ``ran its script to the end, then ended by the
+        launcher as it exited: SIGTERM (-15)`` (its own end came first), ``stopped: SIGTERM
+        (-15)``, ``killed: SIGKILL (-9), by no one rankscope knows``."""
         code, sig, status = self.code, self.signal, self.status
         why = {"exception": "an exception", "sys_exit": "sys.exit", "os._exit": "os._exit"}
         if code is None:
@@ -271,6 +278,12 @@ class RankEnd:
             return f"crashed: {number}"
         if status == "failed":
             return f"failed (an exception), then ended by {self.by or 'a signal'}: {number}"
+        if self.how in OWN_ENDS and self.by in ("the launcher", "the stop"):
+            left = (
+                "ran its script to the end" if self.how == "returned" else f"called {why[self.how]}"
+            )
+            by = "ended by the launcher" if self.by == "the launcher" else "stopped"
+            return f"{left}, then {by} as it exited: {number}"
         if status == "stopped":
             return f"stopped: {number}"
         if status == "ended":

@@ -501,6 +501,25 @@ class Context(Phrasing):
                     return float(share) if isinstance(share, (int, float)) else None
         return None
 
+    def left_group(self, rank: int, pg: str) -> Any:
+        """The probe's row of ``rank``'s completed ``destroy_process_group`` of group ``pg``
+        (or of the default group, which ends every group) with no ``init_process_group``
+        after it: the rank left the group and will make no call on it again, whatever it does
+        now. None where it did not."""
+        probe = self.ev.table("collectives")
+        mine = probe[(probe["rank"] == rank).fillna(False).to_numpy()]
+        if mine.empty:
+            return None
+        ops = mine["op"].astype("string")
+        ours = (mine["pg"].astype("string") == pg) | (mine["pg_desc"] == "default_pg")
+        gone = (ops == "destroy_process_group") & ours.fillna(False) & done(mine)
+        if not gone.any():
+            return None
+        row = int(np.flatnonzero(gone.to_numpy())[-1])
+        if (ops.iloc[row + 1 :] == "init_process_group").any():
+            return None  # it joined again
+        return mine.iloc[row]
+
     def activity(self, rank: int) -> Activity | None:
         f = self.facts.get(rank)
         return rank_activity(
@@ -596,8 +615,13 @@ class Context(Phrasing):
                 where = self.ev.traceback_site(rank, f.exception)
                 note = f"raised {short(f.exception, 80)}; it was exiting at the capture"
                 return Where(state="exited", site=where, note=note, ref=None, code=f.exit_code)
-            note = "its script had returned; it was exiting when its stack was captured"
-            return Where(state="exited", site=None, note=note, ref=None, code=0)
+            if f.end_row is None:
+                note = "its script had returned; it was exiting when its stack was captured"
+                return Where(state="exited", site=None, note=note, ref=None, code=0)
+            note = f.died or "its script had ended; it was exiting"
+            ref = EvidenceRef(table="events", row=int(f.end_row), rank=rank, note=note)
+            code = f.end_code if f.end_code is not None else 0
+            return Where(state="exited", site=f.end_site, note=note, ref=ref, code=code)
         at = f" at {site}" if site else ""
         if call is not None and (pd.isna(call.completed) or not call.completed):
             note = f"waiting in {call.op}{at}"

@@ -24,7 +24,7 @@ from rankscope.collect import (
     short_site,
     victims_words,
 )
-from rankscope.state import RankEnd, rank_end, signal_name, stopping
+from rankscope.state import OWN_ENDS, RankEnd, rank_end, signal_name, stopping
 
 ROLE_OF_KIND = {s.kind: s.role for s in SIGNATURES}
 
@@ -162,11 +162,15 @@ class Evidence:
             elif row.ev == "end":
                 f.end_row = int(pos)
                 f.ended_s = float(row.t_s) if f.ended_s is None else f.ended_s
-                if f.exit_code is None and not pd.isna(row.code):
-                    f.exit_code = int(row.code)
+                f.end_code = None if pd.isna(row.code) else int(row.code)
+                if f.exit_code is None:
+                    f.exit_code = f.end_code
         for rank in self._exiting():
             if rank in facts:
                 facts[rank].exiting = True
+        for f in facts.values():
+            if f.end_how in OWN_ENDS and self.terminated(f.exit_code):
+                f.exiting = True  # its own end came first; the teardown found it exiting
         summary = self.table("stack_summary")
         if not summary.empty:
             positioned = summary.assign(pos=range(len(summary)))
@@ -271,7 +275,11 @@ class RankFacts:
     stack_waiting_in: str | None = None
     stack_row: int | None = None
     exiting: bool = False
-    """The rank's last captured stack shows it past its script, in the probe's exit handler."""
+    """It was past its script when it was last seen: its last captured stack runs the probe's
+    exit handler, or its end event says its own code ended it (:data:`OWN_ENDS`) before the
+    teardown signal that its process died of."""
+    end_code: int | None = None
+    """The code its end event says it meant to exit with (``sys.exit(3)``: 3)."""
     signal: str | None = None
     """The signal that ended the process (``SIGKILL`` for exit code -9)."""
     end_reason: str | None = None
@@ -315,7 +323,8 @@ class RankFacts:
 
         For instance ``called sys.exit(0) at train.py:41 ('loss is nan at step 7, stopping')``.
         """
-        code = "" if self.exit_code is None else str(self.exit_code)
+        meant = self.end_code if self.end_code is not None else self.exit_code
+        code = "" if meant is None else str(meant)
         what = {
             "returned": "ran its script to the end",
             "sys_exit": f"called sys.exit({code})",

@@ -290,7 +290,7 @@ def _decide(
         node, arm = cc[k]
         return _arm_decision(file, node, arm, c, i), True, True
     if diverged:
-        found = _first_apart(file, cc, c, k, i)
+        found = _first_apart(file, cc, c, k, i, other=oc, outer=o[:i])
         if found is not None:
             return found
     c_first = k < len(cc) and (k >= len(oc) or cc[k][0].lineno < oc[k][0].lineno)
@@ -329,13 +329,27 @@ def _first_apart(
     path: list[Frame],
     k: int,
     i: int,
+    *,
+    other: Chain,
+    outer: list[Frame],
 ) -> tuple[_Decision, bool, bool] | None:
     """At the first divergence, the statement beyond the shared ones that sent the culprits'
     line another way: the outermost arm it is in (``if``, ``except``, ``case``), else a branch
     it took in the functions it called from there (a guard that exited), else a loop it is
     still in (one more iteration than the other side); None where the culprits' line lies past
     the others' with nothing of its own (the others are still inside what the culprits left:
-    :func:`_decide`'s reading of the two lines' order)."""
+    :func:`_decide`'s reading of the two lines' order), or where the others are still in a
+    loop above the culprits' line and nothing around both loops (``other``'s statements
+    before the parting level, the frames that called it: ``outer``) runs again: the
+    culprits left that loop before they reached whatever they are in now."""
+    if (
+        k < len(chain)
+        and k < len(other)
+        and other[k][0].lineno < chain[k][0].lineno
+        and any(isinstance(node, _LOOPS) for node, _arm in other[k:])
+        and not _looping(other[:k], outer)
+    ):
+        return None
     for n, (node, arm) in enumerate(chain[k:], k):
         elif_ = n + 1 < len(chain) and _is_elif_arm(node, arm, chain[n + 1][0])
         if _is_arm(node, arm) and not elif_:

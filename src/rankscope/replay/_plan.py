@@ -422,8 +422,12 @@ def ends_of(ev: Evidence, steps: Mapping[int, list[Step]]) -> dict[int, End]:
                 out[rank] = End("exit_code", code=code)
             else:
                 out[rank] = End("signal", code=-code)
-        elif f is not None and f.exiting:
-            out[rank] = End("raise", f.exception) if f.exception else End("exit", code=0)
+        elif f is not None and f.exiting:  # past its script: what its end meant to exit with
+            meant = f.end_code or 0
+            if f.exception:
+                out[rank] = End("raise", f.exception)
+            else:
+                out[rank] = End("exit", code=0) if meant == 0 else End("exit_code", code=meant)
         elif last is not None and not last.completed:
             out[rank] = End("blocked")
         elif f is not None and f.exception:

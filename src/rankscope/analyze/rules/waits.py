@@ -1,7 +1,7 @@
 """7. ``waits``: the wait-for graph across every group leads to the culprit: a rank waited on
-that waits for nobody (what was it doing instead: exited, crashed, out of data, blocked on a lock
-or a sleep, busy elsewhere, silent: :func:`_decide_root_cause`), or, where every rank waits, the
-rank of a cycle that left the program order the others share (a skipped call, a point-to-point
+that waits for nobody (what was it doing instead: exited, destroyed the group, crashed, out of
+data, blocked on a lock or a sleep, busy elsewhere, silent: :func:`_decide_root_cause`), or,
+where every rank waits, the rank of a cycle that left the program order the others share (a skipped call, a point-to-point
 cycle), or every rank stuck in one collective."""
 
 from __future__ import annotations
@@ -104,14 +104,11 @@ def _decide_root_cause(
         asked = [r for r in exited if ctx.facts[r].end_how in ("sys_exit", "os._exit")]
         if all(where[r].code == 0 for r in exited) or asked:
             caught = any(ctx.facts[r].exit_code != 0 for r in exited)
-            calls = ctx.calls
-            mine = (calls["pg"] == w.pg) & calls["seq"].notna() & calls["rank"].isin(exited)
-            count = calls.loc[mine, "rank"].value_counts().reindex(exited, fill_value=0)
             ending = ctx.facts[exited[0]].ending if len(exited) == 1 else None
             facts = {
                 "culprit_left": ending
                 or ("finished its script" if caught else "exited with code 0"),
-                "culprit_done": "/".join(map(str, sorted(set(count.tolist())))),
+                "culprit_done": _done_on(ctx, exited, w.pg),
                 "exit_fix": UNEVEN_FIX,
             }
             if asked:  # the user's code asked for it: its site and last words, not D9's story
@@ -138,6 +135,20 @@ def _decide_root_cause(
             notes=story.notes,
             recipe=story.recipe,
         )
+    left = {r: row for r in roots if (row := ctx.left_group(r, w.pg)) is not None}
+    if left:
+        # It destroyed the group: whatever it does now, it will never make the call. Like a
+        # return from its script, where it made the others' call fewer times: it ran out.
+        gone = sorted(left)
+        a = ctx.activity(gone[0])
+        went = f"destroyed its process group{at(opt(left[gone[0]]['site']))}" + (
+            f", and is now {a.doing}" if a is not None and a.kind else ""
+        )
+        short_of = _returned_short(ctx, gone, waiting, ended=False)
+        if short_of is not None:
+            return ran_out(gone, done=short_of, went=went)
+        told = {"culprit_left": went, "culprit_done": _done_on(ctx, gone, w.pg)}
+        return Decided(Cause.early_exit, gone, {**facts, **told, "exit_fix": UNEVEN_FIX})
     unrecorded = [r for r in roots if r not in ctx.evidence_ranks]
     if unrecorded and len(unrecorded) == len(roots):
         return silent(roots)
@@ -252,13 +263,24 @@ def finished_cell(ctx: Context, roots: list[int], w: Wait, *, state: str = "fini
     ]
 
 
-def _returned_short(ctx: Context, exited: list[int], waiting: list[int]) -> str | None:
-    """Whether ranks whose script returned (no exit asked for) made the call of the loop the
-    others are still in fewer times (``3 calls of broadcast at train.py:41 → loop.py:265 where
-    ranks 0-1 made 4``): they ran out of work (uneven data, fewer epochs or steps), which is why
-    they left. None where a rank's end is not known to be a return, the parting line is not a
-    loop the culprits left, or the counts do not say."""
-    if not waiting or any(ctx.facts[r].end_how != "returned" for r in exited):
+def _done_on(ctx: Context, ranks: list[int], pg: str) -> str:
+    """``3`` (``3/4`` where they differ): the collectives these ranks made on group ``pg``."""
+    calls = ctx.calls
+    mine = (calls["pg"] == pg) & calls["seq"].notna() & calls["rank"].isin(ranks)
+    count = calls.loc[mine, "rank"].value_counts().reindex(ranks, fill_value=0)
+    return "/".join(map(str, sorted(set(count.tolist()))))
+
+
+def _returned_short(
+    ctx: Context, exited: list[int], waiting: list[int], *, ended: bool = True
+) -> str | None:
+    """Whether ranks whose script returned (no exit asked for; ``ended=False``: ranks that
+    left the group some other way) made the call of the loop the others are still in fewer
+    times (``3 calls of broadcast at train.py:41 → loop.py:265 where ranks 0-1 made 4``): they
+    ran out of work (uneven data, fewer epochs or steps), which is why they left. None where a
+    rank's end is not known to be a return, the parting line is not a loop the culprits left,
+    or the counts do not say."""
+    if not waiting or (ended and any(ctx.facts[r].end_how != "returned" for r in exited)):
         return None
     p, _ = ctx.parting(exited, waiting)
     if p is None or not p.left_loop or runs_alike(p) or not set(exited) <= set(p.ranks_out):
