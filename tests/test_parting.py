@@ -11,6 +11,7 @@ import pytest
 
 from rankscope.analyze.parting import (
     Parting,
+    argument_origin,
     catcher,
     env_origin,
     find_parting,
@@ -221,6 +222,39 @@ def test_a_rank_spinning_in_a_while_loop_the_others_left(tmp_path):
     )
     assert p is not None, why
     assert (p.kind, p.source, p.ranks_in, p.ranks_out) == ("while", "while err > tol:", [2], [0])
+
+
+def test_the_branch_that_set_the_peer_a_shared_line_names(tmp_path):
+    """Every rank sends from one line; rank 1's peer was set, before it, in a branch the
+    others did not take: that branch parted them (an ``elif`` the one that assigned it), its
+    assignment where it went. Set again plainly after the branch, or never in one: none."""
+    f, at = _script(
+        tmp_path,
+        """
+        import torch.distributed as dist
+        def step(rank, load, block):
+            nxt = rank + 1
+            if load < 1:
+                pass
+            elif load > 8:  # elif
+                nxt = rank + 2  # assign
+            dist.send(block, dst=nxt)  # send
+            dist.recv(block, (rank - 1) % 4)  # recv
+            peer = rank + 1
+            if load > 8:
+                peer = rank + 2
+            peer = rank + 3
+            dist.send(block, peer)  # reset
+        """,
+    )
+    p = argument_origin(f, "step", at("send"), "send", [1], [0, 2])
+    assert p is not None and (p.site, p.kind) == (f"train.py:{at('elif')}", "elif")
+    assert (p.source, p.ranks_in, p.ranks_out) == ("elif load > 8:", [1], [0, 2])
+    assert p.into == f"nxt = rank + 2 (train.py:{at('assign')})"
+    assert p.text().startswith(f'rank 1 took the branch at train.py:{at("elif")} "elif load > 8:"')
+    assert argument_origin(f, "step", at("recv"), "recv", [1], [0]) is None
+    assert argument_origin(f, "step", at("reset"), "send", [1], [0]) is None
+    assert argument_origin(f, "step", at("send"), "all_reduce", [1], [0]) is None  # no peer
 
 
 def test_two_arms_of_one_if(tmp_path):

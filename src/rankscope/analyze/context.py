@@ -37,6 +37,7 @@ from rankscope.analyze.evidence import Evidence, RankFacts
 from rankscope.analyze.parting import (
     Frame,
     Parting,
+    argument_origin,
     find_parting,
     left_loop_by_sites,
     loop_around,
@@ -384,6 +385,11 @@ class Context(Phrasing):
                 own, theirs = self.call_frame(key[0][0]), self.call_frame(key[1][0])
                 loop = loop_parting(theirs, own, *key, self.ev.table("values"))
                 found = (loop, "") if loop is not None else found
+                if found[0] is None and own[0] and own == theirs:
+                    # one line, another root or peer: the branch that set it before the call
+                    op = str(self.last.loc[key[0][0], "op"])
+                    origin = argument_origin(*own, op, *map(list, key), self.ev.table("values"))
+                    found = (origin, "") if origin is not None else found
             self._partings[key] = found
         return self._partings[key]
 

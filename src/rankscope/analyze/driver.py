@@ -90,7 +90,11 @@ def _diagnosis(ctx: Context, f: Finding) -> Diagnosis:
     )
     earlier = fd is not None and set(fd.culprits) == set(f.culprits) and _before_hang(ctx, fd)
     if earlier or (cause.verdict in ("hang", "crash") and f.culprits and others):
-        found, why = ctx.parting(f.culprits, fd.others if earlier and fd else others)
+        found, why = (
+            (f.parting, "")
+            if f.parting is not None
+            else ctx.parting(f.culprits, fd.others if earlier and fd else others)
+        )
         if found is not None:
             parting = found.to_dict()
             notes += _parting_notes(found)

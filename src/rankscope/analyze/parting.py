@@ -74,6 +74,9 @@ class Parting:
     arms: bool = False
     """Both sides are in arms of the one statement (``if``/``else``, ``try``/``except``): they
     took alternatives, rather than one side a branch the other passed by."""
+    assigned: bool = False
+    """The branch set a value that a call on both sides' path reads (the peer or root it
+    names: :func:`argument_origin`); the call itself is no branch's."""
     values: dict[str, dict[int, Any]] = field(default_factory=dict)
     """Each name the decision reads -> its value on each rank whose capture has it."""
     env: dict[str, str] = field(default_factory=dict)
@@ -467,6 +470,125 @@ def _outermost_loop(file: str, chain: Chain, path: list[Frame], i: int) -> _Deci
     names = _names(node.test if isinstance(node, ast.While) else node.iter)  # type: ignore[attr-defined]
     head = _header(f[0], node.lineno)
     return _Decision(f[0], f[1], node.lineno, head, kind, _into(path, depth), names)
+
+
+#: Where a call names its peer (its root, its destination): the argument's position and its
+#: keywords, by op.
+PEER_ARGS: dict[str, tuple[int, tuple[str, ...]]] = {
+    **dict.fromkeys(("send", "isend", "reduce"), (1, ("dst", "group_dst"))),
+    **dict.fromkeys(
+        ("recv", "irecv", "broadcast", "broadcast_object_list"), (1, ("src", "group_src"))
+    ),
+    **dict.fromkeys(("scatter", "scatter_object_list"), (2, ("src", "group_src"))),
+    **dict.fromkeys(("gather", "gather_object"), (2, ("dst", "group_dst"))),
+}
+
+
+def argument_origin(
+    file: str,
+    func: str,
+    line: int,
+    op: str,
+    culprits: list[int],
+    others: list[int],
+    values: pd.DataFrame | None = None,
+) -> Parting | None:
+    """Where the culprits' call at ``line`` got the peer it names (``op``'s argument of
+    :data:`PEER_ARGS`) when the call itself is the one every rank makes, from a line that named
+    another peer before: the ``if`` before it, in its function, whose branch assigned a name
+    that argument reads (``if step == 2 and rank == 1: nxt = (rank + 2) % world``). The culprits
+    took that branch, the others did not. None where the source shows no such assignment, or
+    the name is set again, unconditionally, between that branch and the call."""
+    tree = _tree(file)
+    spec = PEER_ARGS.get(op)
+    if tree is None or spec is None:
+        return None
+    call = next(
+        (
+            n
+            for n in ast.walk(tree)
+            if isinstance(n, ast.Call)
+            and n.lineno <= line <= (n.end_lineno or n.lineno)
+            and _callee(n.func) == op
+        ),
+        None,
+    )
+    if call is None:
+        return None
+    pos, keywords = spec
+    arg = next((k.value for k in call.keywords if k.arg in keywords), None)
+    if arg is None and len(call.args) > pos:
+        arg = call.args[pos]
+    names = set(_names(arg))
+    if not names:
+        return None
+    found = _assigned_before(_body_of(tree, func, line), line, names)
+    if found is None:
+        return None
+    branch, arm, assign = found
+    kind = "else" if arm == "else" else ("elif" if _is_elif(file, branch) else "if")
+    into = f"{ast.unparse(assign).splitlines()[0]} ({short_site(file, assign.lineno)})"
+    decision = _Decision(
+        file, func, branch.lineno, _header(file, branch.lineno), kind, into, _names(branch.test)
+    )
+    ranks = sorted({*culprits, *others})
+    return Parting(
+        site=short_site(file, branch.lineno),
+        source=decision.source,
+        kind=kind,
+        ranks_in=sorted(culprits),
+        ranks_out=sorted(others),
+        into=into,
+        assigned=True,
+        values=_values_of(values, decision, decision.names, ranks) if values is not None else {},
+        env={n: v for n in decision.names if (v := env_origin(file, n)) is not None},
+    )
+
+
+def _callee(func: ast.expr) -> str | None:
+    """``send`` of ``dist.send`` and of ``send``."""
+    if isinstance(func, ast.Attribute):
+        return func.attr
+    return func.id if isinstance(func, ast.Name) else None
+
+
+def _assigned_before(
+    body: list[ast.stmt], line: int, names: set[str]
+) -> tuple[ast.If, str, ast.stmt] | None:
+    """The last ``if`` before ``line``, in the blocks that hold it (the innermost first), with
+    an arm that assigns one of ``names``: (the ``if``, its arm, the assignment). None where a
+    plain assignment of the name comes later than any such branch, or there is none."""
+    chain = _chain(body, line)[:-1]
+    blocks = [body] + [arm for node, taken in chain for label, arm in _arms(node) if label == taken]
+    for block in reversed(blocks):
+        for s in reversed([s for s in block if (s.end_lineno or s.lineno) < line]):
+            if _assigns(s, names):
+                return None  # set again, whatever any branch did
+            found = _branch_assigning(s, names) if isinstance(s, ast.If) else None
+            if found is not None:
+                return found
+    return None
+
+
+def _branch_assigning(branch: ast.If, names: set[str]) -> tuple[ast.If, str, ast.stmt] | None:
+    """The arm of ``branch`` (or of an ``if`` inside it: an ``elif``) that assigns one of
+    ``names`` last: (that ``if``, its arm, the assignment)."""
+    for label, stmts in (("body", branch.body), ("else", branch.orelse)):
+        for s in reversed(stmts):
+            if _assigns(s, names):
+                return branch, label, s
+            inner = _branch_assigning(s, names) if isinstance(s, ast.If) else None
+            if inner is not None:
+                return inner
+    return None
+
+
+def _assigns(s: ast.stmt, names: set[str]) -> bool:
+    """Whether ``s`` is an assignment to one of ``names``."""
+    if not isinstance(s, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
+        return False
+    targets = s.targets if isinstance(s, ast.Assign) else [s.target]
+    return any(isinstance(n, ast.Name) and n.id in names for t in targets for n in ast.walk(t))
 
 
 def runs_alike(p: Parting) -> bool:

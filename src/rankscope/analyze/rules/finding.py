@@ -12,6 +12,7 @@ import pandas as pd
 from rankscope.analyze.causes import DRIVER_FACTS, Cause
 from rankscope.analyze.context import Context
 from rankscope.analyze.diagnosis import CollectiveInfo, EvidenceRef
+from rankscope.analyze.parting import Parting
 
 #: A finding's recipe when it is its cause's own (:attr:`Finding.recipe`).
 CAUSE_RECIPE = "the cause's"
@@ -36,6 +37,9 @@ class Finding:
     recipe: str | None = CAUSE_RECIPE
     """The recipe of the guide that covers this finding: the cause's own unless the evidence
     says otherwise (an exit the user's code asked for is no data loop ended: not D9)."""
+    parting: Parting | None = None
+    """The decision that parted the culprits where the rule read it itself (the branch that
+    set the peer a call names); else the driver reads it from the ranks' paths."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.cause, Cause):

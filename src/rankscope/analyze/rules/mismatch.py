@@ -345,9 +345,14 @@ def different_call(culprits: list[int], differ: str | None, odd: Any, norm: Any)
 
 def _extra_call(ctx: Context, culprits: list[int], others: list[int]) -> bool:
     """Whether the culprits' call was made from a branch the others passed by (the parting
-    line: a branch one side took, not two arms of one ``if``, nor a loop): an extra call."""
+    line: a branch one side took, not two arms of one ``if``, nor a loop, nor a branch that
+    only set what the call names): an extra call."""
     p, _ = ctx.parting(culprits, others)
-    return p is not None and not p.arms and not p.left_loop and set(culprits) <= set(p.ranks_in)
+    return (
+        p is not None
+        and not (p.arms or p.left_loop or p.assigned)
+        and set(culprits) <= set(p.ranks_in)
+    )
 
 
 def _extra_iteration(ctx: Context, culprits: list[int], others: list[int]) -> bool:

@@ -16,7 +16,7 @@ from rankscope.analyze.calls import failed
 from rankscope.analyze.causes import Cause
 from rankscope.analyze.context import Context
 from rankscope.analyze.diagnosis import who_of
-from rankscope.analyze.parting import Catch, catcher
+from rankscope.analyze.parting import Catch, argument_origin, catcher
 from rankscope.analyze.paths import FirstDivergence, PathClass
 from rankscope.analyze.rules.finding import Decided, Finding, rule
 from rankscope.analyze.rules.mismatch import call_of, different_call, ran_out, took_a_branch
@@ -180,11 +180,12 @@ def peer_mismatch(ctx: Context) -> Finding | None:
     own = fd.culprit_class()
     row = ctx.calls.loc[own.row]
     rank = own.ranks[0]
-    before = ctx.calls[
+    earlier = ctx.calls[
         (ctx.calls["rank"] == rank)
         & (ctx.calls["op"].astype(str) == own.op)
         & (ctx.calls["order"] < row["order"])
-    ]["peer"].dropna()
+    ]
+    before = earlier["peer"].dropna()
     usual = str(int(before.mode().iloc[0])) if len(before) else "unknown"
     said = [
         f"rank {a} sent to rank {b} {abs(v)} time(s) {'more' if v > 0 else 'fewer'} than "
@@ -195,6 +196,12 @@ def peer_mismatch(ctx: Context) -> Finding | None:
     in_pairs = {r for pair in unmatched for r in pair} - {rank}
     others = [r for r in waiting if r in in_pairs] or waiting
     waits = "; ".join(ctx.graph.waits[r].where() for r in others if r in ctx.graph.waits)
+    file, func, line = ctx.frame_of(row)
+    here = earlier.loc[(earlier["site"] == row["site"]).fillna(False).to_numpy(), "peer"]
+    origin = None
+    if file and len(here.dropna()) and (here.dropna() != row["peer"]).all():
+        # the very line named other peers before: the branch that set the one it names now
+        origin = argument_origin(file, func, line, own.op, [rank], others, ctx.ev.table("values"))
     return Finding(
         cause=Cause.p2p_peer_mismatch,
         culprits=[rank],
@@ -209,4 +216,5 @@ def peer_mismatch(ctx: Context) -> Finding | None:
             "others": who_of(others),
         },
         notes=[f"the paths first parted at {where(fd)}"],
+        parting=origin,
     )
