@@ -257,6 +257,50 @@ def test_the_branch_that_set_the_peer_a_shared_line_names(tmp_path):
     assert argument_origin(f, "step", at("send"), "all_reduce", [1], [0]) is None  # no peer
 
 
+def test_a_callback_that_one_side_registered_in_a_branch(tmp_path):
+    """Rank 0's all_reduce runs in a hook that autograd calls from ``backward`` (its caller's
+    line does not call it by name); the others are past that line. No branch on either stack
+    parts them: the ``if`` around the line that registered the hook does, in a function of its
+    own. A function its caller's line calls by name is no callback."""
+    f, at = _script(
+        tmp_path,
+        """
+        import torch.distributed as dist
+        def sync(grad):
+            dist.all_reduce(grad)  # hook
+            return grad
+        def setup(model, rank):
+            if rank == 0:  # branch
+                model.weight.register_hook(sync)  # register
+        for step in range(3):
+            loss.backward()  # backward
+            dist.all_reduce(w)  # reduce
+            sync(w)  # direct
+        """,
+    )
+    torch = "/usr/lib/python3/site-packages/torch/autograd/graph.py"
+    hooked = [
+        (f, "<module>", at("backward")),
+        (torch, "_engine_run_backward", 9),
+        (f, "sync", at("hook")),
+    ]
+    for path in (hooked, [hooked[0], hooked[2]]):  # every frame, or the user's alone
+        p, why = find_parting(
+            *_sides({0: path}, {1: [(f, "<module>", at("reduce"))]}), diverged=True
+        )
+        assert p is not None, why
+        assert (p.site, p.kind, p.ranks_in, p.ranks_out) == (
+            f"train.py:{at('branch')}",
+            "if",
+            [0],
+            [1],
+        )
+        assert p.into == f"model.weight.register_hook(sync) (train.py:{at('register')})"
+    direct = [(f, "<module>", at("direct")), (f, "sync", at("hook"))]
+    p, why = find_parting(*_sides({0: direct}, {1: [(f, "<module>", at("reduce"))]}), diverged=True)
+    assert p is None or p.site != f"train.py:{at('branch')}"
+
+
 def test_two_arms_of_one_if(tmp_path):
     f, at = _script(
         tmp_path,

@@ -296,6 +296,10 @@ def _decide(
         found = _first_apart(file, cc, c, k, i, other=oc, outer=o[:i])
         if found is not None:
             return found
+    for side, path in ((True, c), (False, o)):  # in a callback that only one side registered
+        registered = _registered_in_branch(path, i)
+        if registered is not None:
+            return registered, side, False
     c_first = k < len(cc) and (k >= len(oc) or cc[k][0].lineno < oc[k][0].lineno)
     early, late = (c, o) if c_first else (o, c)
     early_chain, late_chain = (cc, oc) if c_first else (oc, cc)
@@ -321,6 +325,72 @@ def _decide(
     if branch is not None:
         return branch, c_first, False
     return "no branch or loop in the source separates the two sides' lines"
+
+
+def _registered_in_branch(path: list[Frame], i: int) -> _Decision | None:
+    """Where ``path`` below frame ``i`` enters a function of the user's that its caller's line
+    does not call by name (a hook run by ``backward``, a callback the framework runs; ``path``
+    may hold the user's frames alone), the branch in the user's
+    source that registered it: the ``if`` around the line that names the function without
+    calling it (``model.weight.register_hook(clip_and_sync)``, ``hooks.append(clip_and_sync)``).
+    Only the side that took that branch makes the callback's calls. None where the function
+    is called directly, or no branch holds a line that names it."""
+    for depth in range(i + 1, len(path)):
+        file, func, _line = path[depth]
+        if not is_user_file(file) or _calls_by_name(path[depth - 1], func):
+            continue  # a library's frame, or a function its caller's line calls itself
+        if func.startswith("<"):
+            return None
+        for where in dict.fromkeys([file, path[i][0]]):
+            tree = _tree(where)
+            found = _naming_branch(tree, func) if tree is not None else None
+            if found is not None:
+                branch, arm, named = found
+                kind = "else" if arm == "else" else ("elif" if _is_elif(where, branch) else "if")
+                into = f"{_header(where, named)} ({short_site(where, named)})"
+                return _Decision(
+                    where,
+                    _func_name(where, branch.lineno),
+                    branch.lineno,
+                    _header(where, branch.lineno),
+                    kind,
+                    into,
+                    _names(branch.test),
+                )
+        return None
+    return None
+
+
+def _calls_by_name(caller: Frame, func: str) -> bool:
+    """Whether the line of ``caller`` calls a function named ``func`` (``func(...)``,
+    ``obj.func(...)``); a library that ran it as a callback does not."""
+    text = linecache.getline(caller[0], caller[2]).strip()
+    try:
+        tree = ast.parse(text.rstrip(":"), mode="exec")
+    except SyntaxError:
+        return func in text  # a line of a longer statement: say it does, and look no further
+    return any(isinstance(n, ast.Call) and _callee(n.func) == func for n in ast.walk(tree))
+
+
+def _naming_branch(tree: ast.Module, func: str) -> tuple[ast.If, str, int] | None:
+    """The innermost ``if`` (its arm) around the first line of ``tree`` that names ``func`` as
+    a value, not as the function of a call, with that line."""
+    called = {id(n.func) for n in ast.walk(tree) if isinstance(n, ast.Call)}
+    named = sorted(
+        n.lineno
+        for n in ast.walk(tree)
+        if id(n) not in called
+        and (
+            (isinstance(n, ast.Name) and n.id == func and isinstance(n.ctx, ast.Load))
+            or (isinstance(n, ast.Attribute) and n.attr == func and isinstance(n.ctx, ast.Load))
+        )
+    )
+    for line in named:
+        holder = _def_at(tree, line)
+        for node, arm in reversed(_chain(holder.body if holder else tree.body, line)):
+            if isinstance(node, ast.If) and arm in ("body", "else"):
+                return node, arm, line
+    return None
 
 
 Chain = list[tuple[ast.AST, str]]
