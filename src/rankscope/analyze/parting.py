@@ -408,8 +408,8 @@ def _first_apart(
 ) -> tuple[_Decision, bool, bool] | None:
     """At the first divergence, the statement beyond the shared ones that sent the culprits'
     line another way: the outermost arm it is in (``if``, ``except``, ``case``), else a branch
-    it took in the functions it called from there (a guard that exited), else a loop it is
-    still in (one more iteration than the other side); None where the culprits' line lies past
+    it took in the functions it called from there (a guard that exited), else the branch that
+    registered a callback it runs (:func:`_registered_in_branch`), else a loop it is still in (one more iteration than the other side); None where the culprits' line lies past
     the others' with nothing of its own (the others are still inside what the culprits left:
     :func:`_decide`'s reading of the two lines' order), or where the others are still in a
     loop above the culprits' line and nothing around both loops (``other``'s statements
@@ -430,6 +430,9 @@ def _first_apart(
     branch = _innermost_branch(file, chain[k:], path, i)
     if branch is not None:
         return branch, True, False
+    registered = _registered_in_branch(path, i)  # a callback, run from a loop over several
+    if registered is not None:
+        return registered, True, False
     for n, (node, _arm) in enumerate(chain[k:]):
         if isinstance(node, _LOOPS):
             loop = _outermost_loop(file, chain[k + n :], path, i)
