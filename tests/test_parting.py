@@ -299,6 +299,32 @@ def test_a_callback_that_one_side_registered_in_a_branch(tmp_path):
     direct = [(f, "<module>", at("direct")), (f, "sync", at("hook"))]
     p, why = find_parting(*_sides({0: direct}, {1: [(f, "<module>", at("reduce"))]}), diverged=True)
     assert p is None or p.site != f"train.py:{at('branch')}"
+    # a method a framework calls back: the branch that made its class's object
+    (tmp_path / "fw").mkdir()
+    g, on = _script(
+        tmp_path / "fw",
+        """
+        import os
+        class NormLogger(Callback):
+            def on_step(self, trainer):
+                trainer.strategy.reduce(norm)  # reduce
+        callbacks = []
+        if int(os.environ["LOCAL_RANK"]) == 0:  # zero
+            callbacks.append(NormLogger())  # made
+        trainer.fit(model)  # fit
+        """,
+    )
+    lib = "/usr/lib/python3/site-packages/lightning/loops/loop.py"
+    p, why = find_parting(
+        *_sides(
+            {0: [(g, "<module>", on("fit")), (lib, "run", 5), (g, "on_step", on("reduce"))]},
+            {1: [(g, "<module>", on("fit")), (lib, "run", 9)]},
+        ),
+        diverged=True,
+    )
+    assert p is not None, why
+    assert (p.site, p.ranks_in) == (f"train.py:{on('zero')}", [0])
+    assert p.into == f"callbacks.append(NormLogger()) (train.py:{on('made')})"
 
 
 def test_two_arms_of_one_if(tmp_path):

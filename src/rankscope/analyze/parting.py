@@ -243,6 +243,9 @@ def _decide_user_first(
             branch = _innermost_branch(file, _chain(_body_of(tree, func, line), line), longer, n)
             if branch is not None:
                 return branch, longer is cu, False
+        registered = _registered_in_branch(longer, n - 1)  # a callback of the framework's
+        if registered is not None:
+            return registered, longer is cu, False
         found: tuple[_Decision, bool, bool] | str = (
             f"no branch of the user's code leads into {short_site(file, line)}"
         )
@@ -332,7 +335,8 @@ def _registered_in_branch(path: list[Frame], i: int) -> _Decision | None:
     does not call by name (a hook run by ``backward``, a callback the framework runs; ``path``
     may hold the user's frames alone), the branch in the user's
     source that registered it: the ``if`` around the line that names the function without
-    calling it (``model.weight.register_hook(clip_and_sync)``, ``hooks.append(clip_and_sync)``).
+    calling it (``model.weight.register_hook(clip_and_sync)``, ``hooks.append(clip_and_sync)``),
+    or for a method, that makes its class (``callbacks.append(GradNormLogger())``).
     Only the side that took that branch makes the callback's calls. None where the function
     is called directly, or no branch holds a line that names it."""
     for depth in range(i + 1, len(path)):
@@ -341,9 +345,14 @@ def _registered_in_branch(path: list[Frame], i: int) -> _Decision | None:
             continue  # a library's frame, or a function its caller's line calls itself
         if func.startswith("<"):
             return None
+        owner = _class_of(file, func, _line)
         for where in dict.fromkeys([file, path[i][0]]):
             tree = _tree(where)
-            found = _naming_branch(tree, func) if tree is not None else None
+            found = None
+            if tree is not None:  # the function handed over, else its class made (a Callback)
+                found = _naming_branch(tree, func) or (
+                    _naming_branch(tree, owner, made=True) if owner else None
+                )
             if found is not None:
                 branch, arm, named = found
                 kind = "else" if arm == "else" else ("elif" if _is_elif(where, branch) else "if")
@@ -372,10 +381,27 @@ def _calls_by_name(caller: Frame, func: str) -> bool:
     return any(isinstance(n, ast.Call) and _callee(n.func) == func for n in ast.walk(tree))
 
 
-def _naming_branch(tree: ast.Module, func: str) -> tuple[ast.If, str, int] | None:
+def _class_of(file: str, func: str, line: int) -> str | None:
+    """The class whose method ``func`` (at ``line`` of ``file``) is; None for a function."""
+    tree = _tree(file)
+    for node in ast.walk(tree) if tree is not None else ():
+        if isinstance(node, ast.ClassDef) and any(
+            isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and d.name == func
+            and d.lineno <= line <= (d.end_lineno or 0)
+            for d in node.body
+        ):
+            return node.name
+    return None
+
+
+def _naming_branch(
+    tree: ast.Module, func: str, *, made: bool = False
+) -> tuple[ast.If, str, int] | None:
     """The innermost ``if`` (its arm) around the first line of ``tree`` that names ``func`` as
-    a value, not as the function of a call, with that line."""
-    called = {id(n.func) for n in ast.walk(tree) if isinstance(n, ast.Call)}
+    a value, not as the function of a call (``made``: a call too, a class instantiated), with
+    that line."""
+    called = set() if made else {id(n.func) for n in ast.walk(tree) if isinstance(n, ast.Call)}
     named = sorted(
         n.lineno
         for n in ast.walk(tree)
