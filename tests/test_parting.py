@@ -299,6 +299,8 @@ def test_a_callback_that_one_side_registered_in_a_branch(tmp_path):
     direct = [(f, "<module>", at("direct")), (f, "sync", at("hook"))]
     p, why = find_parting(*_sides({0: direct}, {1: [(f, "<module>", at("reduce"))]}), diverged=True)
     assert p is None or p.site != f"train.py:{at('branch')}"
+    p, why = find_parting(*_sides({0: hooked}, {1: direct}), diverged=True)  # both run it
+    assert p is None or p.site != f"train.py:{at('branch')}"
     # a method a framework calls back: the branch that made its class's object
     (tmp_path / "fw").mkdir()
     g, on = _script(

@@ -243,7 +243,8 @@ def _decide_user_first(
             branch = _innermost_branch(file, _chain(_body_of(tree, func, line), line), longer, n)
             if branch is not None:
                 return branch, longer is cu, False
-        registered = _registered_in_branch(longer, n - 1)  # a callback of the framework's
+        shorter = ou if longer is cu else cu
+        registered = _registered_in_branch(longer, n - 1, shorter)  # a framework's callback
         if registered is not None:
             return registered, longer is cu, False
         found: tuple[_Decision, bool, bool] | str = (
@@ -296,11 +297,11 @@ def _decide(
         node, arm = cc[k]
         return _arm_decision(file, node, arm, c, i), True, True
     if diverged:
-        found = _first_apart(file, cc, c, k, i, other=oc, outer=o[:i])
+        found = _first_apart(file, cc, c, k, i, other=oc, outer=o)
         if found is not None:
             return found
-    for side, path in ((True, c), (False, o)):  # in a callback that only one side registered
-        registered = _registered_in_branch(path, i)
+    for side, path, rest in ((True, c, o), (False, o, c)):  # a callback one side registered
+        registered = _registered_in_branch(path, i, rest)
         if registered is not None:
             return registered, side, False
     c_first = k < len(cc) and (k >= len(oc) or cc[k][0].lineno < oc[k][0].lineno)
@@ -330,7 +331,7 @@ def _decide(
     return "no branch or loop in the source separates the two sides' lines"
 
 
-def _registered_in_branch(path: list[Frame], i: int) -> _Decision | None:
+def _registered_in_branch(path: list[Frame], i: int, other: list[Frame]) -> _Decision | None:
     """Where ``path`` below frame ``i`` enters a function of the user's that its caller's line
     does not call by name (a hook run by ``backward``, a callback the framework runs; ``path``
     may hold the user's frames alone), the branch in the user's
@@ -338,7 +339,8 @@ def _registered_in_branch(path: list[Frame], i: int) -> _Decision | None:
     calling it (``model.weight.register_hook(clip_and_sync)``, ``hooks.append(clip_and_sync)``),
     or for a method, that makes its class (``callbacks.append(GradNormLogger())``).
     Only the side that took that branch makes the callback's calls. None where the function
-    is called directly, or no branch holds a line that names it."""
+    is called directly, no branch holds a line that names it, or the ``other`` side's path
+    runs it too (or, for a method, any method of its class): both registered it."""
     for depth in range(i + 1, len(path)):
         file, func, _line = path[depth]
         if not is_user_file(file) or _calls_by_name(path[depth - 1], func):
@@ -346,6 +348,9 @@ def _registered_in_branch(path: list[Frame], i: int) -> _Decision | None:
         if func.startswith("<"):
             return None
         owner = _class_of(file, func, _line)
+        theirs = {f[1] for f in other if f[0] == file}
+        if func in theirs or (owner and theirs & _methods(file, owner)):
+            return None
         for where in dict.fromkeys([file, path[i][0]]):
             tree = _tree(where)
             found = None
@@ -368,6 +373,18 @@ def _registered_in_branch(path: list[Frame], i: int) -> _Decision | None:
                 )
         return None
     return None
+
+
+def _methods(file: str, cls: str) -> set[str]:
+    """The names of the functions defined in class ``cls`` of ``file``."""
+    tree = _tree(file)
+    return {
+        d.name
+        for node in (ast.walk(tree) if tree is not None else ())
+        if isinstance(node, ast.ClassDef) and node.name == cls
+        for d in node.body
+        if isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef))
+    }
 
 
 def _calls_by_name(caller: Frame, func: str) -> bool:
@@ -435,18 +452,19 @@ def _first_apart(
     """At the first divergence, the statement beyond the shared ones that sent the culprits'
     line another way: the outermost arm it is in (``if``, ``except``, ``case``), else a branch
     it took in the functions it called from there (a guard that exited), else the branch that
-    registered a callback it runs (:func:`_registered_in_branch`), else a loop it is still in (one more iteration than the other side); None where the culprits' line lies past
-    the others' with nothing of its own (the others are still inside what the culprits left:
+    registered a callback it runs (:func:`_registered_in_branch`), else a loop it is still
+    in (one more iteration than the other side); None where the culprits' line lies past the
+    others' with nothing of its own (the others are still inside what the culprits left:
     :func:`_decide`'s reading of the two lines' order), or where the others are still in a
     loop above the culprits' line and nothing around both loops (``other``'s statements
-    before the parting level, the frames that called it: ``outer``) runs again: the
-    culprits left that loop before they reached whatever they are in now."""
+    before the parting level, the frames that called it: ``outer``, the others' path) runs
+    again: the culprits left that loop before they reached whatever they are in now."""
     if (
         k < len(chain)
         and k < len(other)
         and other[k][0].lineno < chain[k][0].lineno
         and any(isinstance(node, _LOOPS) for node, _arm in other[k:])
-        and not _looping(other[:k], outer)
+        and not _looping(other[:k], outer[:i])
     ):
         return None
     for n, (node, arm) in enumerate(chain[k:], k):
@@ -456,7 +474,7 @@ def _first_apart(
     branch = _innermost_branch(file, chain[k:], path, i)
     if branch is not None:
         return branch, True, False
-    registered = _registered_in_branch(path, i)  # a callback, run from a loop over several
+    registered = _registered_in_branch(path, i, outer)  # a callback, run from a loop
     if registered is not None:
         return registered, True, False
     for n, (node, _arm) in enumerate(chain[k:]):
