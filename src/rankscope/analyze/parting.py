@@ -833,11 +833,7 @@ def _code_call(file: str, line: int) -> str | None:
         node = ast.parse(text.rstrip(":"), mode="exec")
     except SyntaxError:
         return None
-    for n in ast.walk(node):
-        if isinstance(n, ast.Call):
-            f = n.func
-            return f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", None)
-    return None
+    return next((_callee(n.func) for n in ast.walk(node) if isinstance(n, ast.Call)), None)
 
 
 def _names(expr: ast.AST | None) -> list[str]:
