@@ -191,23 +191,32 @@ def find_parting(
         return None, found
     decision, culprit_in, arms = found
     inn, out = (culprits, others) if culprit_in else (others, culprits)
-    names = decision.names
-    ranks = sorted({*culprits, *others})
-    return (
-        Parting(
-            site=short_site(decision.file, decision.line),
-            source=decision.source,
-            kind=decision.kind,
-            ranks_in=sorted(inn),
-            ranks_out=sorted(out),
-            into=decision.into,
-            left_loop=decision.kind in (*_LOOP_KINDS, "break", "return"),
-            arms=arms,
-            values=_values_of(values, decision, names, ranks) if values is not None else {},
-            env={n: v for n in names if (v := env_origin(decision.file, n)) is not None},
-        ),
-        "",
+    left = decision.kind in (*_LOOP_KINDS, "break", "return")
+    return _parting(decision, inn, out, values, left_loop=left, arms=arms), ""
+
+
+def _parting(
+    d: _Decision, inn: list[int], out: list[int], values: pd.DataFrame | None, **more: Any
+) -> Parting:
+    """The :class:`Parting` of decision ``d`` taken by ``inn`` and not by ``out``, with the
+    values its names had on those ranks and the environment variables they come from."""
+    ranks = sorted({*inn, *out})
+    return Parting(
+        site=short_site(d.file, d.line),
+        source=d.source,
+        kind=d.kind,
+        ranks_in=sorted(inn),
+        ranks_out=sorted(out),
+        into=d.into,
+        values=_values_of(values, d, d.names, ranks) if values is not None else {},
+        env={n: v for n in d.names if (v := env_origin(d.file, n)) is not None},
+        **more,
     )
+
+
+def _branch_kind(file: str, branch: ast.If, arm: str) -> str:
+    """``if``, ``elif`` or ``else``: which part of ``branch`` its ``arm`` is."""
+    return "else" if arm == "else" else ("elif" if _is_elif(file, branch) else "if")
 
 
 @dataclass(frozen=True)
@@ -360,15 +369,13 @@ def _registered_in_branch(path: list[Frame], i: int, other: list[Frame]) -> _Dec
                 )
             if found is not None:
                 branch, arm, named = found
-                kind = "else" if arm == "else" else ("elif" if _is_elif(where, branch) else "if")
-                into = f"{_header(where, named)} ({short_site(where, named)})"
                 return _Decision(
                     where,
                     _func_name(where, branch.lineno),
                     branch.lineno,
                     _header(where, branch.lineno),
-                    kind,
-                    into,
+                    _branch_kind(where, branch, arm),
+                    f"{_header(where, named)} ({short_site(where, named)})",
                     _names(branch.test),
                 )
         return None
@@ -643,23 +650,16 @@ def argument_origin(
     if found is None:
         return None
     branch, arm, assign = found
-    kind = "else" if arm == "else" else ("elif" if _is_elif(file, branch) else "if")
-    into = f"{ast.unparse(assign).splitlines()[0]} ({short_site(file, assign.lineno)})"
     decision = _Decision(
-        file, func, branch.lineno, _header(file, branch.lineno), kind, into, _names(branch.test)
+        file,
+        func,
+        branch.lineno,
+        _header(file, branch.lineno),
+        _branch_kind(file, branch, arm),
+        f"{ast.unparse(assign).splitlines()[0]} ({short_site(file, assign.lineno)})",
+        _names(branch.test),
     )
-    ranks = sorted({*culprits, *others})
-    return Parting(
-        site=short_site(file, branch.lineno),
-        source=decision.source,
-        kind=kind,
-        ranks_in=sorted(culprits),
-        ranks_out=sorted(others),
-        into=into,
-        assigned=True,
-        values=_values_of(values, decision, decision.names, ranks) if values is not None else {},
-        env={n: v for n in decision.names if (v := env_origin(file, n)) is not None},
-    )
+    return _parting(decision, culprits, others, values, assigned=True)
 
 
 def _callee(func: ast.expr) -> str | None:
@@ -1073,19 +1073,9 @@ def loop_parting(
     kind = "while" if isinstance(loop, ast.While) else "for"
     names = _names(loop.test if isinstance(loop, ast.While) else loop.iter)  # type: ignore[attr-defined]
     head = _header(their[0], loop.lineno)
-    d = _Decision(their[0], their[1], loop.lineno, head, kind, _into([their], 0), names)
-    ranks = sorted({*culprits, *others})
-    return Parting(
-        site=short_site(d.file, d.line),
-        source=d.source,
-        kind=kind,
-        ranks_in=sorted(others),
-        ranks_out=sorted(culprits),
-        into=f"{_code_call(their[0], their[2]) or 'its call'} ({short_site(their[0], their[2])})",
-        left_loop=True,
-        values=_values_of(values, d, names, ranks) if values is not None else {},
-        env={n: v for n in names if (v := env_origin(d.file, n)) is not None},
-    )
+    into = f"{_code_call(their[0], their[2]) or 'its call'} ({short_site(their[0], their[2])})"
+    d = _Decision(their[0], their[1], loop.lineno, head, kind, into, names)
+    return _parting(d, others, culprits, values, left_loop=True)
 
 
 def loop_around(
@@ -1117,20 +1107,9 @@ def loop_around(
     file = path[depth][0]
     kind = "while" if isinstance(loop, ast.While) else "for"
     names = _names(loop.test if isinstance(loop, ast.While) else loop.iter)  # type: ignore[attr-defined]
-    d = _Decision(file, path[depth][1], loop.lineno, _header(file, loop.lineno), kind, "", names)
-    return Parting(
-        site=short_site(file, loop.lineno),
-        source=d.source,
-        kind=kind,
-        ranks_in=sorted(others),
-        ranks_out=sorted(culprits),
-        into=_into(path, depth) + _under_user(path, depth),
-        left_loop=True,
-        values=_values_of(values, d, names, sorted({*culprits, *others}))
-        if values is not None
-        else {},
-        env={n: v for n in names if (v := env_origin(file, n)) is not None},
-    )
+    into = _into(path, depth) + _under_user(path, depth)
+    d = _Decision(file, path[depth][1], loop.lineno, _header(file, loop.lineno), kind, into, names)
+    return _parting(d, others, culprits, values, left_loop=True)
 
 
 def _under_user(path: list[Frame], depth: int) -> str:
