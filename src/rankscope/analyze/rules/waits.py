@@ -1,8 +1,8 @@
 """7. ``waits``: the wait-for graph across every group leads to the culprit: a rank waited on
 that waits for nobody (what was it doing instead: exited, destroyed the group, crashed, out of
 data, blocked on a lock or a sleep, busy elsewhere, silent: :func:`_decide_root_cause`), or,
-where every rank waits, the rank of a cycle that left the program order the others share (a skipped call, a point-to-point
-cycle), or every rank stuck in one collective."""
+where every rank waits, the rank of a cycle that left the program order the others share (a
+skipped call, a point-to-point cycle), or every rank stuck in one collective."""
 
 from __future__ import annotations
 
