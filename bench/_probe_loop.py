@@ -20,7 +20,10 @@ Under the probe (``--mode probe``), once the probe's one-off warm-up is done, tw
 Without the probe (``--mode loop``) it times a plain loop. Rank 0 prints one JSON line.
 
 ``--async-op`` makes every call ``all_reduce(t, async_op=True).wait()``: the probe follows each
-Work to its completion (its thread looks at it). ``--backend nccl`` all_reduces a 1-element
+Work to its completion (its thread looks at it). The probe replaces ``Work.wait`` for every Work
+(torch's blocking collectives call it too, on their own Work), so each arm calls the ``wait`` it
+would have: torch's own in the torch arm and the "off" blocks (set on the class as the arm or
+block begins, in every arm alike), the probe's in the others. ``--backend nccl`` all_reduces a 1-element
 CUDA tensor and synchronizes the device after every call, in every arm alike.
 """
 
@@ -168,19 +171,26 @@ class _Clock:
         return getattr(time, name)
 
 
-def per_call(arms: dict) -> dict:
+def use_wait(wait) -> None:
+    """The ``Work.wait`` the next calls use: the async loop's, and the one torch's blocking
+    collectives call on their own Work before they return."""
+    dist.Work.wait = wait
+
+
+def per_call(arms: dict, waits: dict) -> dict:
     fns, names = list(arms.values()), list(arms)
     times: list[list[int]] = [[] for _ in fns]
     for i in range(args.calls):
         for j in range(len(fns)):
             k = (i + j) % len(fns)
+            use_wait(waits[names[k]])
             start = clock()
             issue(fns[k])
             times[k].append(clock() - start)
     return {name: summary(ns) for name, ns in zip(names, times, strict=True)}
 
 
-def blocks(probe, torch_fn, barrier) -> dict:
+def blocks(probe, torch_fn, torch_wait, barrier) -> dict:
     pacer = Pacer(probe._stop)
     probe._stop, _core.time = pacer, _Clock(pacer)
     tick = pacer.tick
@@ -191,6 +201,7 @@ def blocks(probe, torch_fn, barrier) -> dict:
     for i in range(args.blocks):
         for mode in ("off", "on") if i % 2 == 0 else ("on", "off"):
             fn = torch_fn if mode == "off" else dist.all_reduce
+            use_wait(torch_wait if mode == "off" else probe_wait)
             out = calls[mode]
             barrier()
             if mode == "on":
@@ -207,6 +218,7 @@ def blocks(probe, torch_fn, barrier) -> dict:
             tails[mode].append(clock() - last)
             pacer.off()
     probe._stop, _core.time = pacer.stop, time
+    use_wait(probe_wait)
     pacer.release()
     cap = CAP * statistics.median(calls["off"])
     sums: dict = {}
@@ -242,8 +254,9 @@ else:
     probe = rankscope.probe.current()
     assert probe is not None, "run under rankscope's bootstrap"
     originals = {name: fn for _, name, fn in probe._originals}
-    torch_fn = originals["all_reduce"]
+    torch_fn, torch_wait, probe_wait = originals["all_reduce"], originals["wait"], dist.Work.wait
     arms = {"torch": torch_fn, "probe": dist.all_reduce}
+    waits = {"torch": torch_wait, "probe": probe_wait, "python": probe_wait}
     # the Python wrapper, on a probe made without the C extension (not for async calls: its
     # thread never runs, so nothing would look at the Works it follows)
     if _core._fast is not None and not args.async_op:
@@ -253,10 +266,15 @@ else:
         arms["python"] = bare._wrap("all_reduce", torch_fn, None)
         _core._fast = fast
     for _ in range(2000):
-        for fn in arms.values():
+        for name, fn in arms.items():
+            use_wait(waits[name])
             issue(fn)
+    use_wait(probe_wait)
     originals["barrier"]()
-    out = {"per_call": per_call(arms), "blocks": blocks(probe, torch_fn, originals["barrier"])}
+    out = {
+        "per_call": per_call(arms, waits),
+        "blocks": blocks(probe, torch_fn, torch_wait, originals["barrier"]),
+    }
     out["c_wrapper"] = _core._fast is not None
     out["tensor_meta"] = _core._META is not None
 if dist.get_rank() == 0:

@@ -30,7 +30,9 @@ calls over the cap per arm, printed beside, and in the uncapped ratio.
                                    [--loop 8000] [--age 3] [--async-op] [--backend nccl]
 
 ``--async-op``: every call is ``all_reduce(t, async_op=True).wait()``, so the probe follows each
-call's Work until the backend completes it (the completion tracking). ``--backend nccl``: a
+call's Work until the backend completes it (the completion tracking). In either loop the torch
+arm and the "off" blocks wait with torch's own ``Work.wait`` (a blocking collective calls it on
+its own Work), the others with the probe's. ``--backend nccl``: a
 1-element CUDA tensor on nccl, the device synchronized after every call in every arm, one rank
 per GPU (at most 2); without CUDA it says so and measures nothing.
 """

@@ -211,9 +211,9 @@ def test_an_async_call_stays_in_flight_until_the_backend_completes_its_work(prob
     plain = probe._wrap("all_reduce", all_reduce, None)
     plain(torch.ones(4), async_op=True)  # returns None: nothing to wait for
     # the wrapper only hands the Work to the thread; its look follows it
-    assert [(cid, async_op) for cid, _, async_op in probe._returned] == [(1, True), (3, True)]
+    assert probe._state.returned == 2 and not probe._works
     probe._look_works()
-    assert list(probe._works) == [1] and not probe._returned
+    assert list(probe._works) == [1] and not probe._state.returned
     assert [e["ids"] for e in records(probe) if e["ev"] == "done"] == [[3]]
     work.done = True
     probe._look_works()
@@ -241,19 +241,24 @@ def test_a_work_waited_on_and_completed_is_let_go_at_its_wait(probe):
     """Work.wait as the probe installs it: the last async call's Work, completed when its wait
     returns (gloo), is let go at once and done at the next look; one that the backend has not
     completed when its wait returns (nccl's, which only makes the stream wait) stays followed;
-    a Work of a call the probe did not see is left alone."""
+    a Work of a call the probe did not see is left alone. The hook is ``_fast.c``'s
+    ``WaitHook`` where the wrapper is C, its Python twin otherwise; as a method of the class it
+    gets its Work as a Python function would."""
     reduce = probe._wrap("all_reduce", all_reduce_async, None)
     waits = []
-    wait = _core.waited_hook(probe._returned, lambda work, *a, **k: waits.append((a, k)))
-    assert wait.__rankscope__ and wait.__wrapped__ is not None
+    hook = _twins.waited_hook if isinstance(probe._state, _twins._State) else _core._fast.WaitHook
+    wait = hook(lambda work, *a, **k: waits.append((a, k)), probe._state)
     work = reduce(torch.ones(4), async_op=True)
     work.done = True
-    assert wait(work, 5, timeout=1) is None and waits == [((5,), {"timeout": 1})]
+    bound = wait.__get__(work, Work)  # work.wait as the class's method
+    assert bound(5, timeout=1) is None and waits == [((5,), {"timeout": 1})]
+    assert probe._state.returned == 1
     gone = weakref.ref(work)
-    del work
+    del work, bound
     assert gone() is None, "the probe still holds the Work after its wait"
-    late = reduce(torch.ones(4), async_op=True)
-    wait(late)  # not completed when its wait returns: followed as before
+    # a GPU's (here the meta device's): not completed when its wait returns, followed as before
+    late = reduce(torch.ones(4, device="meta"), async_op=True)
+    wait(late)
     wait(Work())  # not a call of the probe's
     probe._look_works()
     assert list(probe._works) == [2]
@@ -261,6 +266,14 @@ def test_a_work_waited_on_and_completed_is_let_go_at_its_wait(probe):
     probe._look_works()
     done = [(e["ids"], e["failed"]) for e in records(probe) if e["ev"] == "done"]
     assert done == [([1], []), ([2], [])]
+    # CPU tensors: a wait returns once the collective is done (torch's contract for Work.wait),
+    # so the C wrapper, which reads the device with _meta.cpp, counts the call done without
+    # asking the backend; the others ask
+    cpu = reduce(torch.ones(4), async_op=True)
+    wait(cpu)
+    probe._look_works()
+    read_device = _core._META is not None and not isinstance(probe._state, _twins._State)
+    assert list(probe._works) == ([] if read_device else [3])
 
 
 def test_a_call_site_records_each_calls_own_shape_and_dtype(probe):
@@ -337,13 +350,17 @@ def test_the_c_wrapper_reads_tensors_without_torchs_getters_where_built(monkeypa
     assert counts == {False: 1, True: 5}
 
 
-def test_the_tensor_reader_is_used_only_under_the_torch_it_was_built_for(monkeypatch):
+def test_the_tensor_reader_is_used_only_under_the_torch_and_layout_it_was_built_for(monkeypatch):
     if _core._META is None:
         pytest.skip("rankscope.probe._meta is not built here")
     from rankscope.probe import _meta
 
     assert _core._meta_reader() is _meta.read
-    monkeypatch.setattr(_meta, "torch_build", "2.8.0 0000000")
+    with monkeypatch.context() as m:
+        m.setattr(_meta, "torch_build", "2.8.0 0000000")
+        assert _core._meta_reader() is None
+    # a reader built from other sources than the wrapper's fills another struct
+    monkeypatch.delattr(_meta, "layout")
     assert _core._meta_reader() is None
 
 

@@ -34,14 +34,15 @@ age), so a blocked rank is visible within about ``POLL_S``. Capture, exception a
 queue first.
 
 A collective is in flight until the backend completes it, not until the call returns. An
-async call's Work (``async_op=True``, isend, ...) is appended by the wrapper to ``_returned``
-(in C, with no Python call); the thread follows it with ``is_completed()`` at every wake-up and
-writes one ``done`` event a look with the ids completed. A Work its caller waited on and the
-backend completed is let go at once by ``Work.wait`` as the probe installs it
-(:func:`waited_hook`), and counted done at the next look. What no Python call returns (nccl's
-blocking calls, the collectives torch issues from C++) is read from the flight recorder: the
-per-group counters at every heartbeat, and the uncompleted entries (``fr_active``) while
-something stays uncompleted from one heartbeat to the next (see ``Probe._fr_active``).
+async call's Work (``async_op=True``, isend, ...) is handed by the wrapper to the State (in C,
+as C numbers and the Work's reference); the thread takes them at every wake-up, follows each
+with ``is_completed()`` and writes one ``done`` event a look with the ids completed. A Work its
+caller waited on and the backend completed is let go at once by ``Work.wait`` as the probe
+installs it (``_fast.c``'s ``WaitHook``, :func:`~rankscope.probe._twins.waited_hook` without
+the C), and counted done at the next look. What no Python call returns (nccl's blocking calls,
+the collectives torch issues from C++) is read from the flight recorder: the per-group counters
+at every heartbeat, and the uncompleted entries (``fr_active``) while something stays
+uncompleted from one heartbeat to the next (see ``Probe._fr_active``).
 
 Evidence survives any death. Every call is also written, as it is entered and as it returns, into
 a ring of fixed-size slots in a file the probe maps shared (``calls-<pid>.ring``, layout in
@@ -107,6 +108,7 @@ from rankscope.probe._twins import (
     _Ring,
     _Spec,
     _State,
+    waited_hook,
 )
 from rankscope.rundir import (
     DIST_ENV,
@@ -122,7 +124,8 @@ from rankscope.rundir import (
 
 def _meta_reader() -> Any:
     """``_meta.cpp``'s reader of a tensor's sizes and dtype, for the C wrapper: None where it was
-    not built, or was built for another torch than this one (it reads torch's own structs)."""
+    not built, was built for another torch than this one (it reads torch's own structs), or
+    fills another layout of ``_tensor_meta.h`` than the wrapper's (built from other sources)."""
     if _fast is None:
         return None
     try:
@@ -130,6 +133,8 @@ def _meta_reader() -> Any:
     except ImportError:
         return None
     if _meta.torch_build != f"{torch.__version__} {torch.version.git_version}":  # see setup.py
+        return None
+    if getattr(_meta, "layout", None) != _fast.TENSOR_META:
         return None
     return _meta.read
 
@@ -249,11 +254,10 @@ class Probe:
         self._end_lock = threading.RLock()  # a second end() waits for the first to finish
         self._entered: set[int] = set()  # calls whose enter line is written, exit not yet
         # Calls that returned a Work (async_op=True, isend, ...) the backend has not completed:
-        # the thread looks at them at every wake-up (see _returned, _look_works).
+        # the thread looks at them at every wake-up (see _take_returned, _look_works).
         self._works: dict[int, Any] = {}  # call id -> its Work, or a tuple of its Works
-        self._returned: list[tuple[int, Any, bool]] = []  # see _take_returned
         # async calls done at the next look: they returned no Work, or their caller waited on
-        # it and the backend completed it (waited_hook)
+        # it and the backend completed it
         self._no_work: list[int] = []
         self._fr_seen: tuple[Any, Any] = (None, None)  # (what was uncompleted, its entries)
         # JSON fragments of exit lines, by (op, pg).
@@ -457,7 +461,7 @@ class Probe:
             torch=torch.__version__,
             main_tid=threading.main_thread().ident,
             env=env,
-            works=True,  # async calls stay in flight until a "done" event (see _returned)
+            works=True,  # async calls stay in flight until a "done" event (_take_returned)
         )
         self.flush()
         if _fast is None:  # said once, in the rank's log: a C path off costs every call
@@ -684,7 +688,7 @@ class Probe:
         while not self._stop.is_set():
             now = time.monotonic()
             beat = now >= next_beat
-            if self._returned or self._works:
+            if self._state.returned or self._works:
                 self._look_works()
             if beat:
                 cur = self._state.current
@@ -729,25 +733,23 @@ class Probe:
             self._stop.wait(wait)
 
     def _take_returned(self) -> None:
-        """Follow the async calls the wrappers put in ``_returned`` since the last look: each
-        (call id, what it returned, async_op). A call that returned a Work, or a list of them
-        (``batch_isend_irecv``), stays in flight until the backend completes them; an async
-        call that returned no Work (a rank outside the group) is done at once.
+        """Follow the async calls the wrappers handed the State since the last look
+        (``take_returned``): each (call id, what it returned, async_op), or the call id alone
+        once its caller waited on its Work and the backend completed it (``waited_hook``). A
+        call that returned a Work, or a list of them (``batch_isend_irecv``), stays in flight
+        until the backend completes them; an async call that returned no Work (a rank outside
+        the group) is done at once.
 
-        The wrappers only append to that list (in C, without calling Python: about 0.1 us);
-        calling a Python method for each async call measured a few per cent on a gloo loop of
-        ``all_reduce(async_op=True).wait()``."""
-        returned = self._returned
-        n = len(returned)
-        if not n:
-            return
-        batch = returned[:n]
-        del returned[:n]  # the wrappers append behind, under the GIL: nothing is lost
+        The C wrappers keep these as C numbers and the thread makes the Python objects here:
+        making them in the wrapper, or calling a Python method for each async call, measured a
+        few per cent on a gloo loop of ``all_reduce(async_op=True).wait()``."""
         works = self._works
-        for cid, result, async_op in batch:
-            if result is _WAITED:
-                self._no_work.append(cid)
-            elif isinstance(result, _WORK):  # the usual: one Work, kept as it is
+        for entry in self._state.take_returned():
+            if type(entry) is int:  # waited on and completed: let go at its wait
+                self._no_work.append(entry)
+                continue
+            cid, result, async_op = entry
+            if isinstance(result, _WORK):  # the usual: one Work, kept as it is
                 works[cid] = result
             elif type(result) is list and result and all(isinstance(w, _WORK) for w in result):
                 works[cid] = tuple(result)
@@ -917,7 +919,9 @@ class Probe:
         wait = _WORK.wait
         if not getattr(wait, "__rankscope__", False):
             self._originals.append((_WORK, "wait", wait))
-            _WORK.wait = waited_hook(self._returned, wait)
+            hook = waited_hook if isinstance(self._state, _State) else _fast.WaitHook
+            _WORK.wait = functools.update_wrapper(hook(wait, self._state), wait)
+            _WORK.wait.__rankscope__ = True
         real_exit = os._exit
 
         def _exit(code: int) -> None:
@@ -1294,33 +1298,6 @@ def _fr_progress() -> dict[str, list[int]] | None:
 
 #: What an async call returns: the backend's handle on the collective it enqueued.
 _WORK = c10d.Work
-#: In ``Probe._returned`` in place of a Work its caller waited on and the backend completed.
-_WAITED = object()
-
-
-def waited_hook(returned: list[tuple[int, Any, bool]], wait: Any) -> Any:
-    """``Work.wait`` as the probe installs it: where the Work waited on is the last async
-    call's, still in ``returned`` for the probe thread, and the backend completed it (gloo's
-    wait returns then; nccl's once the GPU stream waits, so its Work stays followed), the probe
-    lets it go at once and the thread's next look counts the call done. A Work kept until that
-    look (up to half a second of them in a loop of ``all_reduce(async_op=True).wait()``) is freed
-    long after its call, out of the cache: ``bench/probe_overhead.py --async-op`` measured 1.055
-    without this hook, 1.038 with it. Anything else is the thread's to follow, as before."""
-
-    def waited(work: Any, *args: Any, **kwargs: Any) -> Any:
-        out = wait(work, *args, **kwargs)
-        try:  # the thread takes the list's items away behind this look, under the GIL
-            cid, result, async_op = returned[-1]
-            if result is work and work.is_completed():
-                returned[-1] = (cid, _WAITED, async_op)
-        except Exception:  # taken already, or a Work torn down with its group
-            pass
-        return out
-
-    waited.__rankscope__ = True  # type: ignore[attr-defined]
-    return functools.wraps(wait)(waited)
-
-
 #: Entries of a live read of the flight recorder kept in a heartbeat: the oldest uncompleted.
 FR_ACTIVE_MAX = 8
 

@@ -17,7 +17,9 @@
  * collective costs about as much as the rest of the wrapper together.
  *
  * What a wrapper shares with the Probe object (looked up once, when the wrapper is made): the
- * probe's State (below: the records, the call in flight, the count of calls done, the ring),
+ * probe's State (below: the records, the call in flight, the count of calls done, the ring,
+ * the calls that returned a Work for the thread to follow, which Work.wait as the probe
+ * installs it, WaitHook, lets go once done),
  * the group cache and ``_describe_group``, the per-group sequence counters, the call-site cache
  * and ``_call_site``, ``_facts_id`` and the call-id counter. The probe thread turns the records
  * into JSON lines and writes them with State.write, also here: into a buffer the State keeps
@@ -69,7 +71,7 @@ static _Thread_local int busy __attribute__((tls_model("initial-exec")));
 static _Thread_local int busy;
 #endif
 
-static PyObject *s_group, *s_tensor, *s_async_op, *s_shape, *s_dtype;
+static PyObject *s_group, *s_tensor, *s_async_op, *s_shape, *s_dtype, *s_is_completed;
 
 /* --- Counter: call ids and sequence numbers --------------------------------------------------- */
 
@@ -118,6 +120,7 @@ typedef struct {
     unsigned long long tid; /* the calling thread (threading.get_ident()) */
     double t, t_end;  /* time.time() at enter and exit */
     int ok;
+    int on_cpu;       /* a call of CPU tensors (read where _meta.cpp is built; else 0) */
 } Record;
 
 /* A slot of the ring file, as rankscope.rundir.RING_SLOT lays it out. */
@@ -169,6 +172,20 @@ typedef struct {
     long long facts_epoch;
 } PathEntry;
 
+/* A call that returned something (a Work, a list of them) or was async, for the probe thread
+ * (State.take_returned). */
+typedef struct {
+    long long cid;
+    PyObject *result; /* owned; NULL once its caller waited on it and it completed (WaitHook) */
+    int how;          /* RET_* */
+} Returned;
+
+enum {
+    RET_BLOCKING,  /* a blocking call that returned something: nothing to follow */
+    RET_ASYNC,     /* an async call: its Work followed until the backend completes it */
+    RET_CPU_ASYNC, /* an async call of CPU tensors: done when a wait on its Work returns */
+};
+
 /* What the wrappers and the probe thread share: Probe._state. */
 typedef struct {
     PyObject_HEAD
@@ -191,6 +208,8 @@ typedef struct {
     uint64_t nslots;
     PathEntry paths[PATH_SLOTS]; /* see path_of */
     unsigned path_victim;        /* which way of a full set a new path takes */
+    Returned *returned;          /* calls returned since the thread's last take, in order */
+    Py_ssize_t ret_len, ret_cap;
 } State;
 
 static PyTypeObject StateType;
@@ -296,10 +315,13 @@ typedef struct {
     PyObject *group;
     long long epoch; /* -1: the group is not to be compared */
     long long facts_epoch; /* the State's when the facts were made: their id is current */
-    long lasti;
+    const void *at;  /* the code's instruction (see caller_at) */
     int has_meta;    /* meta holds the sizes and scalar type of the facts' one tensor */
     TensorMeta meta;
 } SiteSlot;
+
+/* The keywords a one-tensor call's arguments are read by (Wrapper.kw_at). */
+enum { KW_GROUP, KW_PEER, KW_TENSOR, KW_ASYNC, N_KW };
 
 typedef struct {
     getter get;
@@ -321,11 +343,11 @@ typedef struct {
     PyObject *path_id;         /* Probe._path_id */
     PyObject *tensor_type;
     PyObject *before, *after;  /* hooks: before(args, kwargs) and after(), or NULL */
-    PyObject *returned;        /* probe._returned: (cid, result, async_op) of calls that
-                                * returned a Work, for the probe thread */
     PyObject *failed;          /* Probe._call_failed: a call raised, its frames still there */
     PyObject *dict;            /* __wrapped__, __name__, __rankscope__, ... */
     vectorcallfunc vectorcall; /* wrapper_vectorcall for the one-tensor calls, else NULL */
+    PyObject *kw_seen;         /* the last call's keyword names (held: the address stays its) */
+    Py_ssize_t kw_at[N_KW];    /* where group, peer, tensor and async_op are among them, or -1 */
     Getter shape, dtype;       /* torch.Tensor's getters of .shape and .dtype */
     tensor_meta_fn meta;       /* _meta.cpp's reader, or NULL: the getters only */
     SiteSlot sites_seen[SITE_SLOTS];
@@ -341,6 +363,29 @@ frame_lasti(PyFrameObject *frame)
     long at = v ? PyLong_AsLong(v) : -1;
     Py_XDECREF(v);
     return at;
+#endif
+}
+
+/* The caller's code object (borrowed: its running frame holds it) and instruction: on 3.11 the
+ * raw instruction pointer, as path keys hold it (no index worked out, the code object left
+ * untouched); elsewhere its index. Compared only with what the same code gave before.
+ * 0, or -1 with an exception set. */
+static int
+caller_at(PyFrameObject *frame, PyObject **code, const void **at)
+{
+#if RAW_FRAMES
+    *code = (PyObject *)frame->f_frame->f_code;
+    *at = frame->f_frame->prev_instr;
+    return 0;
+#else
+    PyCodeObject *c = PyFrame_GetCode(frame);
+    Py_DECREF(c);
+    long lasti = frame_lasti(frame);
+    if (lasti == -1 && PyErr_Occurred())
+        return -1;
+    *code = (PyObject *)c;
+    *at = (const void *)(intptr_t)lasti;
+    return 0;
 #endif
 }
 
@@ -472,16 +517,21 @@ path_entry_fill(State *st, PathEntry *e, PyFrameObject *frame, PyObject *id)
  * code and instruction are compared with the chain, frame by frame: where one has the same raw
  * frames, its id, with no object made; else Probe._path_id works it out (writing the path's
  * line if it is new) and an entry of the set keeps it. NULL with an exception set. */
-static PyObject *
-path_of(Wrapper *w, PyFrameObject *frame, code_and_at_t where, PathEntry **entry)
+static PathEntry *
+path_set(State *st, code_and_at_t where)
 {
-    State *st = w->state;
-    *entry = NULL;
-    if (frame == NULL)
-        Py_RETURN_NONE;
     uint64_t h = ((uint64_t)(uintptr_t)where.code >> 4) * 0x9E3779B97F4A7C15ULL ^
                  (uint64_t)(uintptr_t)where.at;
-    PathEntry *set = &st->paths[(h >> 32) % PATH_SETS * PATH_WAYS];
+    return &st->paths[(h >> 32) % PATH_SETS * PATH_WAYS];
+}
+
+/* The id of the call path that leads to frame where the State's entries have it (borrowed, and
+ * its entry in *entry), else NULL (with an exception set where reading the frames failed). */
+static PyObject *
+path_find(State *st, PyFrameObject *frame, code_and_at_t where, PathEntry **entry)
+{
+    PathEntry *set = path_set(st, where);
+    *entry = NULL;
     for (int i = 0; i < PATH_WAYS; i++) {
         PathEntry *e = &set[i];
         if (e->id == NULL || e->facts_epoch != st->facts_epoch)
@@ -491,9 +541,23 @@ path_of(Wrapper *w, PyFrameObject *frame, code_and_at_t where, PathEntry **entry
             return NULL;
         if (m) {
             *entry = e;
-            return Py_NewRef(e->id);
+            return e->id;
         }
     }
+    return NULL;
+}
+
+static PyObject *
+path_of(Wrapper *w, PyFrameObject *frame, code_and_at_t where, PathEntry **entry)
+{
+    State *st = w->state;
+    *entry = NULL;
+    if (frame == NULL)
+        Py_RETURN_NONE;
+    PyObject *found = path_find(st, frame, where, entry);
+    if (found != NULL || PyErr_Occurred())
+        return Py_XNewRef(found);
+    PathEntry *set = path_set(st, where);
     PyObject *id = PyObject_CallOneArg(w->path_id, (PyObject *)frame);
     if (id == NULL)
         return NULL;
@@ -552,22 +616,33 @@ typedef struct {
     PyObject *kwnames;
 } Args;
 
-/* The argument named key, else the positional one at index at, else NULL (borrowed; None
- * counts as absent). Keywords are compared by identity first: names in calls are interned. */
-static PyObject *
-argument(Args *a, PyObject *key, Py_ssize_t at)
+/* Where key is among a call's keyword names, or -1: compared by identity (names in calls that
+ * Python code makes are interned, as key is), then by text (a name built at run time is not). */
+static Py_ssize_t
+keyword_at(PyObject *kwnames, PyObject *key)
 {
-    PyObject *v = NULL;
-    if (a->kwnames != NULL && key != NULL) {
-        Py_ssize_t n = PyTuple_GET_SIZE(a->kwnames), i;
-        for (i = 0; i < n && PyTuple_GET_ITEM(a->kwnames, i) != key; i++)
-            ;
-        for (Py_ssize_t j = 0; i == n && j < n; j++)
-            if (PyUnicode_Compare(PyTuple_GET_ITEM(a->kwnames, j), key) == 0)
-                i = j;
-        if (i < n)
-            v = a->args[a->nargs + i];
+    Py_ssize_t n = PyTuple_GET_SIZE(kwnames);
+    if (key == NULL)
+        return -1;
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (PyTuple_GET_ITEM(kwnames, i) == key)
+            return i;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int cmp = PyUnicode_Compare(PyTuple_GET_ITEM(kwnames, i), key);
+        if (cmp == -1 && PyErr_Occurred())
+            PyErr_Clear();
+        else if (cmp == 0)
+            return i;
     }
+    return -1;
+}
+
+/* The argument whose keyword is at kw among the call's keyword names (-1: none), else the
+ * positional one at index at, else NULL (borrowed; None counts as absent). */
+static PyObject *
+argument(Args *a, Py_ssize_t kw, Py_ssize_t at)
+{
+    PyObject *v = kw >= 0 ? a->args[a->nargs + kw] : NULL;
     if ((v == NULL || v == Py_None) && at >= 0 && at < a->nargs)
         v = a->args[at];
     return v == Py_None ? NULL : v;
@@ -645,10 +720,11 @@ group_info(Wrapper *w, SiteSlot *slot, PyObject *group, int *cached)
 /* Does the slot's last call have these facts, under an id the probe still has? (The op is the
  * wrapper's own.) */
 static int
-slot_matches(State *st, SiteSlot *slot, PyObject *code, long at, PyObject *info, PyObject *path,
-             PyObject *peer, int sized, PyObject *shape, PyObject *dtype, int async_op)
+slot_matches(State *st, SiteSlot *slot, PyObject *code, const void *at, PyObject *info,
+             PyObject *path, PyObject *peer, int sized, PyObject *shape, PyObject *dtype,
+             int async_op)
 {
-    if (slot == NULL || slot->facts == NULL || slot->code != code || slot->lasti != at ||
+    if (slot == NULL || slot->facts == NULL || slot->code != code || slot->at != at ||
         slot->info != info || slot->facts_epoch != st->facts_epoch)
         return 0;
     PyObject *facts = slot->facts;
@@ -672,7 +748,7 @@ slot_matches(State *st, SiteSlot *slot, PyObject *code, long at, PyObject *info,
  * collections. They are untracked: they hold ints, strings, torch.Size, dtypes and the probe's
  * cached values, and no cycle can run through them. */
 static PyObject *
-new_facts(Wrapper *w, SiteSlot *slot, PyFrameObject *frame, PyObject *code, long at,
+new_facts(Wrapper *w, SiteSlot *slot, PyFrameObject *frame, PyObject *code, const void *at,
           PyObject *info, PyObject *path, PyObject *peer, PyObject *shape, PyObject *dtype,
           int async_op, PyObject **counter)
 {
@@ -683,11 +759,14 @@ new_facts(Wrapper *w, SiteSlot *slot, PyFrameObject *frame, PyObject *code, long
     /* The site: the slot's, else the probe's dict, else worked out by _call_site. */
     if (frame == NULL)
         site = PyTuple_Pack(3, Py_None, Py_None, Py_None);
-    else if (slot->facts != NULL && slot->code == code && slot->lasti == at)
+    else if (slot->facts != NULL && slot->code == code && slot->at == at)
         site = Py_NewRef(FACT(slot->facts, F_SITE));
     else {
-        PyObject *lasti = PyLong_FromLong(at), *key = NULL;
-        if (lasti != NULL && (key = PyTuple_Pack(2, code, lasti)) != NULL) {
+        /* the probe's dict is keyed as Python sees a frame: (f_code, f_lasti) */
+        long at_index = frame_lasti(frame);
+        PyObject *lasti = NULL, *key = NULL;
+        if ((at_index != -1 || !PyErr_Occurred()) && (lasti = PyLong_FromLong(at_index)) != NULL &&
+            (key = PyTuple_Pack(2, code, lasti)) != NULL) {
             site = PyDict_GetItemWithError(w->sites, key);
             if (site != NULL)
                 Py_INCREF(site);
@@ -763,7 +842,7 @@ new_facts(Wrapper *w, SiteSlot *slot, PyFrameObject *frame, PyObject *code, long
         Py_XSETREF(slot->info, Py_NewRef(info));
         Py_XSETREF(slot->counter, Py_NewRef(*counter));
         Py_XSETREF(slot->facts, Py_NewRef(facts));
-        slot->lasti = at;
+        slot->at = at;
     }
     goto done;
 fail:
@@ -775,81 +854,74 @@ done:
     return facts;
 }
 
-/* The one-tensor case of Probe._enter, into *r: 0, or -1 with an exception set. */
+/* The call's id, its group's sequence number, thread and time, into *r (which holds its facts):
+ * 0, or -1 with an exception set and the facts let go. Counters only go up under the GIL: ids
+ * and sequence numbers stay unique across threads. */
 static int
-fast_enter(Wrapper *w, Args *args, PyFrameObject *frame, Record *r)
+stamp(Wrapper *w, Record *r, PyObject *counter, int on_cpu)
 {
-    PyObject *group, *peer, *tensor, *info = NULL, *code = NULL, *shape = NULL, *dtype = NULL;
-    PyObject *counter = NULL, *path = NULL;
+    if ((r->cid = count_next(w->ids)) == -1 || (r->seq = count_next(counter)) == -1) {
+        Py_CLEAR(r->what);
+        return -1;
+    }
+    r->tid = PyThread_get_thread_ident();
+    r->t = now();
+    r->on_cpu = on_cpu;
+    return 0;
+}
+
+/* What fast_enter read of a call: its arguments, its caller, its tensor's sizes. */
+typedef struct {
+    PyObject *group, *peer, *tensor, *code;
+    const void *at; /* the caller's instruction (see caller_at) */
+    int async_op;
+    int exact;      /* tensor is a torch.Tensor itself */
+    int has_meta;   /* meta holds its sizes and scalar type, read with _meta.cpp */
+    TensorMeta meta;
+} Read;
+
+/* The rest of fast_enter, where the call is not its site's last call again: its path, group,
+ * sizes and facts worked out (Python may run), and kept in its site's slot. */
+static int
+enter_site(Wrapper *w, Read *c, PyFrameObject *frame, Record *r)
+{
+    PyObject *info = NULL, *shape = NULL, *dtype = NULL, *counter = NULL, *path = NULL;
     PathEntry *path_entry = NULL;
     SiteSlot *slot = NULL;
-    TensorMeta meta;
-    long at = -1;
-    int async_op = 1, bad = -1, cached, has_meta = 0, sized = 0;
+    int bad = -1, cached, sized = 0;
 
-    group = argument(args, s_group, w->group_at);
-    if (group == NULL) {
-        if (PyErr_Occurred())
-            return -1;
-        group = Py_None;
-    }
-    peer = w->peer != NULL ? argument(args, w->peer, w->peer_at) : NULL;
-    if (peer == NULL && PyErr_Occurred())
-        return -1;
-    tensor = argument(args, s_tensor, 0);
-    if (tensor == NULL && PyErr_Occurred())
-        return -1;
-    if (!w->always_async) {
-        PyObject *a = argument(args, s_async_op, w->async_at);
-        if (a == NULL && PyErr_Occurred())
-            return -1;
-        if ((async_op = a == NULL ? 0 : PyObject_IsTrue(a)) < 0)
-            return -1;
-    }
-
-    /* The call site's slot: a few per wrapper, compared by identity (hashing a code object
-     * hashes its constants and names), chosen by the call's path too: a helper's line called
-     * from two places keeps the facts of both. */
-    if (frame != NULL) {
-        code = (PyObject *)PyFrame_GetCode(frame);
-        at = frame_lasti(frame);
-        if (at == -1 && PyErr_Occurred())
-            goto done;
-    }
-    code_and_at_t where = {code, (const void *)(intptr_t)at};
-    if ((path = path_of(w, frame, where, &path_entry)) == NULL)
+    if ((path = path_of(w, frame, (code_and_at_t){c->code, c->at}, &path_entry)) == NULL)
         goto done;
     if (frame != NULL) {
-        uintptr_t h = (((uintptr_t)code >> 4) ^ (uintptr_t)at) +
+        uintptr_t h = (((uintptr_t)c->code >> 4) ^ (uintptr_t)c->at) +
                       (path_entry ? (uintptr_t)(path_entry - w->state->paths) : 0);
         slot = &w->sites_seen[h % SITE_SLOTS];
     }
-    if ((info = group_info(w, slot, group, &cached)) == NULL)
+    if ((info = group_info(w, slot, c->group, &cached)) == NULL)
         goto done;
-    if (tensor != NULL && PyObject_TypeCheck(tensor, (PyTypeObject *)w->tensor_type)) {
-        int exact = Py_TYPE(tensor) == (PyTypeObject *)w->tensor_type;
-        /* read only where a slot keeps it to compare with the site's next call */
-        has_meta = exact && slot != NULL && w->meta != NULL && w->meta(tensor, &meta) == 0;
+    int has_meta = c->has_meta && slot != NULL; /* kept where a slot compares the next call */
+    if (c->tensor != NULL && PyObject_TypeCheck(c->tensor, (PyTypeObject *)w->tensor_type)) {
         /* Sized as the slot's last tensor: its facts' shape and dtype, left untouched unless
          * new facts are made (every object touched right after a collective is a cache miss). */
         sized = has_meta && slot->facts != NULL && slot->has_meta &&
-                same_meta(&meta, &slot->meta);
+                same_meta(&c->meta, &slot->meta);
         if (!sized) {
-            if (exact && w->shape.get != NULL) {
+            if (c->exact && w->shape.get != NULL) {
                 /* torch.Tensor itself: its getters, without the attribute lookup */
-                shape = w->shape.get(tensor, w->shape.closure);
-                dtype = shape ? w->dtype.get(tensor, w->dtype.closure) : NULL;
+                shape = w->shape.get(c->tensor, w->shape.closure);
+                dtype = shape ? w->dtype.get(c->tensor, w->dtype.closure) : NULL;
             }
             else {
-                shape = PyObject_GetAttr(tensor, s_shape);
-                dtype = shape ? PyObject_GetAttr(tensor, s_dtype) : NULL;
+                shape = PyObject_GetAttr(c->tensor, s_shape);
+                dtype = shape ? PyObject_GetAttr(c->tensor, s_dtype) : NULL;
             }
             if (dtype == NULL)
                 goto done;
         }
     }
 
-    if (slot_matches(w->state, slot, code, at, info, path, peer, sized, shape, dtype, async_op)) {
+    if (slot_matches(w->state, slot, c->code, c->at, info, path, c->peer, sized, shape, dtype,
+                     c->async_op)) {
         r->what = Py_NewRef(slot->facts);
         counter = Py_NewRef(slot->counter);
     }
@@ -858,32 +930,78 @@ fast_enter(Wrapper *w, Args *args, PyFrameObject *frame, Record *r)
             shape = Py_NewRef(PyTuple_GET_ITEM(FACT(slot->facts, F_SHAPES), 0));
             dtype = Py_NewRef(PyTuple_GET_ITEM(FACT(slot->facts, F_DTYPES), 0));
         }
-        if ((r->what = new_facts(w, slot, frame, code, at, info, path, peer, shape, dtype,
-                                 async_op, &counter)) == NULL)
+        if ((r->what = new_facts(w, slot, frame, c->code, c->at, info, path, c->peer, shape,
+                                 dtype, c->async_op, &counter)) == NULL)
             goto done;
     }
     if (slot != NULL) {
-        slot->group = group;
+        slot->group = c->group;
         slot->epoch = cached ? w->state->epoch : -1;
         if ((slot->has_meta = has_meta))
-            slot->meta = meta;
+            slot->meta = c->meta;
     }
-    /* Counters only go up under the GIL: ids and sequence numbers stay unique across threads. */
-    if ((r->cid = count_next(w->ids)) == -1 || (r->seq = count_next(counter)) == -1) {
-        Py_CLEAR(r->what);
-        goto done;
-    }
-    r->tid = PyThread_get_thread_ident();
-    r->t = now();
-    bad = 0;
+    bad = stamp(w, r, counter, c->has_meta && c->meta.on_cpu);
 done:
-    Py_XDECREF(code);
     Py_XDECREF(info);
     Py_XDECREF(shape);
     Py_XDECREF(dtype);
     Py_XDECREF(counter);
     Py_XDECREF(path);
     return bad;
+}
+
+/* The one-tensor case of Probe._enter, into *r: 0, or -1 with an exception set.
+ *
+ * Most calls are their site's last call again: the same path, group, sizes and keywords. That
+ * is told first, from the site's slot, taking no reference but the record's and running no
+ * Python (so that nothing it borrows can go): every object touched right after a collective
+ * returns is a cache miss, and on a busy machine a rank's microsecond there delays its peers
+ * by about as much again. Any other call goes through enter_site. */
+static int
+fast_enter(Wrapper *w, Args *args, PyFrameObject *frame, Record *r)
+{
+    Read c = {.async_op = 1};
+
+    /* Where the keywords are: worked out again only when the call's names are not the last
+     * call's (a call site passes the same tuple, a constant of its code, every time). */
+    if (args->kwnames != w->kw_seen) {
+        PyObject *keys[N_KW] = {s_group, w->peer, s_tensor, s_async_op};
+        for (int k = 0; k < N_KW; k++)
+            w->kw_at[k] = args->kwnames ? keyword_at(args->kwnames, keys[k]) : -1;
+        Py_XSETREF(w->kw_seen, Py_XNewRef(args->kwnames));
+    }
+    if ((c.group = argument(args, w->kw_at[KW_GROUP], w->group_at)) == NULL)
+        c.group = Py_None;
+    c.peer = w->peer != NULL ? argument(args, w->kw_at[KW_PEER], w->peer_at) : NULL;
+    c.tensor = argument(args, w->kw_at[KW_TENSOR], 0);
+    if (!w->always_async) {
+        PyObject *a = argument(args, w->kw_at[KW_ASYNC], w->async_at);
+        if ((c.async_op = a == NULL ? 0 : PyObject_IsTrue(a)) < 0)
+            return -1;
+    }
+    c.exact = c.tensor != NULL && Py_TYPE(c.tensor) == (PyTypeObject *)w->tensor_type;
+    c.has_meta = c.exact && w->meta != NULL && w->meta(c.tensor, &c.meta) == 0;
+    if (frame == NULL)
+        return enter_site(w, &c, frame, r);
+    if (caller_at(frame, &c.code, &c.at) < 0)
+        return -1;
+
+    /* The site's last call again? */
+    PathEntry *path_entry;
+    PyObject *path = path_find(w->state, frame, (code_and_at_t){c.code, c.at}, &path_entry);
+    if (path != NULL && path_entry != NULL && c.has_meta) {
+        uintptr_t h = (((uintptr_t)c.code >> 4) ^ (uintptr_t)c.at) +
+                      (uintptr_t)(path_entry - w->state->paths);
+        SiteSlot *slot = &w->sites_seen[h % SITE_SLOTS];
+        if (slot->facts != NULL && slot->group == c.group && slot->epoch == w->state->epoch &&
+            slot->has_meta && same_meta(&c.meta, &slot->meta) &&
+            slot_matches(w->state, slot, c.code, c.at, slot->info, path, c.peer, 1, NULL, NULL,
+                         c.async_op)) {
+            r->what = Py_NewRef(slot->facts);
+            return stamp(w, r, slot->counter, c.meta.on_cpu);
+        }
+    }
+    return enter_site(w, &c, frame, r);
 }
 
 /* Any other call: the probe's Python _enter makes its _Call, kept as a record in *r. */
@@ -1002,12 +1120,22 @@ finish(Wrapper *w, Record *r, PyObject *result)
         (result != Py_None || FACT(r->what, F_ASYNC) == Py_True)) {
         /* An async call (async_op=True, isend, batch_isend_irecv) returned its Work: the probe
          * follows it until the backend completes it (one that returned None, a rank outside
-         * the group, is done at once). Blocking calls return None: no cost. */
-        PyObject *cid = PyLong_FromLongLong(r->cid), *item = NULL;
-        if (cid != NULL && (item = PyTuple_Pack(3, cid, result, FACT(r->what, F_ASYNC))) != NULL)
-            PyList_Append(w->returned, item);
-        Py_XDECREF(item);
-        Py_XDECREF(cid);
+         * the group, is done at once). Blocking calls return None: no cost. Kept as C numbers
+         * and the result's reference: the thread makes the Python objects (take_returned). */
+        if (st->ret_len == st->ret_cap) {
+            Py_ssize_t cap = st->ret_cap ? 2 * st->ret_cap : 256;
+            Returned *grown = PyMem_Realloc(st->returned, cap * sizeof(Returned));
+            if (grown != NULL) {
+                st->returned = grown;
+                st->ret_cap = cap;
+            }
+        }
+        if (st->ret_len < st->ret_cap) /* else, out of memory: the call is not followed */
+            st->returned[st->ret_len++] = (Returned){
+                r->cid, Py_NewRef(result),
+                FACT(r->what, F_ASYNC) != Py_True ? RET_BLOCKING
+                : r->on_cpu                       ? RET_CPU_ASYNC
+                                                  : RET_ASYNC};
     }
     if (r->what != NULL)
         push(st, r);
@@ -1071,6 +1199,124 @@ wrapper_vectorcall(Wrapper *w, PyObject *const *args, size_t nargsf, PyObject *k
     busy = 0;
     return result;
 }
+
+/* --- WaitHook: Work.wait as the probe installs it --------------------------------------------- */
+
+/* Where the Work waited on is the last async call's, still among the State's calls returned
+ * for the thread, and the backend completed it, the hook lets the Work go at once: the thread's
+ * next look takes the call's id alone and counts it done. A Work kept until that look is
+ * freed long after its call, out of the cache. Its Python twin is _twins.waited_hook; in Python,
+ * right after a wait returns, the hook's few steps cost more than the wrapper's whole call
+ * (``bench/probe_overhead.py --async-op``). A method descriptor, so that ``work.wait()`` makes
+ * no bound method.
+ *
+ * Completed: a wait on a collective of CPU tensors returns once it is done (torch's contract
+ * for Work.wait; gloo's and MPI's waits block until then), so a call the wrapper marked so
+ * (RET_CPU_ASYNC) is done when its wait returns. Any other is asked (``is_completed()``, about
+ * 2 us right after a wait on 2 cores, as much as the wrapper's whole call): nccl's wait
+ * returns once the GPU stream waits, and its Work stays followed until the GPU is done. */
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    PyObject *wait; /* torch's own Work.wait */
+    State *state;   /* the probe's: its calls returned (Returned) */
+    PyObject *dict; /* functools.wraps's __wrapped__, __doc__, ... */
+} WaitHook;
+
+static PyObject *
+wait_hook_vectorcall(WaitHook *h, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    PyObject *out = PyObject_Vectorcall(h->wait, args, nargsf, kwnames);
+    State *st = h->state;
+    if (out == NULL || PyVectorcall_NARGS(nargsf) < 1 || st->ret_len == 0)
+        return out;
+    /* the thread takes the calls under the GIL; the last one stays where it is meanwhile */
+    Returned *last = &st->returned[st->ret_len - 1];
+    PyObject *work = args[0];
+    if (last->result != work)
+        return out;
+    PyObject *done = last->how == RET_CPU_ASYNC
+                         ? Py_NewRef(Py_True)
+                         : PyObject_VectorcallMethod(s_is_completed, &work,
+                                                     1 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+    if (done == NULL) /* a Work torn down with its group: the thread's look says so */
+        PyErr_Clear();
+    else if (done == Py_True && st->ret_len > 0 && last == &st->returned[st->ret_len - 1] &&
+             last->result == work) { /* still there after is_completed(), which may switch */
+        last->result = NULL;
+        Py_DECREF(work);
+    }
+    Py_XDECREF(done);
+    return out;
+}
+
+static PyObject *
+wait_hook_get(PyObject *self, PyObject *obj, PyObject *type)
+{
+    return obj == NULL || obj == Py_None ? Py_NewRef(self) : PyMethod_New(self, obj);
+}
+
+static int
+wait_hook_traverse(WaitHook *h, visitproc visit, void *arg)
+{
+    Py_VISIT(h->wait);
+    Py_VISIT(h->state);
+    Py_VISIT(h->dict);
+    return 0;
+}
+
+static int
+wait_hook_clear(WaitHook *h)
+{
+    Py_CLEAR(h->wait);
+    Py_CLEAR(h->state);
+    Py_CLEAR(h->dict);
+    return 0;
+}
+
+static void gc_dealloc(PyObject *self);
+
+static PyObject *
+wait_hook_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"wait", "state", NULL};
+    PyObject *wait, *state;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO!:WaitHook", kwlist, &wait, &StateType,
+                                     &state))
+        return NULL;
+    WaitHook *h = (WaitHook *)type->tp_alloc(type, 0);
+    if (h == NULL)
+        return NULL;
+    h->wait = Py_NewRef(wait);
+    h->state = (State *)Py_NewRef(state);
+    h->vectorcall = (vectorcallfunc)wait_hook_vectorcall;
+    return (PyObject *)h;
+}
+
+static PyGetSetDef wait_hook_getset[] = {
+    {"__dict__", PyObject_GenericGetDict, PyObject_GenericSetDict},
+    {NULL},
+};
+
+static PyTypeObject WaitHookType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "rankscope.probe._fast.WaitHook",
+    .tp_doc = "WaitHook(wait, state)\n\n"
+              "Work.wait as the probe installs it: lets a completed Work go at its wait; see "
+              "rankscope/probe/_twins.py's waited_hook.",
+    .tp_basicsize = sizeof(WaitHook),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL |
+                Py_TPFLAGS_METHOD_DESCRIPTOR,
+    .tp_new = wait_hook_new,
+    .tp_call = PyVectorcall_Call,
+    .tp_vectorcall_offset = offsetof(WaitHook, vectorcall),
+    .tp_descr_get = wait_hook_get,
+    .tp_traverse = (traverseproc)wait_hook_traverse,
+    .tp_clear = (inquiry)wait_hook_clear,
+    .tp_dealloc = gc_dealloc,
+    .tp_dictoffset = offsetof(WaitHook, dict),
+    .tp_getset = wait_hook_getset,
+};
 
 /* --- State.write: the probe thread's formatting and writing of the records ------------------ */
 
@@ -1526,6 +1772,8 @@ state_traverse(State *st, visitproc visit, void *arg)
         Py_VISIT(st->records[i].what);
         Py_VISIT(st->records[i].error);
     }
+    for (Py_ssize_t i = 0; i < st->ret_len; i++)
+        Py_VISIT(st->returned[i].result);
     return 0;
 }
 
@@ -1548,6 +1796,13 @@ state_clear(State *st)
     Py_CLEAR(st->lines);
     for (int i = 0; i < PATH_SLOTS; i++)
         path_entry_clear(&st->paths[i]);
+    Returned *returned = st->returned;
+    n = st->ret_len;
+    st->returned = NULL;
+    st->ret_len = st->ret_cap = 0;
+    for (Py_ssize_t i = 0; i < n; i++)
+        Py_XDECREF(returned[i].result);
+    PyMem_Free(returned);
     st->slots = NULL;
     if (st->ring.obj != NULL)
         PyBuffer_Release(&st->ring);
@@ -1572,14 +1827,54 @@ static PyMemberDef state_members[] = {
     {NULL},
 };
 
+/* The calls returned since the last take, as _twins._State.take_returned gives them. */
+static PyObject *
+state_take_returned(State *st, PyObject *noargs)
+{
+    Py_ssize_t n = st->ret_len;
+    PyObject *out = PyList_New(n);
+    if (out == NULL)
+        return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Returned *e = &st->returned[i];
+        PyObject *cid = PyLong_FromLongLong(e->cid), *item = cid;
+        if (cid != NULL && e->result != NULL) {
+            item = PyTuple_Pack(3, cid, e->result, e->how == RET_BLOCKING ? Py_False : Py_True);
+            Py_DECREF(cid);
+        }
+        if (item == NULL) { /* nothing taken: the next take tries again */
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyList_SET_ITEM(out, i, item);
+    }
+    st->ret_len = 0;
+    for (Py_ssize_t i = 0; i < n; i++) /* the list holds them now */
+        Py_XDECREF(st->returned[i].result);
+    return out;
+}
+
+static PyObject *
+state_get_returned(State *st, void *closure)
+{
+    return PyLong_FromSsize_t(st->ret_len);
+}
+
 static PyGetSetDef state_getset[] = {
     {"current", (getter)state_get_current, NULL, "the call in flight, as a _Call, or None"},
+    {"returned", (getter)state_get_returned, NULL,
+     "how many calls returned since the last take_returned()"},
     {NULL},
 };
 
 static PyMethodDef state_methods[] = {
     {"append", (PyCFunction)state_append, METH_O,
      "append(record)\n\nQueue (fields,), an event, or (call, t_end, ok, error), a completed call."},
+    {"take_returned", (PyCFunction)state_take_returned, METH_NOARGS,
+     "take_returned()\n\n"
+     "The calls that returned a Work (or a list of them), or were async, since the last take,\n"
+     "in order: (call id, what it returned, async_op), or the call id alone once its caller\n"
+     "waited on its Work and the backend completed it (Work.wait as the probe installs it)."},
     {"write", (PyCFunction)(void (*)(void))state_write, METH_FASTCALL,
      "write(fd)\n\n"
      "Take every record queued and write their JSON lines to fd, formatted with the line\n"
@@ -1594,8 +1889,8 @@ static PyMethodDef state_methods[] = {
 #define WRAPPER_REFS(X)                                                                        \
     X(fn) X(spec) X(name) X(peer) X(state) X(enter) X(pg_cache) X(describe_group) X(seqs)      \
     X(sites) X(call_site) X(facts_id) X(ids) X(path_id) X(tensor_type) X(before) X(after)     \
-    X(returned) X(failed)                                                                      \
-    X(dict)                                                                                    \
+    X(failed)                                                                                  \
+    X(dict) X(kw_seen)                                                                         \
     for (int i = 0; i < SITE_SLOTS; i++) {                                                     \
         X(sites_seen[i].code) X(sites_seen[i].info) X(sites_seen[i].counter)                   \
         X(sites_seen[i].facts)                                                                 \
@@ -1654,6 +1949,8 @@ wrapper_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     w->group_at = index_of(spec, 1);
     PyObject *peer = PyTuple_GET_ITEM(spec, 2);
     w->peer = peer == Py_None ? NULL : Py_NewRef(peer);
+    for (int k = 0; k < N_KW; k++) /* no keywords seen yet (kw_seen NULL: none passed) */
+        w->kw_at[k] = -1;
     w->peer_at = index_of(spec, 3);
     w->async_at = index_of(spec, 4);
     w->always_async = PyObject_IsTrue(PyTuple_GET_ITEM(spec, 5)) == 1;
@@ -1684,7 +1981,6 @@ wrapper_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
         {&w->facts_id, "_facts_id"},
         {&w->path_id, "_path_id"},
         {&w->ids, "_ids"},
-        {&w->returned, "_returned"},
         {&w->failed, "_call_failed"},
     };
     for (size_t i = 0; i < sizeof shared / sizeof *shared; i++) {
@@ -1694,11 +1990,9 @@ wrapper_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
         }
     }
     if (!PyObject_TypeCheck(w->state, &StateType) || !PyDict_Check(w->pg_cache) ||
-        !PyDict_Check(w->seqs) || !PyDict_Check(w->sites) || !PyIter_Check(w->ids) ||
-        !PyList_Check(w->returned)) {
+        !PyDict_Check(w->seqs) || !PyDict_Check(w->sites) || !PyIter_Check(w->ids)) {
         PyErr_SetString(PyExc_TypeError,
-                        "Wrapper: the probe's state must be a State, its caches dicts and "
-                        "_returned a list");
+                        "Wrapper: the probe's state must be a State and its caches dicts");
         Py_DECREF(w);
         return NULL;
     }
@@ -1802,7 +2096,7 @@ PyMODINIT_FUNC
 PyInit__fast(void)
 {
     if (PyType_Ready(&WrapperType) < 0 || PyType_Ready(&StateType) < 0 ||
-        PyType_Ready(&CounterType) < 0)
+        PyType_Ready(&CounterType) < 0 || PyType_Ready(&WaitHookType) < 0)
         return NULL;
 #define INTERN(var, text)                                                                      \
     if ((var = PyUnicode_InternFromString(text)) == NULL)                                      \
@@ -1812,6 +2106,7 @@ PyInit__fast(void)
     INTERN(s_async_op, "async_op");
     INTERN(s_shape, "shape");
     INTERN(s_dtype, "dtype");
+    INTERN(s_is_completed, "is_completed");
 #undef INTERN
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)
@@ -1832,9 +2127,11 @@ PyInit__fast(void)
         Py_DECREF(m);
         return NULL;
     }
-    if (PyModule_AddObjectRef(m, "Wrapper", (PyObject *)&WrapperType) < 0 ||
+    if (PyModule_AddStringConstant(m, "TENSOR_META", TENSOR_META_CAPSULE) < 0 ||
+        PyModule_AddObjectRef(m, "Wrapper", (PyObject *)&WrapperType) < 0 ||
         PyModule_AddObjectRef(m, "State", (PyObject *)&StateType) < 0 ||
-        PyModule_AddObjectRef(m, "Counter", (PyObject *)&CounterType) < 0) {
+        PyModule_AddObjectRef(m, "Counter", (PyObject *)&CounterType) < 0 ||
+        PyModule_AddObjectRef(m, "WaitHook", (PyObject *)&WaitHookType) < 0) {
         Py_DECREF(m);
         return NULL;
     }

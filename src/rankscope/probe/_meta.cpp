@@ -35,6 +35,7 @@ read_meta(PyObject *tensor, TensorMeta *out) noexcept
             return -1;
         out->ndim = static_cast<int>(sizes.size());
         out->scalar_type = static_cast<int>(dtype.toScalarType());
+        out->on_cpu = impl->device_type() == c10::DeviceType::CPU;
         for (size_t i = 0; i < sizes.size(); i++)
             out->sizes[i] = sizes[i];
         return 0;
@@ -59,7 +60,8 @@ PyInit__meta(void)
         return NULL;
     PyObject *read = PyCapsule_New(reinterpret_cast<void *>(read_meta), TENSOR_META_CAPSULE, NULL);
     if (read == NULL || PyModule_AddObjectRef(m, "read", read) < 0 ||
-        PyModule_AddStringConstant(m, "torch_build", RANKSCOPE_TORCH_BUILD) < 0) {
+        PyModule_AddStringConstant(m, "torch_build", RANKSCOPE_TORCH_BUILD) < 0 ||
+        PyModule_AddStringConstant(m, "layout", TENSOR_META_CAPSULE) < 0) {
         Py_XDECREF(read);
         Py_DECREF(m);
         return NULL;

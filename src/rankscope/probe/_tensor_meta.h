@@ -12,6 +12,7 @@
 typedef struct {
     int ndim;
     int scalar_type; /* c10::ScalarType */
+    int on_cpu;      /* its device is the CPU: a wait on a collective of it returns once done */
     long long sizes[TENSOR_META_DIMS];
 } TensorMeta;
 
@@ -19,6 +20,7 @@ typedef struct {
  * are not plain fields (nested, symbolic, a Python subclass's); no exception is ever set. */
 typedef int (*tensor_meta_fn)(PyObject *tensor, TensorMeta *out);
 
-#define TENSOR_META_CAPSULE "rankscope.probe._meta.read"
+/* named anew whenever TensorMeta changes: a reader built for another layout is not used */
+#define TENSOR_META_CAPSULE "rankscope.probe._meta.read.2"
 
 #endif
