@@ -880,6 +880,17 @@ typedef struct {
     TensorMeta meta;
 } Read;
 
+/* The call site's slot: a few per wrapper, compared by identity (hashing a code object hashes
+ * its constants and names), chosen by the call's path too (its entry, NULL where none keeps
+ * it): a helper's line called from two places keeps the facts of both. */
+static SiteSlot *
+site_slot(Wrapper *w, PyObject *code, const void *at, PathEntry *path_entry)
+{
+    uintptr_t h = (((uintptr_t)code >> 4) ^ (uintptr_t)at) +
+                  (path_entry ? (uintptr_t)(path_entry - w->state->paths) : 0);
+    return &w->sites_seen[h % SITE_SLOTS];
+}
+
 /* The rest of fast_enter, where the call is not its site's last call again: its path, group,
  * sizes and facts worked out (Python may run), and kept in its site's slot. */
 static int
@@ -892,11 +903,8 @@ enter_site(Wrapper *w, Read *c, PyFrameObject *frame, Record *r)
 
     if ((path = path_of(w, frame, (code_and_at_t){c->code, c->at}, &path_entry)) == NULL)
         goto done;
-    if (frame != NULL) {
-        uintptr_t h = (((uintptr_t)c->code >> 4) ^ (uintptr_t)c->at) +
-                      (path_entry ? (uintptr_t)(path_entry - w->state->paths) : 0);
-        slot = &w->sites_seen[h % SITE_SLOTS];
-    }
+    if (frame != NULL)
+        slot = site_slot(w, c->code, c->at, path_entry);
     if ((info = group_info(w, slot, c->group, &cached)) == NULL)
         goto done;
     int has_meta = c->has_meta && slot != NULL; /* kept where a slot compares the next call */
@@ -990,9 +998,7 @@ fast_enter(Wrapper *w, Args *args, PyFrameObject *frame, Record *r)
     PathEntry *path_entry;
     PyObject *path = path_find(w->state, frame, (code_and_at_t){c.code, c.at}, &path_entry);
     if (path != NULL && path_entry != NULL && c.has_meta) {
-        uintptr_t h = (((uintptr_t)c.code >> 4) ^ (uintptr_t)c.at) +
-                      (uintptr_t)(path_entry - w->state->paths);
-        SiteSlot *slot = &w->sites_seen[h % SITE_SLOTS];
+        SiteSlot *slot = site_slot(w, c.code, c.at, path_entry);
         if (slot->facts != NULL && slot->group == c.group && slot->epoch == w->state->epoch &&
             slot->has_meta && same_meta(&c.meta, &slot->meta) &&
             slot_matches(w->state, slot, c.code, c.at, slot->info, path, c.peer, 1, NULL, NULL,
