@@ -257,6 +257,56 @@ def test_the_branch_that_set_the_peer_a_shared_line_names(tmp_path):
     assert argument_origin(f, "step", at("send"), "all_reduce", [1], [0]) is None  # no peer
 
 
+def test_a_peer_passed_to_a_helper_is_followed_to_the_branch_of_its_caller(tmp_path):
+    """The send is a helper's, which decides nothing: the peer it names is its parameter, and
+    the branch that set it is its caller's, positionally, by keyword, or through a method's
+    object. A helper that sets the parameter itself, or a call that leaves it to its default,
+    ends the search."""
+    f, at = _script(
+        tmp_path,
+        """
+        import torch.distributed as dist
+        def hand_off(block, dst, src):
+            dist.send(block, dst)  # send
+        def relay(block, dst=1):
+            dst = dst % world
+            dist.send(block, dst)  # relay
+        class Stage:
+            def pass_on(self, block, dst):
+                dist.send(block, dst=dst)  # method
+        for step in range(5):
+            nxt = (rank + 1) % world
+            if lag > LIMIT:  # branch
+                nxt = (rank + 2) % world  # assign
+            hand_off(block, nxt, prv)  # call
+            hand_off(block, src=prv, dst=nxt)  # keywords
+            Stage().pass_on(block, nxt)  # on-object
+            relay(block, nxt)  # via-relay
+            relay(block)  # default
+        """,
+    )
+
+    def caller(tag: str) -> list:
+        return [(f, "<module>", at(tag))]
+
+    for tag in ("call", "keywords", "on-object"):
+        site = at("method") if tag == "on-object" else at("send")
+        func = "pass_on" if tag == "on-object" else "hand_off"
+        p = argument_origin(f, func, site, "send", [1], [0, 2], callers=caller(tag))
+        assert p is not None, tag
+        assert (p.site, p.source) == (f"train.py:{at('branch')}", "if lag > LIMIT:")
+        assert p.into == f"nxt = (rank + 2) % world (train.py:{at('assign')})"
+    assert argument_origin(f, "hand_off", at("send"), "send", [1], [0]) is None  # no caller
+    assert (
+        argument_origin(f, "relay", at("relay"), "send", [1], [0], callers=caller("via-relay"))
+        is None
+    )
+    assert (
+        argument_origin(f, "relay", at("relay"), "send", [1], [0], callers=caller("default"))
+        is None
+    )
+
+
 def test_a_callback_that_one_side_registered_in_a_branch(tmp_path):
     """Rank 0's all_reduce runs in a hook that autograd calls from ``backward`` (its caller's
     line does not call it by name); the others are past that line. No branch on either stack

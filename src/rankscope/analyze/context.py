@@ -387,8 +387,14 @@ class Context(Phrasing):
                 found = (loop, "") if loop is not None else found
                 if found[0] is None and own[0] and own == theirs:
                     # one line, another root or peer: the branch that set it before the call
-                    op = str(self.last.loc[key[0][0], "op"])
-                    origin = argument_origin(*own, op, *map(list, key), self.ev.table("values"))
+                    last = self.last.loc[key[0][0]]
+                    origin = argument_origin(
+                        *own,
+                        str(last["op"]),
+                        *map(list, key),
+                        self.ev.table("values"),
+                        self.callers_of(last),
+                    )
                     found = (origin, "") if origin is not None else found
             self._partings[key] = found
         return self._partings[key]
@@ -477,6 +483,16 @@ class Context(Phrasing):
         if rank not in self.last.index:
             return ("", "", 0)
         return self.frame_of(self.last.loc[rank])
+
+    def callers_of(self, call: pd.Series) -> list[Frame]:
+        """The frames that called a call's own frame (:meth:`frame_of`), innermost first, from
+        its recorded path; none without one."""
+        code = call.get("path")
+        path = list(self.call_paths.of(int(code))) if pd.notna(code) else []
+        own = self.frame_of(call)
+        if not path or (path[-1][0], path[-1][2]) != (own[0], own[2]):
+            return []
+        return path[-2::-1]
 
     def frame_of(self, call: pd.Series) -> Frame:
         """(file, function, line) of a call of the calls table, where the probe recorded it."""

@@ -32,6 +32,7 @@ import builtins
 import functools
 import linecache
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -616,27 +617,22 @@ def argument_origin(
     culprits: list[int],
     others: list[int],
     values: pd.DataFrame | None = None,
+    callers: Sequence[Frame] = (),
 ) -> Parting | None:
     """Where the culprits' call at ``line`` got the peer it names (``op``'s argument of
     :data:`PEER_ARGS`) when the call itself is the one every rank makes, from a line that named
     another peer before: the ``if`` before it, in its function, whose branch assigned a name
     that argument reads (``if step == 2 and rank == 1: nxt = (rank + 2) % world``). The culprits
-    took that branch, the others did not. None where the source shows no such assignment, or
-    the name is set again, unconditionally, between that branch and the call."""
+    took that branch, the others did not. Where the names are parameters of the function that
+    none of its branches sets (a helper, ``hand_off(block, dst, src)``), ``callers`` (the frames
+    that called it, innermost first) are read the same way, each for the arguments it passed
+    them. None where the source shows no such assignment, or the name is set again,
+    unconditionally, between that branch and the call."""
     tree = _tree(file)
     spec = PEER_ARGS.get(op)
     if tree is None or spec is None:
         return None
-    call = next(
-        (
-            n
-            for n in ast.walk(tree)
-            if isinstance(n, ast.Call)
-            and n.lineno <= line <= (n.end_lineno or n.lineno)
-            and _callee(n.func) == op
-        ),
-        None,
-    )
+    call = _call_named(tree, line, op)
     if call is None:
         return None
     pos, keywords = spec
@@ -644,10 +640,17 @@ def argument_origin(
     if arg is None and len(call.args) > pos:
         arg = call.args[pos]
     names = set(_names(arg))
-    if not names:
-        return None
-    found = _assigned_before(_body_of(tree, func, line), line, names)
-    if found is None:
+    frames = [(file, func, line), *callers]
+    for at, (file, func, line) in enumerate(frames):
+        tree = _tree(file)
+        if tree is None or not names:
+            return None
+        found = _assigned_before(_body_of(tree, func, line), line, names)
+        if found is not None:
+            break
+        if at + 1 < len(frames):
+            names = _passed_for(tree, func, line, names, frames[at + 1])
+    else:
         return None
     branch, arm, assign = found
     decision = _Decision(
@@ -660,6 +663,50 @@ def argument_origin(
         _names(branch.test),
     )
     return _parting(decision, culprits, others, values, assigned=True)
+
+
+def _call_named(tree: ast.Module, line: int, name: str) -> ast.Call | None:
+    """The call of ``name`` (``name(...)``, ``x.name(...)``) that spans ``line``."""
+    return next(
+        (
+            n
+            for n in ast.walk(tree)
+            if isinstance(n, ast.Call)
+            and n.lineno <= line <= (n.end_lineno or n.lineno)
+            and _callee(n.func) == name
+        ),
+        None,
+    )
+
+
+def _passed_for(tree: ast.Module, func: str, line: int, names: set[str], caller: Frame) -> set[str]:
+    """The names the caller's arguments read for ``names``, parameters of ``func`` (the function
+    at ``line`` of ``tree``), as its call at the caller's line passes them; nothing where one of
+    them is not a parameter, the function assigns it before ``line``, or the call does not pass
+    it (its default)."""
+    node = _def_at(tree, line) if func != "<module>" else None
+    caller_tree = _tree(caller[0])
+    call = _call_named(caller_tree, caller[2], func) if caller_tree is not None else None
+    if node is None or node.name != func or call is None:
+        return set()
+    if any(
+        isinstance(s, ast.stmt) and s.lineno < line and _assigns(s, names) for s in ast.walk(node)
+    ):
+        return set()
+    positional = [a.arg for a in (*node.args.posonlyargs, *node.args.args)]
+    # a method called on its object: its first parameter is that object
+    shift = int(isinstance(call.func, ast.Attribute) and positional[:1] in (["self"], ["cls"]))
+    starred = any(isinstance(a, ast.Starred) for a in call.args)
+    out: set[str] = set()
+    for name in names:
+        given = next((k.value for k in call.keywords if k.arg == name), None)
+        at = positional.index(name) - shift if name in positional else -1
+        if given is None and not starred and 0 <= at < len(call.args):
+            given = call.args[at]
+        if given is None:
+            return set()
+        out.update(_names(given))
+    return out
 
 
 def _callee(func: ast.expr) -> str | None:

@@ -201,7 +201,9 @@ def peer_mismatch(ctx: Context) -> Finding | None:
     origin = None
     if file and len(here.dropna()) and (here.dropna() != row["peer"]).all():
         # the very line named other peers before: the branch that set the one it names now
-        origin = argument_origin(file, func, line, own.op, [rank], others, ctx.ev.table("values"))
+        origin = argument_origin(
+            file, func, line, own.op, [rank], others, ctx.ev.table("values"), ctx.callers_of(row)
+        )
     return Finding(
         cause=Cause.p2p_peer_mismatch,
         culprits=[rank],
