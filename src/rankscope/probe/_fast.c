@@ -1299,7 +1299,8 @@ wait_hook_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     return (PyObject *)h;
 }
 
-static PyGetSetDef wait_hook_getset[] = {
+/* The __dict__ of the wrappers and the hook (functools.wraps's attributes, __rankscope__). */
+static PyGetSetDef dict_getset[] = {
     {"__dict__", PyObject_GenericGetDict, PyObject_GenericSetDict},
     {NULL},
 };
@@ -1321,7 +1322,7 @@ static PyTypeObject WaitHookType = {
     .tp_clear = (inquiry)wait_hook_clear,
     .tp_dealloc = gc_dealloc,
     .tp_dictoffset = offsetof(WaitHook, dict),
-    .tp_getset = wait_hook_getset,
+    .tp_getset = dict_getset,
 };
 
 /* --- State.write: the probe thread's formatting and writing of the records ------------------ */
@@ -2011,11 +2012,6 @@ wrapper_repr(Wrapper *w)
     return PyUnicode_FromFormat("<rankscope probe wrapper of %R>", w->fn);
 }
 
-static PyGetSetDef wrapper_getset[] = {
-    {"__dict__", PyObject_GenericGetDict, PyObject_GenericSetDict},
-    {NULL},
-};
-
 static PyTypeObject WrapperType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "rankscope.probe._fast.Wrapper",
@@ -2031,7 +2027,7 @@ static PyTypeObject WrapperType = {
     .tp_dealloc = gc_dealloc,
     .tp_repr = (reprfunc)wrapper_repr,
     .tp_dictoffset = offsetof(Wrapper, dict),
-    .tp_getset = wrapper_getset,
+    .tp_getset = dict_getset,
     .tp_getattro = PyObject_GenericGetAttr,
     .tp_setattro = PyObject_GenericSetAttr,
 };
